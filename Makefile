@@ -1,0 +1,43 @@
+# The README's two commands are `make demo` and `make test`; everything else is set up by them.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+
+.PHONY: setup setup-full system-deps demo test check lint typecheck bench-accept clean
+
+$(VENV)/.base: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -e '.[dev]'
+	touch $@
+
+$(VENV)/.full: $(VENV)/.base
+	$(PIP) install -q -e '.[dev,spark]'
+	touch $@
+
+setup: $(VENV)/.base
+
+setup-full: $(VENV)/.full system-deps
+
+system-deps:
+	bash scripts/system-deps
+
+demo: setup
+	$(VENV)/bin/tidemesh demo
+
+test: setup-full
+	$(VENV)/bin/pytest
+
+lint: setup
+	$(VENV)/bin/ruff check .
+
+typecheck: $(VENV)/.full
+	$(VENV)/bin/mypy
+
+check: lint typecheck
+
+bench-accept: setup
+	$(PY) bench/accept.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info

@@ -1,0 +1,215 @@
+"""bench/e2e: accepted send → recipient inbox, through real processes, with the broker on
+SQLite and on PostgreSQL, and the same flow through NATS JetStream in the same run.
+
+tidemesh: alice's daemon takes POST /v1/send over its Unix socket (closed loop, 64
+connections, durable outbox), the broker accepts (dedupe + message + history + delivery in
+one transaction), bob's daemon stores each delivery in its inbox before acking. Latency is
+bob's received_at minus alice's enqueued_at for each message; every message is durable at
+each hop. The run ends with an effective-once check (every accepted send in bob's inbox
+exactly once).
+
+NATS: publish with Nats-Msg-Id (256 in flight, file storage) → durable pull consumer with
+explicit ack; latency from publish to receipt. Default JetStream acks before fsync.
+
+    .venv/bin/python bench/e2e.py [--seconds 8] [--stores sqlite,postgres] [--pg-dsn DSN]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import secrets
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+LOADGEN = str(Path(__file__).with_name("loadgen.py"))
+
+
+def _tm(home: Path, *args: str) -> str:
+    res = subprocess.run([sys.executable, "-m", "tidemesh", *args], capture_output=True,
+                         text=True, env={**os.environ, "TIDEMESH_HOME": str(home)}, check=True)
+    return res.stdout.strip()
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait(check: Any, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.1)
+    raise SystemExit("bench/e2e: timed out waiting")
+
+
+def _q(db: Path, sql: str) -> list[tuple[Any, ...]]:
+    conn = sqlite3.connect(db)
+    try:
+        return conn.execute(sql).fetchall()
+    finally:
+        conn.close()
+
+
+def _pct(xs: list[float], p: float) -> float:
+    return xs[min(len(xs) - 1, int(len(xs) * p))] if xs else 0.0
+
+
+def run_tidemesh(store: str, seconds: float, root: Path) -> dict[str, Any]:
+    homes = {n: root / n for n in ("broker", "alice", "bob")}
+    for h in homes.values():
+        h.mkdir(parents=True)
+    env = {**os.environ, "TIDEMESH_HOME": str(homes["broker"]), "TIDEMESH_LOG_LEVEL": "warning"}
+    port = _port()
+    _tm(homes["broker"], "broker", "mesh", "create", "bench", "--store", store)
+    broker = subprocess.Popen([sys.executable, "-m", "tidemesh", "broker", "up", "--store", store,
+                               "--listen", f"127.0.0.1:{port}"], stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, env=env)
+    assert broker.stdout is not None
+    broker.stdout.readline()
+    procs = [broker]
+    try:
+        for n in ("alice", "bob"):
+            inv = _tm(homes["broker"], "broker", "invite", "create", "--mesh", "bench", "--url",
+                      f"ws://127.0.0.1:{port}", "--store", store)
+            _tm(homes[n], "daemon", "join", inv, "--mesh", "bench")
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "tidemesh", "daemon", "up", "--foreground", "--mesh",
+                 "bench", "--no-tcp"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                env={**env, "TIDEMESH_HOME": str(homes[n])}))
+        time.sleep(2.0)
+        _tm(homes["bob"], "topic", "create", "--mesh", "bench", "bench")
+        _tm(homes["bob"], "topic", "subscribe", "--mesh", "bench", "bench")
+        sock = homes["alice"] / "daemon" / "bench" / "sock"
+        out = subprocess.run([sys.executable, LOADGEN, str(sock), "64", str(seconds), "0.5", "e",
+                              "bench"], capture_output=True, text=True, check=True)
+        load = json.loads(out.stdout)
+        a_db = homes["alice"] / "daemon" / "bench" / "outbox.db"
+        b_db = homes["bob"] / "daemon" / "bench" / "inbox.db"
+        total = _q(a_db, "SELECT COUNT(*) FROM outbox")[0][0]
+        _wait(lambda: _q(b_db, "SELECT COUNT(*) FROM inbox")[0][0] >= total)
+        _wait(lambda: _q(a_db, "SELECT COUNT(*) FROM outbox WHERE status='done'")[0][0] == total)
+        sent = dict(_q(a_db, "SELECT client_message_id, enqueued_at FROM outbox"))
+        got = _q(b_db, "SELECT client_message_id, received_at FROM inbox")
+        ids = [c for c, _ in got]
+        lat = sorted(float(r - sent[c]) for c, r in got if c in sent)
+        first, last = min(sent.values()), max(r for _, r in got)
+        return {"messages": total, "rate": total / ((last - first) / 1000), "p50_ms": _pct(lat, .5),
+                "p99_ms": _pct(lat, .99), "accept_rps": load["rps"],
+                "effective_once": sorted(ids) == sorted(sent) and len(ids) == len(set(ids))}
+    finally:
+        for p in reversed(procs):
+            p.send_signal(signal.SIGTERM)
+        for p in procs:
+            p.wait(30)
+
+
+async def run_nats(n: int, url: str = "nats://127.0.0.1:4222") -> dict[str, Any]:
+    import nats
+
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    stream = "TMBENCH" + secrets.token_hex(3).upper()
+    subject = f"tmbench.{stream.lower()}"
+    await js.add_stream(name=stream, subjects=[subject], storage="file", duplicate_window=120)
+    sub = await js.pull_subscribe(subject, durable="bench", stream=stream)
+    lat: list[float] = []
+    done = asyncio.Event()
+    start = time.perf_counter()
+
+    async def consume() -> None:
+        while len(lat) < n:
+            try:
+                msgs = await sub.fetch(256, timeout=1)
+            except nats.errors.TimeoutError:
+                continue
+            now = time.perf_counter()
+            for m in msgs:
+                lat.append(now - float(m.data.split(b"|", 1)[0]))
+                await m.ack()
+        done.set()
+
+    consumer = asyncio.create_task(consume())
+    pending: list[Any] = []
+    for i in range(n):
+        data = f"{time.perf_counter()}|".encode() + b"x" * 200
+        pending.append(await js.publish_async(subject, data, headers={"Nats-Msg-Id": f"m{i}"}))
+        if len(pending) >= 256:
+            await asyncio.gather(*pending)
+            pending = []
+    await asyncio.gather(*pending)
+    await done.wait()
+    elapsed = time.perf_counter() - start
+    await consumer
+    await js.delete_stream(stream)
+    await nc.close()
+    lat.sort()
+    return {"messages": n, "rate": n / elapsed, "p50_ms": 1000 * _pct(lat, .5),
+            "p99_ms": 1000 * _pct(lat, .99)}
+
+
+async def _drop_database(dsn: str, url: str) -> None:
+    import asyncpg
+
+    conn = await asyncpg.connect(dsn)
+    await conn.execute(f'DROP DATABASE IF EXISTS "{url.rsplit("/", 1)[1]}" WITH (FORCE)')
+    await conn.close()
+
+
+async def _pg_database(dsn: str) -> str:
+    import asyncpg
+
+    name = "tm_bench_" + secrets.token_hex(4)
+    conn = await asyncpg.connect(dsn)
+    await conn.execute(f'CREATE DATABASE "{name}"')
+    await conn.close()
+    return dsn.rsplit("/", 1)[0] + "/" + name
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seconds", type=float, default=8.0)
+    ap.add_argument("--stores", default="sqlite,postgres")
+    ap.add_argument("--pg-dsn", default="postgresql://postgres@127.0.0.1:5432/test")
+    args = ap.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="tm-e2e-", dir="/tmp"))
+    print(f"bench/e2e: alice → broker → bob, 64 closed-loop senders for {args.seconds:.0f} s; "
+          "durable at each hop (SQLite FULL, PostgreSQL synchronous_commit on)")
+    print(f"{'system':22} {'msgs':>7} {'msgs/s':>8} {'p50 ms':>8} {'p99 ms':>8}  notes")
+    rows = []
+    for store_kind in args.stores.split(","):
+        store = (f"sqlite://{root}/{store_kind}/broker/broker.db" if store_kind == "sqlite"
+                 else asyncio.run(_pg_database(args.pg_dsn)))
+        try:
+            r = run_tidemesh(store, args.seconds, root / store_kind)
+        finally:
+            if store_kind != "sqlite":
+                asyncio.run(_drop_database(args.pg_dsn, store))
+        rows.append(r)
+        print(f"{'tidemesh/' + store_kind:22} {r['messages']:>7} {r['rate']:>8.0f} "
+              f"{r['p50_ms']:>8.1f} {r['p99_ms']:>8.1f}  accept {r['accept_rps']:.0f}/s, "
+              f"effective-once {'ok' if r['effective_once'] else 'FAILED'}")
+    n = max(r["messages"] for r in rows)
+    nats_r = asyncio.run(run_nats(n))
+    print(f"{'nats jetstream':22} {nats_r['messages']:>7} {nats_r['rate']:>8.0f} "
+          f"{nats_r['p50_ms']:>8.1f} {nats_r['p99_ms']:>8.1f}  acks before fsync")
+    for store_kind, r in zip(args.stores.split(","), rows, strict=True):
+        print(f"ratio tidemesh/{store_kind} to NATS: {r['rate'] / nats_r['rate']:.2f}")
+    if not all(r["effective_once"] for r in rows):
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""A closed-loop HTTP/1.1 load generator over a Unix socket: raw keep-alive connections, one
+request in flight per connection, unique Idempotency-Key per request. Run as its own process
+so the client's CPU does not share the server's event loop.
+
+    python bench/loadgen.py SOCKET CONCURRENCY SECONDS WARMUP TAG [TOPIC]   → one JSON line
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+
+
+def body_for(topic: str) -> bytes:
+    return (b'{"to":{"kind":"topic","ref":"' + topic.encode() + b'"},"body":"'
+            + b"x" * 200 + b'","meta":{"n":1}}')
+
+
+async def _conn_loop(path: str, prefix: str, body: bytes, stop_at: float, warm_until: float,
+                     lat: list[float], counts: list[int]) -> None:
+    reader, writer = await asyncio.open_unix_connection(path)
+    i = 0
+    while True:
+        now = time.perf_counter()
+        if now >= stop_at:
+            break
+        key = f"{prefix}-{i}".encode()
+        i += 1
+        writer.write(b"POST /v1/send HTTP/1.1\r\nHost: localhost\r\nContent-Type: "
+                     b"application/json\r\nIdempotency-Key: " + key + b"\r\nContent-Length: "
+                     + str(len(body)).encode() + b"\r\n\r\n" + body)
+        head = await reader.readuntil(b"\r\n\r\n")
+        status = int(head[9:12])
+        length = 0
+        for line in head.split(b"\r\n"):
+            if line[:15].lower() == b"content-length:":
+                length = int(line[15:])
+        await reader.readexactly(length)
+        done = time.perf_counter()
+        if now >= warm_until:
+            lat.append(done - now)
+            counts[0 if status in (200, 202) else 1] += 1
+    writer.close()
+
+
+async def run(path: str, conc: int, seconds: float, warmup: float, tag: str,
+              topic: str = "bench") -> dict[str, float]:
+    lat: list[float] = []
+    counts = [0, 0]
+    body = body_for(topic)
+    start = time.perf_counter()
+    warm_until, stop_at = start + warmup, start + warmup + seconds
+    await asyncio.gather(*(_conn_loop(path, f"{tag}-{c}", body, stop_at, warm_until, lat, counts)
+                           for c in range(conc)))
+    lat.sort()
+    return {"ok": counts[0], "errors": counts[1], "rps": counts[0] / seconds,
+            "p50_ms": 1000 * lat[len(lat) // 2] if lat else 0.0,
+            "p99_ms": 1000 * lat[int(len(lat) * 0.99)] if lat else 0.0}
+
+
+if __name__ == "__main__":
+    import uvloop
+
+    sock, conc, secs, warm, tag = sys.argv[1:6]
+    topic = sys.argv[6] if len(sys.argv) > 6 else "bench"
+    print(json.dumps(uvloop.run(run(sock, int(conc), float(secs), float(warm), tag, topic))))

@@ -1,0 +1,50 @@
+"""Operator actions on the store (the CLI's cold path): meshes, invites, members, topics."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from tidemesh.broker.store.base import Member, Mesh, Store
+from tidemesh.core.errors import NotFound
+from tidemesh.core.invite import Invite, new_token, parse_duration_ms, token_hash
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+async def mesh_by_name(store: Store, name: str) -> Mesh:
+    mesh = await store.find_mesh(name)
+    if mesh is None:
+        raise NotFound(f"no mesh named {name!r}; create it with `tidemesh broker mesh create`",
+                       field="mesh")
+    return mesh
+
+
+@dataclass(frozen=True, slots=True)
+class CreatedInvite:
+    invite_id: str
+    text: str
+    expires_at: int | None
+
+
+async def create_invite(store: Store, mesh_name: str, url: str, uses: int,
+                        expires: str | None) -> CreatedInvite:
+    mesh = await mesh_by_name(store, mesh_name)
+    token, now = new_token(), now_ms()
+    expires_at = now + parse_duration_ms(expires) if expires else None
+    invite_id = await store.create_invite(mesh.id, token_hash(token), uses, expires_at, now)
+    return CreatedInvite(invite_id, Invite(url, mesh.id, mesh.name, token).encode(), expires_at)
+
+
+async def list_members(store: Store, mesh_name: str) -> list[Member]:
+    return await store.list_members((await mesh_by_name(store, mesh_name)).id)
+
+
+async def revoke(store: Store, mesh_name: str, pubkey: str) -> bool:
+    return await store.revoke_member((await mesh_by_name(store, mesh_name)).id, pubkey, now_ms())
+
+
+async def create_topic(store: Store, mesh_name: str, topic: str) -> None:
+    await store.create_topic((await mesh_by_name(store, mesh_name)).id, topic, None, now_ms())

@@ -1,0 +1,126 @@
+"""Every broker setting, declared once (name, type, default, help), and where files live.
+
+Resolved flag > environment (``TIDEMESH_*``) > TOML file > default by ``core.settings``.
+Without ``--store`` the broker keeps an embedded SQLite file: ``$TIDEMESH_HOME/broker/
+broker.db`` when ``TIDEMESH_HOME`` is set, else under the XDG data directory.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tidemesh.core.features import MIN_RETENTION_DAYS, MODES
+from tidemesh.core.settings import ConfigError, Resolved, Setting, build
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("broker.listen", str, "127.0.0.1:7800", "HOST:PORT of the WebSocket and /metrics."),
+    Setting("broker.store", str, None, "sqlite:///PATH or postgresql://…; default embedded SQLite.",
+            optional=True),
+    Setting("broker.public_url", str, None, "ws(s):// address printed into invites; default "
+            "ws://LISTEN.", optional=True),
+    Setting("store.pool_size", int, 4, "PostgreSQL pool for everything but accepts."),
+    Setting("store.batch_max", int, 512, "Most sends group-committed in one transaction."),
+    Setting("store.writers", int, 2, "PostgreSQL accept writers (batches committing at once)."),
+    Setting("dedupe.mode", str, "retention_scoped", "retention_scoped or permanent (spec §15.1)."),
+    Setting("dedupe.retention_days", int, 14,
+            "Dedupe window; >= 3 and longer than every daemon's outbox max age."),
+    Setting("retention.message_days", int, 30, "Messages older than this are pruned."),
+    Setting("retention.stall_window_hours", int, 24,
+            "Unacked deliveries younger than this are never pruned (DESIGN §6)."),
+    Setting("retention.sweep_interval_s", float, 3600.0, "How often retention sweeps run."),
+    Setting("queue.lease_s", float, 300.0, "A queue delivery not acked within this goes to "
+            "another consumer (DESIGN §5.4)."),
+    Setting("queue.lease_check_interval_s", float, 5.0, "How often lapsed queue leases are "
+            "looked for."),
+    Setting("limits.inline_bytes", int, 1048576, "Largest message body (max_payload)."),
+    Setting("limits.max_inflight", int, 256, "Sends in flight per connection before reads pause."),
+    Setting("limits.bad_frames", int, 20, "Bad frames per window before the connection closes."),
+    Setting("limits.bad_frames_window_s", float, 10.0, "Window of limits.bad_frames."),
+    Setting("auth.hello_timeout_s", float, 10.0, "A connection must authenticate within this."),
+    Setting("auth.recheck_s", float, 5.0, "How often connected members are re-checked for "
+            "revocation."),
+    Setting("log.level", str, "info", "debug, info, warning or error."),
+    Setting("log.format", str, "auto", "json, console, or auto (console on a TTY)."),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerSettings:
+    broker_listen: str
+    broker_store: str | None
+    broker_public_url: str | None
+    store_pool_size: int
+    store_batch_max: int
+    store_writers: int
+    dedupe_mode: str
+    dedupe_retention_days: int
+    retention_message_days: int
+    retention_stall_window_hours: int
+    retention_sweep_interval_s: float
+    queue_lease_s: float
+    queue_lease_check_interval_s: float
+    limits_inline_bytes: int
+    limits_max_inflight: int
+    limits_bad_frames: int
+    limits_bad_frames_window_s: float
+    auth_hello_timeout_s: float
+    auth_recheck_s: float
+    log_level: str
+    log_format: str
+
+    @property
+    def host_port(self) -> tuple[str, int]:
+        host, _, port = self.broker_listen.rpartition(":")
+        return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def broker_home(environ: Mapping[str, str]) -> Path:
+    home = environ.get("TIDEMESH_HOME")
+    if home:
+        return Path(home).expanduser() / "broker"
+    data = environ.get("XDG_DATA_HOME") or str(Path(environ.get("HOME", "~")) / ".local/share")
+    return Path(data).expanduser() / "tidemesh" / "broker"
+
+
+def config_file(environ: Mapping[str, str]) -> Path:
+    return Path(environ["TIDEMESH_BROKER_CONFIG"]) if environ.get(
+        "TIDEMESH_BROKER_CONFIG") else broker_home(environ) / "broker.toml"
+
+
+def store_url(settings: BrokerSettings, environ: Mapping[str, str]) -> str:
+    return settings.broker_store or f"sqlite:///{broker_home(environ) / 'broker.db'}"
+
+
+def read_file(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        return {}
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
+
+
+def load(
+    file_data: Mapping[str, Any], environ: Mapping[str, str], flags: Mapping[str, Any]
+) -> tuple[BrokerSettings, dict[str, Resolved]]:
+    settings, resolved = build(BrokerSettings, SETTINGS, file_data, environ, flags)
+    _validate(settings)
+    return settings, resolved
+
+
+def _validate(s: BrokerSettings) -> None:
+    if s.dedupe_mode not in MODES:
+        raise ConfigError(f"dedupe.mode must be one of {MODES}", field="dedupe.mode")
+    if s.dedupe_mode == "retention_scoped" and s.dedupe_retention_days < MIN_RETENTION_DAYS:
+        raise ConfigError(f"dedupe.retention_days must be >= {MIN_RETENTION_DAYS}",
+                          field="dedupe.retention_days")
+    if s.limits_inline_bytes < 1024:
+        raise ConfigError("limits.inline_bytes must be >= 1024", field="limits.inline_bytes")
+    try:
+        s.host_port  # noqa: B018
+    except ValueError as exc:
+        raise ConfigError("broker.listen must be HOST:PORT", field="broker.listen") from exc

@@ -1,0 +1,125 @@
+"""The broker's composition root: settings → logging → store → service → server → loops.
+
+The only broker module that reads the environment, opens stores and starts servers.
+``run`` serves until ``stop`` is set (SIGTERM/SIGINT in ``up``); background loops (retention
+sweep, revocation re-check) run in one TaskGroup and log their failures without dying.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
+
+import structlog
+
+from tidemesh.broker import log as broker_log
+from tidemesh.broker.accept import Limits
+from tidemesh.broker.config import BrokerSettings, config_file, load, read_file, store_url
+from tidemesh.broker.server import BrokerServer
+from tidemesh.broker.service import BrokerService
+from tidemesh.broker.store import open_store
+from tidemesh.broker.store.base import Store
+
+T = TypeVar("T")
+log = structlog.get_logger(__name__)
+
+
+def settings_from(flags: Mapping[str, Any], environ: Mapping[str, str] | None = None
+                  ) -> BrokerSettings:
+    env = os.environ if environ is None else environ
+    settings, _ = load(read_file(config_file(env)), env, flags)
+    return settings
+
+
+async def with_store(settings: BrokerSettings, fn: Callable[[Store], Awaitable[T]],
+                     environ: Mapping[str, str] | None = None) -> T:
+    """Open the configured store (migrating it forward), run ``fn``, close it."""
+    env = os.environ if environ is None else environ
+    store = await open_store(store_url(settings, env), pool_size=2)
+    try:
+        return await fn(store)
+    finally:
+        await store.close()
+
+
+def public_url(settings: BrokerSettings) -> str:
+    host, port = settings.host_port
+    return settings.broker_public_url or f"ws://{host}:{port}"
+
+
+async def _every(interval_s: float, name: str, fn: Callable[[], Awaitable[Any]]) -> None:
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            await fn()
+        except Exception as exc:  # a failed sweep must not take the broker down; next run retries
+            log.error("broker_background_failed", task=name, error=str(exc), exc_info=True)
+
+
+async def run(settings: BrokerSettings, stop: asyncio.Event,
+              ready: Callable[[int], None] | None = None,
+              environ: Mapping[str, str] | None = None) -> None:
+    env = os.environ if environ is None else environ
+    store = await open_store(store_url(settings, env), batch_max=settings.store_batch_max,
+                             pool_size=settings.store_pool_size, writers=settings.store_writers)
+    limits = Limits(settings.limits_inline_bytes, settings.dedupe_mode,
+                    settings.dedupe_retention_days)
+    service = BrokerService(store, limits, retention_days=settings.retention_message_days,
+                            stall_window_hours=settings.retention_stall_window_hours)
+    server = BrokerServer(service, max_inflight=settings.limits_max_inflight,
+                          max_bad=settings.limits_bad_frames,
+                          bad_window_s=settings.limits_bad_frames_window_s,
+                          max_frame_bytes=settings.limits_inline_bytes * 2 + 65536,
+                          hello_timeout_s=settings.auth_hello_timeout_s)
+    try:
+        await server.start(*settings.host_port)
+        if ready is not None:
+            ready(server.port)
+        async with asyncio.TaskGroup() as tg:
+            loops = [tg.create_task(_every(settings.retention_sweep_interval_s, "retention",
+                                           service.sweep)),
+                     tg.create_task(_every(settings.auth_recheck_s, "recheck",
+                                           service.recheck_members)),
+                     tg.create_task(_every(settings.queue_lease_check_interval_s, "queue_leases",
+                                           lambda: service.reassign_lapsed(
+                                               settings.queue_lease_s)))]
+            await stop.wait()
+            for t in loops:
+                t.cancel()
+    finally:
+        await server.stop()
+        await store.close()
+        log.info("broker_stopped")
+
+
+def up(settings: BrokerSettings) -> None:
+    """``tidemesh broker up``: serve in the foreground until SIGTERM or SIGINT."""
+    broker_log.configure(settings.log_level, settings.log_format)
+
+    def ready(port: int) -> None:
+        host = settings.host_port[0]
+        print(json.dumps({"event": "broker_ready", "url": f"ws://{host}:{port}", "port": port}),
+              flush=True)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        # SIGHUP's default would kill the broker; it has nothing to reload (docs/configuration.md).
+        loop.add_signal_handler(signal.SIGHUP, lambda: log.warning(
+            "broker_reload_ignored", hint="settings are read only at start; restart the broker"))
+        await run(settings, stop, ready)
+
+    try:
+        import uvloop
+
+        uvloop.run(main())
+    except ImportError:
+        asyncio.run(main())
+    sys.stdout.flush()

@@ -1,0 +1,198 @@
+"""The websockets adapter: one handler per connection, plus ``/metrics`` on the same port.
+
+Reads frames, feeds them to the pure ``Session``, and carries out its actions. Sends are
+pipelined: each runs in its own task (at most ``max_inflight`` per connection; past that the
+reader stops reading, which pushes back on the daemon through TCP), and results go out as
+they commit, matched by ``id``. Every task of a connection lives in that connection's
+``TaskGroup``. The only module of the broker that imports websockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from http import HTTPStatus
+from typing import Any
+
+import structlog
+from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.exceptions import ConnectionClosed
+from websockets.http11 import Request, Response
+
+from tidemesh.broker.service import BrokerService, Conn
+from tidemesh.broker.session import Authenticate, Close, Dispatch, Send, Session
+from tidemesh.core import handshake
+from tidemesh.core.wire import CloseCode, InvalidFrame, check, encode
+
+log = structlog.get_logger(__name__)
+
+
+class WsPeer:
+    def __init__(self, ws: ServerConnection) -> None:
+        self.ws = ws
+
+    async def send_frame(self, frame: dict[str, Any]) -> None:
+        await self.ws.send(encode(frame))
+
+    async def close(self, code: int, reason: str) -> None:
+        await self.ws.close(code, reason)
+
+
+class BrokerServer:
+    def __init__(self, service: BrokerService, *, max_inflight: int = 256, max_bad: int = 20,
+                 bad_window_s: float = 10.0, max_frame_bytes: int = 4 << 20,
+                 hello_timeout_s: float = 10.0) -> None:
+        self.service = service
+        self.max_inflight = max_inflight
+        self.max_bad = max_bad
+        self.bad_window_s = bad_window_s
+        self.max_frame_bytes = max_frame_bytes
+        self.hello_timeout_s = hello_timeout_s
+        self.server: Server | None = None
+
+    async def start(self, host: str, port: int) -> BrokerServer:
+        self.server = await serve(self.handler, host, port, process_request=self.http,
+                                  max_size=self.max_frame_bytes, compression=None,
+                                  ping_interval=20, ping_timeout=20)
+        log.info("broker_listening", host=host, port=self.port)
+        return self
+
+    @property
+    def port(self) -> int:
+        assert self.server is not None
+        return int(next(iter(self.server.sockets)).getsockname()[1])
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            await self.server.wait_closed()
+
+    def http(self, connection: ServerConnection, request: Request) -> Response | None:
+        """Plain HTTP on the WebSocket port: ``/metrics`` and ``/healthz``."""
+        if request.path == "/metrics":
+            resp = connection.respond(HTTPStatus.OK, self.service.metrics.registry.render())
+            del resp.headers["Content-Type"]
+            resp.headers["Content-Type"] = "text/plain; version=0.0.4; charset=utf-8"
+            return resp
+        if request.path == "/healthz":
+            return connection.respond(HTTPStatus.OK, "ok\n")
+        return None
+
+    async def handler(self, ws: ServerConnection) -> None:
+        peer = WsPeer(ws)
+        session = Session(handshake.new_nonce(), self.max_bad, self.bad_window_s)
+        conn: Conn | None = None
+        try:
+            await peer.send_frame(session.challenge().frame)
+            async with asyncio.timeout(self.hello_timeout_s) as deadline, \
+                    asyncio.TaskGroup() as tg:
+                inflight = asyncio.Semaphore(self.max_inflight)
+                pump: asyncio.Task[None] | None = None
+                try:
+                    async for raw in ws:
+                        for action in session.on_text(raw, asyncio.get_running_loop().time()):
+                            if isinstance(action, Authenticate):
+                                conn = await self._authenticate(peer, session, action)
+                                if conn is not None:
+                                    deadline.reschedule(None)
+                                    pump = tg.create_task(self._pump(conn))
+                            elif isinstance(action, Dispatch):
+                                assert conn is not None
+                                await self._dispatch(tg, inflight, conn, action.frame)
+                            else:
+                                await self._carry_out(peer, action)
+                finally:
+                    if pump is not None:
+                        pump.cancel()
+        except ConnectionClosed:
+            pass
+        except TimeoutError:  # no good hello in time: a socket squatter, not a member
+            self.service.handshake_closed("hello_timeout")
+            await ws.close(CloseCode.POLICY, "hello_timeout")
+        except Exception as exc:  # one broken connection must not take the server down
+            if isinstance(exc, ExceptionGroup) and exc.split(ConnectionClosed)[1] is None:
+                return  # the TaskGroup wrapped a dropped connection (kill -9, a cut): normal
+            log.error("broker_connection_failed", error=repr(exc), exc_info=True)
+            await ws.close(1011, "internal_error")
+        finally:
+            if conn is not None and self.service.unregister(conn):
+                await self.service.announce(conn, "peer_leave")
+
+    async def _pump(self, conn: Conn) -> None:
+        # Undelivered rows stay in delivery_queue; the next resume sends them.
+        with contextlib.suppress(ConnectionClosed):
+            await self.service.pump(conn)
+
+    async def _authenticate(self, peer: WsPeer, session: Session,
+                            action: Authenticate) -> Conn | None:
+        out = await self.service.authenticate(action.frame)
+        conn, first = None, False
+        if out.problem is None:
+            conn, first = self.service.register(peer, out.mesh_id, out.pubkey, out.display_name)
+        for a in session.on_member(out.mesh_id, out.mesh_name, out.pubkey,
+                                   conn.session_id if conn else "", out.problem, out.joined):
+            await self._carry_out(peer, a)
+        if conn is not None and first:
+            await self.service.announce(conn, "peer_join")
+        return conn
+
+    async def _carry_out(self, peer: WsPeer, action: Send | Close | Authenticate | Dispatch
+                         ) -> None:
+        if isinstance(action, Send):
+            if action.frame.get("type") == "error":
+                self.service.metrics.bad_frames.inc()
+            await peer.send_frame(action.frame)
+        elif isinstance(action, Close):
+            if action.reason in ("hello_required", "nonce_replayed", "bad_signature"):
+                self.service.handshake_closed(action.reason)
+            await peer.close(action.code, action.reason)
+
+    async def _dispatch(self, tg: asyncio.TaskGroup, inflight: asyncio.Semaphore, conn: Conn,
+                        frame: dict[str, Any]) -> None:
+        if frame["type"] == "send":
+            await inflight.acquire()
+            tg.create_task(self._send(inflight, conn, frame))
+        elif frame["type"] == "send_batch":
+            # One permit per send, capped so that one batch can always get its permits.
+            permits = min(len(frame["sends"]), self.max_inflight)
+            for _ in range(permits):
+                await inflight.acquire()
+            tg.create_task(self._send_batch(inflight, permits, conn, frame))
+        else:
+            answer = await self.service.dispatch(conn, frame)
+            if answer is not None:
+                await conn.peer.send_frame(answer)
+
+    async def _send(self, inflight: asyncio.Semaphore, conn: Conn, frame: dict[str, Any]) -> None:
+        try:
+            result = await self.service.send(conn, frame)
+            await conn.peer.send_frame(result)
+        except ConnectionClosed:
+            # Committed (or not) all the same; the daemon's retry gets 200 duplicate.
+            log.info("broker_result_undelivered", client_message_id=frame["client_message_id"])
+        finally:
+            inflight.release()
+
+    async def _send_batch(self, inflight: asyncio.Semaphore, permits: int, conn: Conn,
+                          frame: dict[str, Any]) -> None:
+        try:
+            results = await asyncio.gather(*(self._one_of_batch(conn, item)
+                                             for item in frame["sends"]))
+            await conn.peer.send_frame({"type": "send_results", "id": frame["id"],
+                                        "results": results})
+        except ConnectionClosed:
+            log.info("broker_result_undelivered", sends=len(frame["sends"]))
+        finally:
+            for _ in range(permits):
+                inflight.release()
+
+    async def _one_of_batch(self, conn: Conn, item: dict[str, Any]) -> dict[str, Any]:
+        try:
+            send = check({**item, "type": "send"})
+        except InvalidFrame as exc:
+            self.service.metrics.bad_frames.inc()
+            details = {k: v for k, v in exc.details.items() if k != "id"}
+            return {"type": "send_result", "id": str(item["id"]), "status": 400,
+                    "client_message_id": str(item.get("client_message_id", "")),
+                    "error": {"code": exc.code, "message": exc.message, **details}}
+        return await self.service.send(conn, send)

@@ -1,0 +1,27 @@
+"""Broker stores: ``open_store(url)`` picks the adapter from the URL.
+
+``sqlite:///PATH`` (the embedded default) or ``postgresql://…`` / ``postgres://…``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tidemesh.broker.store.base import Store
+from tidemesh.core.errors import InvalidRequest
+
+
+async def open_store(url: str, *, batch_max: int = 512, pool_size: int = 4, writers: int = 2,
+                     migrate_now: bool = True) -> Store:
+    if url.startswith("sqlite:///"):
+        from tidemesh.broker.store.sqlite import SqliteStore
+
+        return await SqliteStore.open(Path(url.removeprefix("sqlite://")), batch_max=batch_max,
+                                      migrate_now=migrate_now)
+    if url.startswith(("postgresql://", "postgres://")):
+        from tidemesh.broker.store.postgres import PostgresStore
+
+        return await PostgresStore.open(url, pool_size=pool_size, batch_max=batch_max,
+                                        writers=writers, migrate_now=migrate_now)
+    raise InvalidRequest(f"store must be sqlite:///PATH or postgresql://…, not {url!r}",
+                         field="store")

@@ -1,0 +1,119 @@
+"""The broker's ``Store`` port: one Protocol, two adapters (SQLite default, PostgreSQL).
+
+Row values are frozen dataclasses. Every method is one transaction; ``accept`` calls from
+concurrent sessions are group-committed by the adapter (one transaction, a savepoint per
+send), and each answer leaves only after COMMIT. Must not import websockets or the server.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from tidemesh.broker.accept import AcceptInput, AcceptResult
+
+TABLES = (
+    "mesh", "member", "invite", "topic", "topic_subscription", "queue_consumer",
+    "client_message_dedupe", "topic_message", "message_queue", "message_history",
+    "recipient_cursor", "delivery_queue",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Mesh:
+    id: str
+    name: str
+    created_at: int
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    mesh_id: str
+    pubkey: str
+    display_name: str | None
+    joined_at: int
+    revoked_at: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Cursor:
+    epoch: int
+    last_seq: int
+    acked_seq: int
+    compacted_seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryRow:
+    epoch: int
+    seq: int
+    broker_message_id: str
+    history_id: str | None
+    sender_pubkey: str
+    client_message_id: str | None
+    kind: str
+    ref: str
+    body: bytes
+    body_encoding: str
+    priority: str
+    meta: dict[str, Any] | None
+    reply_to: str | None
+    created_at: int
+    reassigned: bool = False     # a lapsed queue lease: sent void, acked, never stored
+
+
+@dataclass(frozen=True, slots=True)
+class Reassigned:
+    """A queue delivery whose lease lapsed, moved to another consumer."""
+
+    mesh_id: str
+    broker_message_id: str
+    from_pubkey: str
+    to_pubkey: str
+
+
+class Store(Protocol):
+    """What the broker needs from its database."""
+
+    batches: int   # group commits of accepts since the store opened
+    items: int     # sends in them
+
+    async def close(self) -> None: ...
+
+    # membership
+    async def create_mesh(self, name: str, now_ms: int) -> Mesh: ...
+    async def find_mesh(self, name_or_id: str) -> Mesh | None: ...
+    async def create_invite(self, mesh_id: str, token_sha256: bytes, max_uses: int,
+                            expires_at: int | None, now_ms: int) -> str: ...
+    async def redeem_invite(self, mesh_id: str, token_sha256: bytes, pubkey: str,
+                            display_name: str | None, now_ms: int) -> Member: ...
+    async def get_member(self, mesh_id: str, pubkey: str) -> Member | None: ...
+    async def list_members(self, mesh_id: str) -> list[Member]: ...
+    async def revoke_member(self, mesh_id: str, pubkey: str, now_ms: int) -> bool: ...
+    async def add_member(self, mesh_id: str, pubkey: str, now_ms: int) -> None: ...
+
+    # destinations
+    async def create_topic(self, mesh_id: str, name: str, by: str | None, now_ms: int) -> None: ...
+    async def subscribe(self, mesh_id: str, topic: str, pubkey: str, now_ms: int) -> None: ...
+    async def unsubscribe(self, mesh_id: str, topic: str, pubkey: str) -> None: ...
+    async def add_queue_consumer(self, mesh_id: str, queue: str, pubkey: str,
+                                 now_ms: int) -> None: ...
+    async def remove_queue_consumer(self, mesh_id: str, queue: str, pubkey: str) -> None: ...
+
+    # the accept transaction (spec §4.7.2)
+    async def accept(self, item: AcceptInput) -> AcceptResult: ...
+
+    # receive path (DESIGN §6)
+    async def cursor(self, mesh_id: str, pubkey: str) -> Cursor: ...
+    async def reassign_lapsed(self, lease_before: int, now_ms: int,
+                              limit: int = 500) -> list[Reassigned]: ...
+    async def deliveries_after(self, mesh_id: str, pubkey: str, epoch: int, after_seq: int,
+                               limit: int) -> list[DeliveryRow]: ...
+    async def ack(self, mesh_id: str, pubkey: str, epoch: int, seq: int, now_ms: int) -> int: ...
+
+    # retention (spec §17.5-6)
+    async def delete_expired_dedupe(self, now_ms: int) -> int: ...
+    async def prune_messages(self, created_before: int, stall_before: int) -> int: ...
+
+    # operators and tests
+    async def counts(self) -> dict[str, int]: ...

@@ -1,0 +1,184 @@
+"""``tidemesh broker up|migrate|mesh|invite|member|topic`` and ``tidemesh daemon join``.
+
+Operator commands talk to the broker's store directly (the cold path); they share the
+broker's settings (``--store`` > ``TIDEMESH_BROKER_STORE`` > broker.toml > embedded SQLite).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
+
+import click
+
+from tidemesh.broker import admin
+from tidemesh.broker import main as broker_main
+from tidemesh.broker.config import BrokerSettings
+from tidemesh.broker.store import migrate as store_migrate
+from tidemesh.broker.store.base import Store
+from tidemesh.cli.commands.common import json_option, paths_for
+from tidemesh.cli.output import emit_json, fail, table
+from tidemesh.core import invite as invites
+from tidemesh.core.errors import NotFound, TidemeshError
+from tidemesh.core.exitcodes import Exit
+from tidemesh.daemon.join import join
+from tidemesh.daemon.link import LinkError
+
+T = TypeVar("T")
+
+
+def _settings(flags: Mapping[str, Any]) -> BrokerSettings:
+    try:
+        return broker_main.settings_from(flags)
+    except TidemeshError as exc:
+        fail(exc)
+
+
+def _run(store: str | None, fn: Callable[[Store], Awaitable[T]]) -> T:
+    settings = _settings({"broker.store": store})
+    try:
+        return asyncio.run(broker_main.with_store(settings, fn))
+    except TidemeshError as exc:
+        fail(exc)
+    except (OSError, store_migrate.SchemaTooNew, store_migrate.SchemaBehind) as exc:
+        fail(TidemeshError(f"the broker store is unavailable: {exc}"))
+
+
+store_option = click.option("--store", default=None, metavar="URL",
+                            help="sqlite:///PATH or postgresql://…; default: embedded SQLite.")
+
+
+@click.group("broker")
+def broker_group() -> None:
+    """Run and administer the broker."""
+
+
+@broker_group.command("up")
+@store_option
+@click.option("--listen", default=None, metavar="HOST:PORT", help="Where to listen.")
+@click.option("--public-url", default=None, help="ws(s):// address to print into invites.")
+def up(store: str | None, listen: str | None, public_url: str | None) -> None:
+    """Serve the broker in the foreground (prints one JSON line when ready)."""
+    broker_main.up(_settings({"broker.store": store, "broker.listen": listen,
+                              "broker.public_url": public_url}))
+
+
+@broker_group.command("migrate")
+@store_option
+def migrate_cmd(store: str | None) -> None:
+    """Apply pending store migrations (forward only)."""
+
+    async def fn(s: Store) -> None:
+        return None  # opening the store applies them
+
+    _run(store, fn)
+    click.echo(f"broker store is at schema version {len(store_migrate.load('sqlite'))}")
+
+
+@broker_group.group("mesh")
+def mesh_group() -> None:
+    """Meshes."""
+
+
+@mesh_group.command("create")
+@store_option
+@json_option
+@click.argument("name")
+def mesh_create(store: str | None, as_json: bool, name: str) -> None:
+    """Create a mesh."""
+    mesh = _run(store, lambda s: s.create_mesh(name, admin.now_ms()))
+    if as_json:
+        emit_json({"id": mesh.id, "name": mesh.name, "created_at": mesh.created_at})
+    else:
+        click.echo(f"mesh {mesh.name} created (id {mesh.id})")
+
+
+@broker_group.group("invite")
+def invite_group() -> None:
+    """Invites."""
+
+
+@invite_group.command("create")
+@store_option
+@click.option("--mesh", required=True, help="Mesh name.")
+@click.option("--uses", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--expires", default="7d", show_default=True, help="30m, 12h, 7d, 2w.")
+@click.option("--url", default=None, help="Broker address in the invite; default public_url.")
+def invite_create(store: str | None, mesh: str, uses: int, expires: str, url: str | None) -> None:
+    """Print an invite string for `tidemesh daemon join`."""
+    settings = _settings({"broker.store": store})
+    broker_url = url or broker_main.public_url(settings)
+    made = _run(store, lambda s: admin.create_invite(s, mesh, broker_url, uses, expires))
+    click.echo(made.text)
+
+
+@broker_group.group("member")
+def member_group() -> None:
+    """Members."""
+
+
+@member_group.command("list")
+@store_option
+@json_option
+@click.option("--mesh", required=True, help="Mesh name.")
+def member_list(store: str | None, as_json: bool, mesh: str) -> None:
+    """List the members of a mesh."""
+    members = _run(store, lambda s: admin.list_members(s, mesh))
+    rows = [{"pubkey": m.pubkey, "display_name": m.display_name, "joined_at": m.joined_at,
+             "revoked_at": m.revoked_at} for m in members]
+    if as_json:
+        emit_json(rows)
+    else:
+        table(rows, ["pubkey", "display_name", "joined_at", "revoked_at"])
+
+
+@member_group.command("revoke")
+@store_option
+@click.option("--mesh", required=True, help="Mesh name.")
+@click.argument("pubkey")
+def member_revoke(store: str | None, mesh: str, pubkey: str) -> None:
+    """Revoke a member: its connections close (4002) and it can never connect again."""
+    if not _run(store, lambda s: admin.revoke(s, mesh, pubkey)):
+        fail(NotFound(f"no active member {pubkey} in mesh {mesh}"))
+    click.echo(f"revoked {pubkey}")
+
+
+@broker_group.group("topic")
+def topic_group() -> None:
+    """Topics."""
+
+
+@topic_group.command("create")
+@store_option
+@click.option("--mesh", required=True, help="Mesh name.")
+@click.argument("name")
+def topic_create(store: str | None, mesh: str, name: str) -> None:
+    """Create a topic (members subscribe to it from their daemon)."""
+    _run(store, lambda s: admin.create_topic(s, mesh, name))
+    click.echo(f"topic {name} exists in mesh {mesh}")
+
+
+@click.command("join")
+@click.argument("invite")
+@click.option("--mesh", default=None, help="Local mesh name; default: the invite's mesh.")
+@click.option("--name", "display_name", default=None, help="How other members see this host.")
+@click.option("--broker-url", default=None, help="Override the broker address in the invite.")
+def join_cmd(invite: str, mesh: str | None, display_name: str | None,
+             broker_url: str | None) -> None:
+    """Join a mesh: create this host's key, register it with the broker, save the config."""
+    try:
+        parsed = invites.decode(invite)
+        paths = paths_for(mesh or parsed.mesh)
+        config = asyncio.run(join(invite, paths, display_name, broker_url))
+    except TidemeshError as exc:
+        fail(exc)
+    except LinkError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(int(Exit.REJECTED if not exc.retryable else Exit.FAILURE))
+    click.echo(f"joined mesh {config.mesh} as {config.member_pubkey}\n"
+               f"config saved to {paths.mesh_file}")
+
+
+__all__ = ["broker_group", "join_cmd"]

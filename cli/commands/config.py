@@ -1,0 +1,113 @@
+"""``tidemesh config show|docs``: every effective setting and where it came from.
+
+Owns printing the resolved settings of the daemon (per mesh) or the broker, with secrets
+redacted, and generating the reference tables of ``docs/configuration.md`` from the one
+declaration of each setting (``daemon.config.SETTINGS``, ``broker.config.SETTINGS``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from tidemesh.broker import config as broker_config
+from tidemesh.cli.output import emit_json, table
+from tidemesh.core.exitcodes import Exit
+from tidemesh.core.paths import daemon_paths
+from tidemesh.core.settings import (
+    ConfigError,
+    Resolved,
+    Setting,
+    markdown_table,
+    redact,
+    toml_value,
+)
+from tidemesh.daemon import config as daemon_config
+from tidemesh.daemon.main import resolve_mesh
+
+TABLES: dict[str, tuple[Setting, ...]] = {
+    "daemon": daemon_config.SETTINGS,
+    "broker": broker_config.SETTINGS,
+}
+_BLOCK = re.compile(r"(<!-- BEGIN settings:(?P<name>\w+) -->\n)(?P<body>.*?)"
+                    r"(<!-- END settings:(?P=name) -->)", re.DOTALL)
+
+
+def render_docs(text: str) -> str:
+    """``text`` with every generated settings block replaced by the current table."""
+    return _BLOCK.sub(lambda m: m[1] + markdown_table(TABLES[m["name"]]) + m[4], text)
+
+
+@click.group("config")
+def config_group() -> None:
+    """Inspect configuration (flag > TIDEMESH_* environment > TOML file > default)."""
+
+
+def _resolve_daemon(mesh: str | None) -> tuple[str, Path, dict[str, Resolved]]:
+    name = resolve_mesh(mesh, os.environ)
+    path = daemon_paths(name, os.environ).config_file
+    _, resolved = daemon_config.load(daemon_config.read_file(path), os.environ,
+                                     {"daemon.mesh": mesh})
+    return name, path, resolved
+
+
+def _resolve_broker() -> tuple[Path, dict[str, Resolved]]:
+    path = broker_config.config_file(os.environ)
+    _, resolved = broker_config.load(broker_config.read_file(path), os.environ, {})
+    return path, resolved
+
+
+def _rows(settings: tuple[Setting, ...], resolved: dict[str, Resolved]) -> list[dict[str, Any]]:
+    return [{"name": s.name, "value": redact(s, resolved[s.name].value),
+             "source": resolved[s.name].source, "env": s.env, "type": s.type.__name__,
+             "default": redact(s, s.default), "reload": "sighup" if s.reloadable else "restart"}
+            for s in settings]
+
+
+@config_group.command("show")
+@click.option("--daemon", "process", flag_value="daemon", default=True,
+              help="The daemon's settings (the default).")
+@click.option("--broker", "process", flag_value="broker", help="The broker's settings.")
+@click.option("--mesh", default=None, help="Which mesh's daemon; default $TIDEMESH_DAEMON_MESH "
+              "or `default`.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+def show(process: str, mesh: str | None, as_json: bool) -> None:
+    """Print every effective setting, its value and its source (default/file/env/flag)."""
+    try:
+        if process == "daemon":
+            name, path, resolved = _resolve_daemon(mesh)
+            head: dict[str, Any] = {"process": "daemon", "mesh": name}
+        else:
+            path, resolved = _resolve_broker()
+            head = {"process": "broker"}
+    except ConfigError as exc:
+        click.echo(f"error: {exc.message}", err=True)
+        sys.exit(int(Exit.USAGE))
+    rows = _rows(TABLES[process], resolved)
+    head.update(file=str(path), file_exists=path.exists())
+    if as_json:
+        emit_json({**head, "settings": rows})
+        return
+    where = "" if path.exists() else " (absent: defaults and environment only)"
+    click.echo(f"# {process} settings; file {path}{where}")
+    table([{**r, "value": "unset" if r["value"] is None else toml_value(r["value"])}
+           for r in rows], ["name", "value", "source", "reload"])
+
+
+@config_group.command("docs")
+@click.option("--write", "target", type=click.Path(path_type=Path, exists=True), default=None,
+              help="Rewrite the generated tables inside this Markdown file.")
+@click.argument("process", type=click.Choice(sorted(TABLES)), required=False)
+def docs(target: Path | None, process: str | None) -> None:
+    """Print a settings reference table, or refresh them in a docs file (--write)."""
+    if target is not None:
+        target.write_text(render_docs(target.read_text(encoding="utf-8")), encoding="utf-8")
+        click.echo(f"refreshed the settings tables in {target}")
+        return
+    for name in [process] if process else sorted(TABLES):
+        click.echo(markdown_table(TABLES[name]))

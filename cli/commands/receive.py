@@ -1,0 +1,175 @@
+"""``tidemesh inbox``, ``tidemesh events``, ``tidemesh topic …`` and ``tidemesh queue …``."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from tidemesh.cli.commands.common import client_for, json_option, mesh_option
+from tidemesh.cli.output import emit_json, fail, table
+from tidemesh.core.errors import TidemeshError
+
+
+@click.command("inbox")
+@mesh_option
+@click.option("--after", type=click.IntRange(min=0), default=None, help="Entries after this seq.")
+@click.option("--limit", type=click.IntRange(1, 1000), default=100, show_default=True)
+@click.option("--topic", default=None)
+@click.option("--from", "sender", default=None, help="Sender's member key (hex).")
+@click.option("--consumer", default=None, help="Read as a durable named consumer.")
+@click.option("--ack", is_flag=True, help="With --consumer: ack what was printed.")
+@json_option
+def inbox_cmd(mesh: str, after: int | None, limit: int, topic: str | None, sender: str | None,
+              consumer: str | None, ack: bool, as_json: bool) -> None:
+    """Show received messages (each exactly once, in delivery order)."""
+    if ack and not consumer:
+        raise click.UsageError("--ack needs --consumer")
+    client = client_for(mesh)
+    try:
+        page = client.inbox(after, limit, topic, sender, consumer)
+        if ack and page["items"]:
+            page["acked"] = client.inbox_ack(str(consumer), page["items"][-1]["seq"])
+    except TidemeshError as exc:
+        fail(exc, as_json)
+    if as_json:
+        emit_json(page)
+        return
+    rows = [{"seq": e["seq"], "from": e["from"][:16], "to": f"{e['to']['kind']}:{e['to']['ref']}",
+             "id": e["client_message_id"], "body": _short(e["body"])} for e in page["items"]]
+    table(rows, ["seq", "from", "to", "id", "body"])
+
+
+def _short(text: str, width: int = 60) -> str:
+    one = text.replace("\n", " ")
+    return one if len(one) <= width else one[: width - 1] + "…"
+
+
+@click.command("events")
+@mesh_option
+@click.option("--since", type=click.IntRange(min=0), default=None,
+              help="Replay events after this id first (like Last-Event-ID).")
+@click.option("--idle-exit", type=float, default=None,
+              help="Stop after this many quiet seconds (default: follow forever).")
+@json_option
+def events_cmd(mesh: str, since: int | None, idle_exit: float | None, as_json: bool) -> None:
+    """Follow the daemon's event stream (message, peer_join, peer_leave, broker_status,
+    outbox_dead); one line per event."""
+    try:
+        for ev in client_for(mesh).events(since, idle_exit):
+            if as_json:
+                click.echo(json.dumps({"id": ev.id, "type": ev.type, "data": ev.data}))
+            else:
+                click.echo(f"{ev.id:>6}  {ev.type:14} {_summary(ev.data)}")
+    except TidemeshError as exc:
+        fail(exc, as_json)
+    except KeyboardInterrupt:
+        pass
+
+
+def _summary(data: dict[str, Any]) -> str:
+    if "body" in data:
+        return f"from {data['from'][:16]} to {data['to']['kind']}:{data['to']['ref']}: " \
+               f"{_short(data['body'])}"
+    return _short(json.dumps(data), 100)
+
+
+def _membership_group(kind: str, join_verb: str, leave_verb: str) -> click.Group:
+    group = click.Group(kind, help=f"This member's {kind} memberships.")
+
+    def run(mesh: str, action: str, name: str, create: bool = False) -> None:
+        try:
+            result = client_for(mesh).membership(kind, action, name, create)
+        except TidemeshError as exc:
+            fail(exc)
+        click.echo(f"{kind} {name}: {action} ok" if result else "")
+
+    @group.command(join_verb)
+    @mesh_option
+    @click.argument("name")
+    def join(mesh: str, name: str) -> None:
+        run(mesh, join_verb, name)
+
+    @group.command(leave_verb)
+    @mesh_option
+    @click.argument("name")
+    def leave(mesh: str, name: str) -> None:
+        run(mesh, leave_verb, name)
+
+    @group.command("list")
+    @mesh_option
+    @json_option
+    def list_cmd(mesh: str, as_json: bool) -> None:
+        try:
+            data = client_for(mesh).memberships(kind)
+        except TidemeshError as exc:
+            fail(exc, as_json)
+        if as_json:
+            emit_json(data)
+        else:
+            table(data["items"], ["name", "since"])
+
+    if kind == "topic":
+        @group.command("create")
+        @mesh_option
+        @click.argument("name")
+        def create(mesh: str, name: str) -> None:
+            run(mesh, "create", name)
+
+    return group
+
+
+topic_group = _membership_group("topic", "subscribe", "unsubscribe")
+queue_group = _membership_group("queue", "consume", "leave")
+
+
+@click.command("peers")
+@mesh_option
+@json_option
+def peers_cmd(mesh: str, as_json: bool) -> None:
+    """Members connected to the broker now, with their profiles."""
+    try:
+        data = client_for(mesh).request("GET", "/v1/peers").body
+    except TidemeshError as exc:
+        fail(exc, as_json)
+    if as_json:
+        emit_json(data)
+        return
+    rows = [{"pubkey": p["pubkey"][:16] + ("  (this host)" if p.get("self") else ""),
+             "name": p.get("display_name"), "status": (p.get("profile") or {}).get("status"),
+             "summary": _short((p.get("profile") or {}).get("summary") or "", 40),
+             "connections": p["connections"]} for p in data["peers"]]
+    table(rows, ["pubkey", "name", "status", "summary", "connections"])
+
+
+@click.command("profile")
+@mesh_option
+@click.option("--summary", default=None)
+@click.option("--status", type=click.Choice(["idle", "working", "dnd", "away"]), default=None)
+@click.option("--visible/--hidden", default=None, help="Show or hide this member in peers.")
+@click.option("--title", default=None)
+@click.option("--bio", default=None)
+@click.option("--avatar", default=None)
+@click.option("--capability", "capabilities", multiple=True, help="Repeat for several.")
+@json_option
+def profile_cmd(mesh: str, summary: str | None, status: str | None, visible: bool | None,
+                title: str | None, bio: str | None, avatar: str | None,
+                capabilities: tuple[str, ...], as_json: bool) -> None:
+    """Show this member's profile, or change the fields given."""
+    patch: dict[str, Any] = {k: v for k, v in {
+        "summary": summary, "status": status, "visible": visible, "title": title, "bio": bio,
+        "avatar": avatar, "capabilities": list(capabilities) or None}.items() if v is not None}
+    client = client_for(mesh)
+    try:
+        data = (client.request("POST", "/v1/profile", patch).body if patch
+                else client.request("GET", "/v1/profile").body)
+    except TidemeshError as exc:
+        fail(exc, as_json)
+    if as_json:
+        emit_json(data)
+        return
+    for key, value in data["profile"].items():
+        click.echo(f"{key:13} {value}")
+    if patch and not data.get("published"):
+        click.echo("(saved; published to the broker when the daemon reconnects)")

@@ -1,0 +1,112 @@
+"""``tidemesh send``: one message through the local daemon."""
+
+from __future__ import annotations
+
+import base64
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from tidemesh.cli.client import DaemonNotRunning, SendResult
+from tidemesh.cli.commands.common import client_for, json_option, mesh_option, paths_for
+from tidemesh.cli.output import emit_json, fail
+from tidemesh.core.errors import InvalidRequest, TidemeshError
+from tidemesh.core.send import Destination
+from tidemesh.daemon import coldpath
+
+PROBE_TIMEOUT_S = 0.5
+
+
+def _payload(message: str | None, file: Path | None, as_base64: bool) -> tuple[str, str]:
+    """The body text and its encoding, from the argument, a file, or stdin ("-")."""
+    if message is not None and file is not None:
+        raise click.UsageError("give the message as an argument or --file, not both")
+    if file is not None:
+        raw = sys.stdin.buffer.read() if str(file) == "-" else file.read_bytes()
+    elif message == "-" or (message is None and not sys.stdin.isatty()):
+        raw = sys.stdin.buffer.read()
+    elif message is not None:
+        raw = message.encode("utf-8")
+    else:
+        raise click.UsageError("no message: pass it as an argument, --file PATH, or on stdin")
+    if as_base64:
+        return base64.b64encode(raw).decode("ascii"), "base64"
+    try:
+        return raw.decode("utf-8"), "utf8"
+    except UnicodeDecodeError:
+        return base64.b64encode(raw).decode("ascii"), "base64"
+
+
+def build_request(to: str, body: str, encoding: str, priority: str, meta: str | None,
+                  reply_to: str | None) -> dict[str, Any]:
+    dest = Destination.parse(to)
+    req: dict[str, Any] = {"to": dest.to_dict(), "body": body, "priority": priority}
+    if encoding != "utf8":
+        req["body_encoding"] = encoding
+    if meta is not None:
+        try:
+            req["meta"] = json.loads(meta)
+        except json.JSONDecodeError as exc:
+            raise InvalidRequest(f"--meta is not valid JSON: {exc}", field="meta") from exc
+    if reply_to:
+        req["reply_to"] = reply_to
+    return req
+
+
+@click.command("send")
+@mesh_option
+@click.argument("message", required=False)
+@click.option("--to", "to", required=True, help="topic:NAME | dm:PUBKEYHEX | queue:NAME")
+@click.option("--file", "file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Read the body from a file ('-' for stdin).")
+@click.option("--base64", "as_base64", is_flag=True, help="Send the bytes as a binary body.")
+@click.option("--meta", default=None, help="A JSON object carried with the message.")
+@click.option("--priority", type=click.Choice(["now", "next", "low"]), default="next",
+              show_default=True)
+@click.option("--reply-to", default=None, help="broker_message_id this replies to.")
+@click.option("--id", "client_id", default=None,
+              help="client_message_id; a retry with the same id and body is sent once.")
+@json_option
+def send_cmd(mesh: str, message: str | None, to: str, file: Path | None, as_base64: bool,
+             meta: str | None, priority: str, reply_to: str | None, client_id: str | None,
+             as_json: bool) -> None:
+    """Send a message through the local daemon (or, when none answers, straight to the
+    broker as the same member: the cold path); prints the outcome and the path taken."""
+    body, encoding = _payload(message, file, as_base64)
+    try:
+        req = build_request(to, body, encoding, priority, meta, reply_to)
+        result, path = _deliver(mesh, req, client_id)
+    except TidemeshError as exc:
+        fail(exc, as_json)
+    if as_json:
+        emit_json({**result, "path": path})
+        return
+    if path == "cold":
+        click.echo(f"{result['status']}: client_message_id {result['client_message_id']}, "
+                   f"broker_message_id {result['broker_message_id']} via cold path "
+                   "(no daemon was running)")
+        return
+    if result.get("duplicate"):
+        click.echo(f"duplicate of an already delivered send: client_message_id "
+                   f"{result['client_message_id']}, "
+                   f"broker_message_id {result['broker_message_id']}")
+    else:
+        click.echo(f"{result['status']}: client_message_id {result['client_message_id']} "
+                   f"(outbox row {result['outbox_id']}) via daemon")
+
+
+def _deliver(mesh: str, req: dict[str, Any], client_id: str | None) -> tuple[Any, str]:
+    """The daemon if one answers a quick version probe, else the cold path."""
+    try:
+        client_for(mesh, timeout=PROBE_TIMEOUT_S).version()
+    except DaemonNotRunning as exc:
+        paths = paths_for(mesh)
+        if not paths.mesh_file.exists():
+            raise DaemonNotRunning(f"{exc.message}; this host has not joined mesh {mesh} "
+                                   "either, so there is no cold path") from exc
+        return coldpath.send(paths, req, client_id), "cold"
+    result: SendResult = client_for(mesh).send(req, idempotency_key=client_id)
+    return result, "daemon"

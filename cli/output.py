@@ -1,0 +1,50 @@
+"""Human tables versus ``--json``, and errors as one line plus an exit code."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+import click
+
+from tidemesh.cli.client import DaemonNotRunning
+from tidemesh.core.errors import Conflict, TidemeshError
+from tidemesh.core.exitcodes import Exit
+
+
+def emit_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, ensure_ascii=False))
+
+
+def table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> None:
+    if not rows:
+        click.echo("(none)")
+        return
+    cells = [[("" if r.get(c) is None else str(r.get(c))) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    click.echo("  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True)))
+    for row in cells:
+        click.echo("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)))
+
+
+def exit_code_for(err: TidemeshError) -> Exit:
+    if isinstance(err, DaemonNotRunning):
+        return Exit.NOT_RUNNING
+    if isinstance(err, Conflict):
+        return Exit.CONFLICT
+    if 400 <= err.http_status < 500:
+        return Exit.REJECTED
+    return Exit.FAILURE
+
+
+def fail(err: TidemeshError, as_json: bool = False) -> NoReturn:
+    """Print the error (one line, or the wire body with --json) and exit with its code."""
+    if as_json:
+        emit_json(err.to_body())
+    else:
+        extra = {k: v for k, v in err.details.items() if v is not None}
+        tail = "".join(f"\n  {k}: {v}" for k, v in extra.items())
+        click.echo(f"error: {err.code}: {err.message}{tail}", err=True)
+    sys.exit(int(exit_code_for(err)))

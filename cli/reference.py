@@ -1,0 +1,57 @@
+"""The command reference in docs/cli.md, generated from the click commands themselves.
+
+Owns rendering every command's ``--help`` at a fixed width, so the docs cannot drift from
+the CLI: a test compares docs/cli.md with ``render()``. Regenerate with
+``python -m tidemesh.cli.reference > docs/cli.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import click
+
+WIDTH = 96
+HELP_OPTIONS = ["-h", "--help"]   # as cli.main's context_settings
+
+HEADER = """# Command reference
+
+Generated from the commands' own `--help` (`python -m tidemesh.cli.reference > docs/cli.md`;
+a test keeps this file current). Exit codes are listed in
+[daemon.md](daemon.md#exit-codes-cli-and-daemon); operating guides are
+[install.md](install.md) and [operations.md](operations.md).
+"""
+
+
+def _walk(cmd: click.Command, path: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...],
+                                                                       click.Command]]:
+    yield path, cmd
+    if isinstance(cmd, click.Group):
+        for name in sorted(cmd.commands):
+            yield from _walk(cmd.commands[name], (*path, name))
+
+
+def _help(cmd: click.Command, path: tuple[str, ...]) -> str:
+    """``cmd --help`` as the CLI prints it; the parents only lend their names to Usage."""
+    ctx: click.Context | None = None
+    for depth, name in enumerate(path, start=1):
+        ctx = click.Context(cmd if depth == len(path) else click.Command(name), info_name=name,
+                            parent=ctx, max_content_width=WIDTH, terminal_width=WIDTH,
+                            help_option_names=HELP_OPTIONS)
+    assert ctx is not None
+    return cmd.get_help(ctx)
+
+
+def render(root: click.Command, name: str = "tidemesh") -> str:
+    parts = [HEADER]
+    for path, cmd in _walk(root, (name,)):
+        if cmd.hidden:
+            continue
+        parts.append(f"\n## `{' '.join(path)}`\n\n```text\n{_help(cmd, path)}\n```\n")
+    return "".join(parts)
+
+
+if __name__ == "__main__":
+    from tidemesh.cli.main import cli
+
+    print(render(cli), end="")

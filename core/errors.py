@@ -1,0 +1,127 @@
+"""The one error tree. Every error has a stable snake_case ``code`` and an HTTP status.
+
+    TidemeshError (500 internal)
+    ├── InvalidRequest (400)            field named in details
+    │   ├── IdempotencyKeyMismatch (400)
+    │   └── TokenInQuery (400)
+    ├── Unauthorized (401)
+    ├── Forbidden (403)
+    ├── NotFound (404)
+    │   └── UnknownDestination (404)    broker B2: no such topic, DM recipient or queue
+    ├── MethodNotAllowed (405)
+    ├── Conflict (409)                  generic state conflict (requeue of a done row, ...)
+    │   └── IdempotencyConflict (409)   the accept table's 409 rows; final for that id
+    ├── PayloadTooLarge (413)
+    ├── Busy (429)
+    ├── Unavailable (503)
+    └── InsufficientStorage (507)
+
+The wire shape is ``{"error": {"code": ..., "message": ..., **details}}``; ``to_body`` makes it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class TidemeshError(Exception):
+    code: ClassVar[str] = "internal"
+    http_status: ClassVar[int] = 500
+
+    def __init__(self, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details
+
+    def to_body(self) -> dict[str, Any]:
+        return {"error": {"code": self.code, "message": self.message, **self.details}}
+
+
+class InvalidRequest(TidemeshError):
+    code = "invalid_request"
+    http_status = 400
+
+
+class IdempotencyKeyMismatch(InvalidRequest):
+    code = "idempotency_key_mismatch"
+
+
+class TokenInQuery(InvalidRequest):
+    code = "token_in_query"
+
+
+class Unauthorized(TidemeshError):
+    code = "unauthorized"
+    http_status = 401
+
+
+class Forbidden(TidemeshError):
+    code = "forbidden"
+    http_status = 403
+
+
+class NotFound(TidemeshError):
+    code = "not_found"
+    http_status = 404
+
+
+class UnknownDestination(NotFound):
+    code = "unknown_destination"
+
+
+class MethodNotAllowed(TidemeshError):
+    code = "method_not_allowed"
+    http_status = 405
+
+
+class Conflict(TidemeshError):
+    code = "conflict"
+    http_status = 409
+
+
+class IdempotencyConflict(Conflict):
+    code = "idempotency_key_reused"
+
+
+class PayloadTooLarge(TidemeshError):
+    code = "payload_too_large"
+    http_status = 413
+
+
+class Busy(TidemeshError):
+    code = "daemon_busy"
+    http_status = 429
+
+
+class Unavailable(TidemeshError):
+    code = "unavailable"
+    http_status = 503
+
+
+class InsufficientStorage(TidemeshError):
+    code = "insufficient_storage"
+    http_status = 507
+
+
+_BY_CODE: dict[str, type[TidemeshError]] = {
+    cls.code: cls
+    for cls in (
+        TidemeshError, InvalidRequest, IdempotencyKeyMismatch, TokenInQuery, Unauthorized,
+        Forbidden, NotFound, UnknownDestination, MethodNotAllowed, Conflict, IdempotencyConflict,
+        PayloadTooLarge, Busy, Unavailable, InsufficientStorage,
+    )
+}
+
+
+def from_body(status: int, body: Any) -> TidemeshError:
+    """Rebuild an error from a wire body (used by clients); unknown codes keep their text."""
+    err = body.get("error") if isinstance(body, dict) else None
+    if not isinstance(err, dict):
+        return TidemeshError(f"HTTP {status} with no error body", status=status)
+    details = {k: v for k, v in err.items() if k not in ("code", "message")}
+    cls = _BY_CODE.get(str(err.get("code")), TidemeshError)
+    exc = cls(str(err.get("message", "")), **details)
+    if cls is TidemeshError:
+        exc.details.setdefault("code", err.get("code"))
+        exc.details.setdefault("status", status)
+    return exc

@@ -1,0 +1,19 @@
+"""Process exit codes, shared by the daemon and the CLI (documented in docs/daemon.md)."""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class Exit(IntEnum):
+    OK = 0
+    FAILURE = 1              # anything not listed below
+    USAGE = 2                # bad flags or configuration
+    NOT_RUNNING = 3          # no daemon answers for this mesh
+    HOST_MISMATCH = 4        # host fingerprint differs; run `tidemesh daemon accept-host`
+    ALREADY_RUNNING = 5      # another daemon holds this mesh's lock
+    UNHEALTHY = 6            # running but unhealthy, or a damaged/too-new store
+    CONFLICT = 7             # a 409: the id is bound to another request or state
+    REJECTED = 8             # any other 4xx: the request was refused, nothing stored
+    FEATURE_UNAVAILABLE = 10  # broker lacks a required feature (WebSocket close 4010)
+    ORPHANS_FOUND = 11        # the orphan audit ran and found inconsistent rows (docs/audit.md)

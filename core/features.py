@@ -1,0 +1,104 @@
+"""Feature negotiation (spec §15.1-15.2, §15.5): what the broker advertises, and the daemon's check.
+
+``validate`` is pure: it takes the broker's ``supported`` map and returns None when every
+required feature is usable, or the structured ``close_reason`` the daemon closes with (4010).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+DEDUPE = "client_message_id_dedupe"
+MIN_RETENTION_DAYS = 3
+REQUIRED: tuple[str, ...] = (DEDUPE,)
+MODES = ("retention_scoped", "permanent")
+
+
+@dataclass(frozen=True, slots=True)
+class CloseReason:
+    kind: str        # feature_unavailable | feature_param_invalid | feature_param_below_floor
+    feature: str
+    detail: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"kind": self.kind, "feature": self.feature, "detail": self.detail}
+
+
+def advertise(mode: str, retention_days: int, inline_bytes: int) -> dict[str, Any]:
+    """The broker's ``supported`` map."""
+    dedupe: dict[str, Any] = {"version": 1, "mode": mode, "request_fingerprint": True}
+    if mode == "retention_scoped":
+        dedupe["dedupe_retention_days"] = retention_days
+    return {
+        DEDUPE: {"params": dedupe},
+        "max_payload": {"params": {"version": 1, "inline_bytes": inline_bytes,
+                                   "blob_bytes": inline_bytes}},
+    }
+
+
+def validate(supported: Any, required: tuple[str, ...] = REQUIRED) -> CloseReason | None:
+    """Check the broker's advertisement; the first problem found becomes the close reason."""
+    if not isinstance(supported, dict):
+        return CloseReason("feature_param_invalid", required[0], "supported is not an object")
+    for feature in required:
+        entry = supported.get(feature)
+        if entry is None:
+            return CloseReason("feature_unavailable", feature, "not in the broker's supported set")
+        params = entry.get("params") if isinstance(entry, dict) else None
+        if not isinstance(params, dict):
+            return CloseReason("feature_param_invalid", feature, "params missing")
+        problem = _CHECKS.get(feature, _version_only)(params)
+        if problem is not None:
+            return CloseReason(problem[0], feature, problem[1])
+    return None
+
+
+def _version_only(params: dict[str, Any]) -> tuple[str, str] | None:
+    if params.get("version") != 1:
+        return "feature_param_invalid", f"unknown params.version {params.get('version')!r}"
+    return None
+
+
+def _dedupe(params: dict[str, Any]) -> tuple[str, str] | None:
+    bad = _version_only(params)
+    if bad is not None:
+        return bad
+    if params.get("request_fingerprint") is not True:
+        return "feature_param_invalid", "request_fingerprint must be true"
+    mode = params.get("mode")
+    if mode not in MODES:
+        return "feature_param_invalid", f"unknown mode {mode!r}"
+    if mode == "permanent":
+        return None
+    days = params.get("dedupe_retention_days")
+    if not isinstance(days, int) or isinstance(days, bool):
+        return "feature_param_invalid", "dedupe_retention_days missing or not an integer"
+    if days < MIN_RETENTION_DAYS:
+        return ("feature_param_below_floor",
+                f"dedupe_retention_days={days} is below the floor of {MIN_RETENTION_DAYS}")
+    return None
+
+
+_CHECKS = {DEDUPE: _dedupe}
+
+
+def dedupe_retention_days(supported: dict[str, Any]) -> int | None:
+    """The broker's dedupe window in days from a validated advertisement; None = permanent.
+
+    The daemon refuses to start when its outbox max age is not below this (DESIGN §5.3).
+    """
+    params = supported[DEDUPE]["params"]
+    return None if params["mode"] == "permanent" else int(params["dedupe_retention_days"])
+
+
+def close_reason_text(reason: CloseReason, limit: int = 123) -> str:
+    """The close frame's reason: compact JSON, detail cut so it fits the 123-byte limit."""
+    detail = reason.detail
+    while True:
+        text = json.dumps({"kind": reason.kind, "feature": reason.feature, "detail": detail},
+                          separators=(",", ":"))
+        if len(text.encode()) <= limit or not detail:
+            return text
+        detail = detail[:-1]

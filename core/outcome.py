@@ -1,0 +1,74 @@
+"""What a broker answer means for an outbox row (spec §4.5b, DESIGN §4.4). Pure.
+
+    201                             → done
+    200 duplicate, history there    → done (INFO)
+    200 duplicate, history pruned   → done (WARN: the original's history is gone)
+    409 idempotency_key_reused      → dead (final: requeue under a fresh id)
+    other 4xx                       → dead
+    5xx, timeout, lost connection   → retry with backoff
+    older than the max age          → dead (max_age_exceeded)
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from tidemesh.core.backoff import Backoff
+
+
+class Kind(StrEnum):
+    DONE = "done"
+    DEAD = "dead"
+    RETRY = "retry"
+
+
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    row_id: str
+    kind: Kind
+    now_ms: int
+    broker_message_id: str | None = None
+    history_id: str | None = None
+    last_error: str | None = None
+    next_attempt_at: int | None = None
+    history_pruned: bool = False
+
+
+def classify(row_id: str, attempts: int, answer: dict[str, Any] | None, error: str | None,
+             now_ms: int, backoff: Backoff, rng: random.Random) -> Settlement:
+    """Settle one send: ``answer`` is the broker's send_result, or None with ``error`` set
+    when the send never got an answer (timeout, connection lost)."""
+    if answer is None:
+        return _retry(row_id, attempts, error or "no answer", now_ms, backoff, rng)
+    status = int(answer["status"])
+    if status in (200, 201):
+        pruned = status == 200 and answer.get("history_available") is False
+        return Settlement(row_id, Kind.DONE, now_ms, answer.get("broker_message_id"),
+                          answer.get("history_id"), history_pruned=pruned)
+    if status == 409:
+        return Settlement(row_id, Kind.DEAD, now_ms, last_error=(
+            f"idempotency_key_reused: {answer.get('conflict', 'conflict')} "
+            f"(broker_fingerprint_prefix {answer.get('broker_fingerprint_prefix', '?')})"))
+    err = answer.get("error") or {}
+    text = f"broker {status} {err.get('code', 'error')}: {err.get('message', '')}".strip()
+    if 400 <= status < 500:
+        return Settlement(row_id, Kind.DEAD, now_ms, last_error=text)
+    return _retry(row_id, attempts, text, now_ms, backoff, rng)
+
+
+def _retry(row_id: str, attempts: int, error: str, now_ms: int, backoff: Backoff,
+           rng: random.Random) -> Settlement:
+    delay_ms = int(backoff.delay(max(1, attempts), rng) * 1000)
+    return Settlement(row_id, Kind.RETRY, now_ms, last_error=error,
+                      next_attempt_at=now_ms + delay_ms)
+
+
+def expired(row_id: str, enqueued_at: int, max_age_ms: int, now_ms: int) -> Settlement | None:
+    if now_ms - enqueued_at <= max_age_ms:
+        return None
+    hours = (now_ms - enqueued_at) / 3_600_000
+    return Settlement(row_id, Kind.DEAD, now_ms,
+                      last_error=f"max_age_exceeded: unsent for {hours:.1f} h")

@@ -1,0 +1,103 @@
+"""Where the daemon keeps its files (pure: computed from the environment it is given).
+
+``TIDEMESH_HOME=DIR`` puts everything for mesh M under ``DIR/daemon/M/`` so tests and several
+daemons never collide. Without it the XDG base directories are used: config, data, state
+(logs) and runtime (socket, token, port, lock) each get a ``tidemesh/daemon/M`` folder.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+# sun_path is 108 bytes on Linux and 104 on macOS, counting the terminating NUL.
+MAX_SOCKET_PATH = 103
+
+
+@dataclass(frozen=True, slots=True)
+class DaemonPaths:
+    config_dir: Path
+    data_dir: Path
+    state_dir: Path
+    runtime_dir: Path
+
+    @property
+    def config_file(self) -> Path:
+        return self.config_dir / "daemon.toml"
+
+    @property
+    def socket(self) -> Path:
+        return self.runtime_dir / "sock"
+
+    @property
+    def token_file(self) -> Path:
+        return self.runtime_dir / "local_token"
+
+    @property
+    def port_file(self) -> Path:
+        return self.runtime_dir / "http.port"
+
+    @property
+    def lock_file(self) -> Path:
+        return self.runtime_dir / "daemon.lock"
+
+    @property
+    def log_file(self) -> Path:
+        return self.state_dir / "daemon.log"
+
+    @property
+    def keypair(self) -> Path:
+        return self.data_dir / "keypair.json"
+
+    @property
+    def host_fingerprint(self) -> Path:
+        return self.data_dir / "host_fingerprint.json"
+
+    @property
+    def outbox_db(self) -> Path:
+        return self.data_dir / "outbox.db"
+
+    @property
+    def inbox_db(self) -> Path:
+        return self.data_dir / "inbox.db"
+
+    @property
+    def mesh_file(self) -> Path:
+        return self.data_dir / "mesh.json"
+
+    @property
+    def folders(self) -> set[Path]:
+        return {self.config_dir, self.data_dir, self.state_dir, self.runtime_dir}
+
+
+def daemon_paths(mesh: str, environ: Mapping[str, str]) -> DaemonPaths:
+    home = environ.get("TIDEMESH_HOME")
+    if home:
+        base = Path(home).expanduser() / "daemon" / mesh
+        return DaemonPaths(base, base, base, base)
+    user_home = Path(environ.get("HOME", "~")).expanduser()
+    xdg = {
+        "config": environ.get("XDG_CONFIG_HOME") or str(user_home / ".config"),
+        "data": environ.get("XDG_DATA_HOME") or str(user_home / ".local" / "share"),
+        "state": environ.get("XDG_STATE_HOME") or str(user_home / ".local" / "state"),
+        "runtime": environ.get("XDG_RUNTIME_DIR") or f"/tmp/tidemesh-{os.getuid()}",  # noqa: S108
+    }
+    sub = Path("tidemesh") / "daemon" / mesh
+    return DaemonPaths(
+        Path(xdg["config"]) / sub,
+        Path(xdg["data"]) / sub,
+        Path(xdg["state"]) / sub,
+        Path(xdg["runtime"]) / sub,
+    )
+
+
+def socket_path_problem(path: Path) -> str | None:
+    if len(os.fsencode(path)) > MAX_SOCKET_PATH:
+        return (
+            f"socket path {path} is {len(os.fsencode(path))} bytes, over the "
+            f"{MAX_SOCKET_PATH}-byte limit of Unix sockets; set TIDEMESH_HOME (or "
+            "XDG_RUNTIME_DIR) to a shorter folder"
+        )
+    return None

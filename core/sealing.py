@@ -1,0 +1,45 @@
+"""DM bodies sealed for one recipient (DESIGN §5.2): crypto_box from the sender's X25519 key
+(derived from its ed25519 member key) to the recipient's, once, at accept. The broker stores
+and forwards the sealed bytes and can never read them.
+
+The sealed plaintext is one byte saying how the body was encoded (1 = UTF-8 text,
+2 = binary) followed by the body bytes, so the recipient gets back exactly what was sent.
+"""
+
+from __future__ import annotations
+
+from nacl.exceptions import CryptoError
+from nacl.public import Box, PrivateKey, PublicKey
+from nacl.signing import SigningKey, VerifyKey
+
+_ENCODINGS = {"utf8": 1, "base64": 2}
+_NAMES = {v: k for k, v in _ENCODINGS.items()}
+
+
+class UnsealError(ValueError):
+    """The sealed body could not be opened (wrong recipient, tampered, or not sealed)."""
+
+
+def _x25519_public(ed25519_hex: str) -> PublicKey:
+    return VerifyKey(bytes.fromhex(ed25519_hex)).to_curve25519_public_key()
+
+
+def _x25519_private(key: SigningKey) -> PrivateKey:
+    return key.to_curve25519_private_key()
+
+
+def seal(sender: SigningKey, recipient_pubkey_hex: str, body: bytes, encoding: str) -> bytes:
+    box = Box(_x25519_private(sender), _x25519_public(recipient_pubkey_hex))
+    return bytes(box.encrypt(bytes([_ENCODINGS[encoding]]) + body))
+
+
+def unseal(recipient: SigningKey, sender_pubkey_hex: str, sealed: bytes) -> tuple[bytes, str]:
+    """Return (body, encoding) of a body sealed by ``sender_pubkey_hex`` for ``recipient``."""
+    try:
+        box = Box(_x25519_private(recipient), _x25519_public(sender_pubkey_hex))
+        plain = box.decrypt(sealed)
+    except (CryptoError, ValueError) as exc:
+        raise UnsealError(f"cannot open DM from {sender_pubkey_hex[:16]}…: {exc}") from exc
+    if not plain or plain[0] not in _NAMES:
+        raise UnsealError("sealed DM has no encoding marker")
+    return plain[1:], _NAMES[plain[0]]

@@ -1,0 +1,156 @@
+"""The send request: destination, body and options, normalized and checked.
+
+Structure (types, required fields, enums) is checked against ``schemas/send_request``
+by the adapter before this module sees the data; here live the rules a schema cannot
+say: the id grammar, strict base64, destination refs and canonical-JSON-ability of meta.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+import rfc8785
+
+from tidemesh.core.errors import IdempotencyKeyMismatch, InvalidRequest
+from tidemesh.core.fingerprint import meta_canonical
+from tidemesh.core.ids import client_message_id_problem
+
+
+class DestinationKind(StrEnum):
+    TOPIC = "topic"
+    DM = "dm"
+    QUEUE = "queue"
+
+
+class Priority(StrEnum):
+    NOW = "now"
+    NEXT = "next"
+    LOW = "low"
+
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
+_PUBKEY = re.compile(r"[0-9a-f]{64}")
+
+
+@dataclass(frozen=True, slots=True)
+class Destination:
+    kind: DestinationKind
+    ref: str
+
+    @classmethod
+    def parse(cls, text: str) -> Destination:
+        """Parse the CLI form ``topic:NAME``, ``dm:PUBKEYHEX`` or ``queue:NAME``."""
+        kind, sep, ref = text.partition(":")
+        if not sep or kind not in DestinationKind.__members__.values():
+            raise InvalidRequest(
+                "destination must be topic:NAME, dm:PUBKEYHEX or queue:NAME", field="to"
+            )
+        return cls.checked(kind, ref)
+
+    @classmethod
+    def checked(cls, kind: str, ref: str) -> Destination:
+        dest = cls(DestinationKind(kind), ref)
+        if dest.kind is DestinationKind.DM:
+            if not _PUBKEY.fullmatch(ref):
+                raise InvalidRequest(
+                    "dm ref must be a member's ed25519 public key, 64 lowercase hex", field="to.ref"
+                )
+        elif not _NAME.fullmatch(ref):
+            raise InvalidRequest(
+                f"{kind} name must be 1-128 of A-Z a-z 0-9 . _ : - starting with a letter or digit",
+                field="to.ref",
+            )
+        return dest
+
+    def to_dict(self) -> dict[str, str]:
+        return {"kind": self.kind.value, "ref": self.ref}
+
+
+@dataclass(frozen=True, slots=True)
+class SendRequest:
+    """A validated send. ``body`` is the exact bytes that are fingerprinted and sent."""
+
+    to: Destination
+    body: bytes
+    body_encoding: str
+    priority: Priority
+    meta: dict[str, Any] | None
+    reply_to: str | None
+    client_message_id: str | None
+    meta_jcs: bytes = b""        # RFC 8785 form of meta, computed once (empty when no meta)
+
+    def to_payload(self) -> dict[str, Any]:
+        """The form stored in the outbox and sent to the broker (body as text or base64)."""
+        body = (
+            self.body.decode("utf-8")
+            if self.body_encoding == "utf8"
+            else base64.b64encode(self.body).decode("ascii")
+        )
+        return {
+            "to": self.to.to_dict(),
+            "body": body,
+            "body_encoding": self.body_encoding,
+            "priority": self.priority.value,
+            "meta": self.meta,
+            "reply_to": self.reply_to,
+        }
+
+
+def pick_client_message_id(header: str | None, body_id: str | None) -> str | None:
+    """Header and body may both carry the id; they must agree when both are present."""
+    if header is not None and body_id is not None and header != body_id:
+        raise IdempotencyKeyMismatch(
+            "Idempotency-Key header and body client_message_id differ",
+            header=header, body=body_id,
+        )
+    chosen = header if header is not None else body_id
+    if chosen is not None:
+        problem = client_message_id_problem(chosen)
+        if problem:
+            raise InvalidRequest(f"client_message_id {problem}", field="client_message_id")
+    return chosen
+
+
+def parse_send_request(data: dict[str, Any], header_id: str | None = None) -> SendRequest:
+    """Build a SendRequest from schema-valid JSON; raises InvalidRequest naming the field."""
+    to = data["to"]
+    dest = (
+        Destination.parse(to) if isinstance(to, str) else Destination.checked(to["kind"], to["ref"])
+    )
+    encoding = data.get("body_encoding", "utf8")
+    body = _decode_body(data["body"], encoding)
+    meta = data.get("meta") or None
+    return SendRequest(
+        to=dest,
+        body=body,
+        body_encoding=encoding,
+        priority=Priority(data.get("priority", Priority.NEXT.value)),
+        meta=meta,
+        reply_to=data.get("reply_to") or None,
+        client_message_id=pick_client_message_id(header_id, data.get("client_message_id")),
+        meta_jcs=_canonical_meta(meta),
+    )
+
+
+def _decode_body(body: str, encoding: str) -> bytes:
+    if encoding == "utf8":
+        try:
+            return body.encode("utf-8")
+        except UnicodeEncodeError as exc:  # lone surrogates survive JSON parsing
+            raise InvalidRequest("body is not valid UTF-8 text", field="body") from exc
+    try:
+        return base64.b64decode(body, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise InvalidRequest("body is not valid base64", field="body") from exc
+
+
+def _canonical_meta(meta: dict[str, Any] | None) -> bytes:
+    try:
+        return meta_canonical(meta)
+    except (rfc8785.CanonicalizationError, UnicodeEncodeError) as exc:
+        raise InvalidRequest(f"meta cannot be canonicalized: {exc}", field="meta") from exc

@@ -1,0 +1,111 @@
+"""The daemon ⇄ broker WebSocket frames (DESIGN §5.1): names, schema checks, constructors.
+
+Every frame is one JSON text message with a ``type``; requests carry an ``id`` that the
+answer echoes. Each frame type has a JSON Schema in ``schemas/ws/<type>.schema.json``;
+``check`` validates against it and raises ``InvalidFrame`` naming the failing field.
+Shared by the broker and the daemon's link; imports nothing from either.
+"""
+
+from __future__ import annotations
+
+import json
+from enum import StrEnum
+from functools import cache
+from importlib import resources
+from typing import Any, cast
+
+import fastjsonschema
+import orjson
+
+from tidemesh.core.errors import InvalidRequest
+
+PROTOCOL = 1
+_BASE = "https://tidemesh.dev/schemas/ws/"
+
+
+class FrameType(StrEnum):
+    CHALLENGE = "challenge"
+    HELLO = "hello"
+    JOIN = "join"
+    HELLO_ACK = "hello_ack"
+    FEATURE_REQUEST = "feature_negotiation_request"
+    FEATURE_RESPONSE = "feature_negotiation_response"
+    SEND = "send"
+    SEND_RESULT = "send_result"
+    SEND_BATCH = "send_batch"
+    SEND_RESULTS = "send_results"
+    ERROR = "error"
+    REQUEST = "request"
+    RESULT = "result"
+    DELIVER = "deliver"
+    ACK = "ack"
+    RESUME = "resume"
+    RESUME_ACK = "resume_ack"
+    PEERS = "peers"
+    PROFILE = "profile"
+    PEER_JOIN = "peer_join"
+    PEER_LEAVE = "peer_leave"
+
+
+class CloseCode:
+    """WebSocket close codes of the protocol (documented in docs/broker.md)."""
+
+    POLICY = 1008             # bad signature, replayed nonce, protocol violation, frame flood
+    TOO_BIG = 1009
+    AUTH = 4002               # unknown or revoked member, bad or used-up invite
+    FEATURE = 4010            # spec §15.5: feature_unavailable (+ structured close_reason)
+
+
+class InvalidFrame(InvalidRequest):
+    code = "invalid_frame"
+
+
+def load_schema(frame_type: str) -> dict[str, Any]:
+    path = resources.files("tidemesh") / "schemas" / "ws" / f"{frame_type}.schema.json"
+    return cast(dict[str, Any], json.loads(path.read_text(encoding="utf-8")))
+
+
+@cache
+def _validator(frame_type: str) -> Any:
+    return fastjsonschema.compile(load_schema(frame_type))
+
+
+def decode(raw: str | bytes) -> dict[str, Any]:
+    """Parse one frame and check it against its type's schema."""
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidFrame(f"frame is not valid JSON: {exc}", field="frame") from exc
+    if not isinstance(data, dict):
+        raise InvalidFrame("frame must be a JSON object", field="frame")
+    return check(data)
+
+
+def check(data: dict[str, Any]) -> dict[str, Any]:
+    kind = data.get("type")
+    if kind not in FrameType.__members__.values():
+        raise InvalidFrame(f"unknown frame type {kind!r}", field="type", id=_id_of(data))
+    try:
+        _validator(str(kind))(data)
+    except fastjsonschema.JsonSchemaValueException as exc:
+        name = exc.name or "data"
+        field = name.removeprefix("data").lstrip(".") or "frame"
+        message = (exc.message or "invalid").removeprefix(name + " ")
+        raise InvalidFrame(f"{kind}.{field}: {message}", field=field, id=_id_of(data)) from exc
+    return data
+
+
+def _id_of(data: dict[str, Any]) -> str | None:
+    value = data.get("id")
+    return value if isinstance(value, str) else None
+
+
+def encode(frame: dict[str, Any]) -> str:
+    return orjson.dumps(frame).decode("utf-8")
+
+
+def error_frame(
+    code: str, message: str, request_id: str | None = None, **details: Any
+) -> dict[str, Any]:
+    return {"type": "error", "id": request_id,
+            "error": {"code": code, "message": message, **details}}

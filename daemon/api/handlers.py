@@ -1,0 +1,167 @@
+"""Thin handlers: decode and validate, call a service, encode. No SQL and no rules here."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from tidemesh.core.errors import InvalidRequest
+from tidemesh.core.send import parse_send_request
+from tidemesh.daemon.api.keys import INBOX, MEMBERSHIP, OUTBOX, PRESENCE, STATE
+from tidemesh.daemon.api.validation import checked, parse_json
+from tidemesh.daemon.store.inbox import Page
+
+_STATUSES = ("pending", "inflight", "done", "dead", "aborted")
+
+
+def _json(body: Any, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(body), status=status, content_type="application/json")
+
+
+def _int_param(request: web.Request, name: str, default: int, lo: int, hi: int) -> int:
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    if not raw.isdigit() or not lo <= int(raw) <= hi:
+        raise InvalidRequest(f"{name} must be an integer from {lo} to {hi}", field=name)
+    return int(raw)
+
+
+async def get_version(request: web.Request) -> web.Response:
+    info = request.app[STATE].info
+    return _json({
+        "daemon_version": info["version"],
+        "ipc_api": "v1",
+        "ipc_features": ["version", "health", "send", "outbox", "inbox", "consumers",
+                         "events", "metrics"],
+        "schema_version": info["schema_version"],
+        "mesh": info["mesh"],
+        "broker_features": info.get("broker_features", {}),
+    })
+
+
+async def get_health(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    counts, lag_ms = await request.app[OUTBOX].snapshot()
+    info = state.info
+    return _json({
+        "healthy": state.healthy,
+        "connected": info.get("connected", False),
+        "lag_ms": lag_ms,
+        "queue_depth": counts,
+        "inflight": counts.get("inflight", 0),
+        "mesh": info["mesh"],
+        "member_pubkey": info["member_pubkey"],
+        "uptime_s": round(time.monotonic() - info["started_monotonic"], 3),
+        "schema_version": info["schema_version"],
+        "daemon_version": info["version"],
+        "broker_version": info.get("broker_version"),
+        "pid": os.getpid(),
+    })
+
+
+async def post_send(request: web.Request) -> web.Response:
+    data = checked("send_request.schema.json", parse_json(await request.read()))
+    req = parse_send_request(data, request.headers.get("Idempotency-Key"))
+    status, body = await request.app[OUTBOX].submit(req)
+    return _json(body, status)
+
+
+async def get_outbox(request: web.Request) -> web.Response:
+    status = request.query.get("status")
+    if status == "failed":
+        status = "dead"
+    if status is not None and status not in _STATUSES:
+        raise InvalidRequest(f"status must be one of {', '.join(_STATUSES)} or failed",
+                             field="status")
+    limit = _int_param(request, "limit", 50, 1, 1000)
+    return _json(await request.app[OUTBOX].list_rows(status, limit, request.query.get("before")))
+
+
+async def get_outbox_row(request: web.Request) -> web.Response:
+    return _json(await request.app[OUTBOX].inspect(request.match_info["id"]))
+
+
+async def post_outbox_requeue(request: web.Request) -> web.Response:
+    data = checked("requeue_request.schema.json", parse_json(await request.read()))
+    patch = None
+    if "patch_payload" in data:
+        if "client_message_id" in data["patch_payload"]:
+            raise InvalidRequest("patch_payload must not carry client_message_id; use "
+                                 "new_client_message_id", field="patch_payload.client_message_id")
+        patch = parse_send_request(data["patch_payload"])
+    result = await request.app[OUTBOX].requeue(
+        data["id"], data.get("new_client_message_id"), patch, data.get("aborted_by", "operator")
+    )
+    return _json(result)
+
+
+async def get_metrics(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    state.info["outbox_counts"], state.info["lag_ms"] = await request.app[OUTBOX].snapshot()
+    text = state.registry.render()
+    return web.Response(
+        body=text.encode(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
+    )
+
+
+async def get_inbox(request: web.Request) -> web.Response:
+    q = request.query
+    after = _int_param(request, "after", 0, 0, 2**62) if "after" in q else None
+    page = Page(after, _int_param(request, "limit", 100, 1, 1000), q.get("topic"), q.get("from"))
+    consumer = q.get("consumer")
+    if consumer is None:
+        return _json(await request.app[INBOX].page(page))
+    if after is not None:
+        raise InvalidRequest("a named consumer reads after its own cursor; drop `after`",
+                             field="after")
+    _check_consumer_name(consumer)
+    return _json(await request.app[INBOX].consumer_read(consumer, page))
+
+
+def _check_consumer_name(name: str) -> None:
+    if not (0 < len(name) <= 128 and name.isprintable() and name.isascii()):
+        raise InvalidRequest("consumer must be 1-128 printable ASCII characters",
+                             field="consumer")
+
+
+async def post_inbox_ack(request: web.Request) -> web.Response:
+    data = checked("inbox_ack_request.schema.json", parse_json(await request.read()))
+    _check_consumer_name(data["consumer"])
+    return _json(await request.app[INBOX].consumer_ack(data["consumer"], data["up_to"]))
+
+
+def _kind(request: web.Request) -> str:
+    return "topic" if request.path.startswith("/v1/topics") else "queue"
+
+
+async def post_membership(request: web.Request) -> web.Response:
+    """/v1/topics/subscribe|unsubscribe|create and /v1/queues/consume|leave."""
+    data = checked("membership_request.schema.json", parse_json(await request.read()))
+    svc, kind, action = request.app[MEMBERSHIP], _kind(request), request.path.rsplit("/", 1)[1]
+    if action == "create":
+        return _json(await svc.create_topic(data["name"]))
+    if action in ("subscribe", "consume"):
+        return _json(await svc.join(kind, data["name"], bool(data.get("create", False))))
+    return _json(await svc.leave(kind, data["name"]))
+
+
+async def get_memberships(request: web.Request) -> web.Response:
+    return _json(await request.app[MEMBERSHIP].list(_kind(request)))
+
+
+async def get_peers(request: web.Request) -> web.Response:
+    return _json(await request.app[PRESENCE].peers())
+
+
+async def get_profile(request: web.Request) -> web.Response:
+    return _json({"profile": await request.app[PRESENCE].profile()})
+
+
+async def post_profile(request: web.Request) -> web.Response:
+    data = checked("profile.schema.json", parse_json(await request.read()))
+    return _json(await request.app[PRESENCE].update_profile(data))

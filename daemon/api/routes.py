@@ -1,0 +1,84 @@
+"""The route table of the IPC surface, one literal, under the versioned ``/v1/`` prefix.
+
+Each entry names the JSON Schemas of its request and responses; ``openapi.py`` builds the
+OpenAPI document from this table, and a test checks that every route has its schemas.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+from tidemesh.daemon.api import events, handlers
+
+ERROR = "error.schema.json"
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    method: str
+    path: str
+    handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    summary: str
+    request: str | None = None
+    responses: dict[int, str | None] = field(default_factory=dict)
+    content_type: str = "application/json"
+
+
+TABLE: tuple[Route, ...] = (
+    Route("GET", "/v1/version", handlers.get_version, "Daemon version and features",
+          responses={200: "version_response.schema.json"}),
+    Route("GET", "/v1/health", handlers.get_health, "Health, queue depth, connection",
+          responses={200: "health_response.schema.json"}),
+    Route("POST", "/v1/send", handlers.post_send, "Accept one send (the 11-row table)",
+          request="send_request.schema.json",
+          responses={202: "send_response.schema.json", 200: "send_response.schema.json",
+                     400: ERROR, 409: ERROR, 413: ERROR, 429: ERROR, 503: ERROR, 507: ERROR}),
+    Route("GET", "/v1/outbox", handlers.get_outbox, "List outbox rows, newest first",
+          responses={200: "outbox_list_response.schema.json", 400: ERROR}),
+    Route("GET", "/v1/outbox/{id}", handlers.get_outbox_row, "One outbox row and its chain",
+          responses={200: "outbox_row.schema.json", 404: ERROR}),
+    Route("POST", "/v1/outbox/requeue", handlers.post_outbox_requeue,
+          "Abort a dead or pending row and queue it again under a fresh id",
+          request="requeue_request.schema.json",
+          responses={200: "requeue_response.schema.json", 400: ERROR, 404: ERROR, 409: ERROR}),
+    Route("GET", "/v1/inbox", handlers.get_inbox,
+          "Inbox page (after/limit/topic/from), or a named consumer's entries (?consumer=)",
+          responses={200: "inbox_response.schema.json", 400: ERROR}),
+    Route("POST", "/v1/inbox/ack", handlers.post_inbox_ack,
+          "Advance a named consumer's cursor (after the program persisted its outcome)",
+          request="inbox_ack_request.schema.json",
+          responses={200: "inbox_ack_response.schema.json", 400: ERROR}),
+    Route("GET", "/v1/events", events.get_events,
+          "Server-Sent Events, resumable with Last-Event-ID or ?since=",
+          responses={200: None, 400: ERROR, 429: ERROR}, content_type="text/event-stream"),
+    *(Route("POST", f"/v1/{group}/{action}", handlers.post_membership, summary,
+            request="membership_request.schema.json",
+            responses={200: "membership_response.schema.json", 400: ERROR, 404: ERROR,
+                       503: ERROR})
+      for group, action, summary in (
+          ("topics", "create", "Create a topic on the broker"),
+          ("topics", "subscribe", "Subscribe this member to a topic (create: true to make it)"),
+          ("topics", "unsubscribe", "Unsubscribe this member from a topic"),
+          ("queues", "consume", "Become a competing consumer of a queue"),
+          ("queues", "leave", "Stop consuming a queue"))),
+    Route("GET", "/v1/topics", handlers.get_memberships, "Topics this member subscribes to",
+          responses={200: "membership_list.schema.json"}),
+    Route("GET", "/v1/queues", handlers.get_memberships, "Queues this member consumes",
+          responses={200: "membership_list.schema.json"}),
+    Route("GET", "/v1/peers", handlers.get_peers,
+          "Members connected to the broker now, with their profiles (passed through)",
+          responses={200: "peers_response.schema.json", 503: ERROR}),
+    Route("GET", "/v1/profile", handlers.get_profile, "This member's profile",
+          responses={200: "profile_response.schema.json"}),
+    Route("POST", "/v1/profile", handlers.post_profile,
+          "Change fields of this member's profile (null removes one); published to the broker",
+          request="profile.schema.json",
+          responses={200: "profile_response.schema.json", 400: ERROR, 503: ERROR}),
+    Route("GET", "/v1/metrics", handlers.get_metrics, "Prometheus text",
+          responses={200: None}, content_type="text/plain"),
+)
+
+ROUTES: list[web.RouteDef] = [web.route(r.method, r.path, r.handler) for r in TABLE]

@@ -1,0 +1,87 @@
+"""Every daemon setting, declared once (name, type, default, help)."""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tidemesh.core.settings import ConfigError, Resolved, Setting, build
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("daemon.mesh", str, "default", "Mesh this daemon serves; one per (user, mesh)."),
+    Setting("ipc.tcp_enabled", bool, True, "Also listen on 127.0.0.1 (bearer token required)."),
+    Setting("ipc.http_port", int, 0, "Loopback TCP port; 0 picks a free one (see http.port)."),
+    Setting("ipc.max_body_bytes", int, 1048576, "Largest request body; bigger ones get 413."),
+    Setting("ipc.max_inflight", int, 256, "Concurrent IPC requests before 429 daemon_busy.",
+            reloadable=True),
+    Setting("ipc.public_health_check", bool, False, "Serve /v1/health on TCP without a token.",
+            reloadable=True),
+    Setting("ipc.max_streams", int, 32, "Concurrent /v1/events streams before 429.",
+            reloadable=True),
+    Setting("ipc.sse_buffer", int, 1000, "Events buffered per stream; a stream that falls "
+            "further behind is dropped and must reconnect with Last-Event-ID."),
+    Setting("ipc.sse_keepalive_s", float, 15.0, "Seconds between SSE keepalive comments.",
+            reloadable=True),
+    Setting("ipc.sse_write_timeout_s", float, 10.0, "A stream whose writes stall this long "
+            "is closed.", reloadable=True),
+    Setting("outbox.max_age_hours", int, 168, "Max age of an unsent row (permanent dedupe mode)."),
+    Setting("outbox.max_age_hours_override", int, None,
+            "Shorter max age; refused above the broker's dedupe window.", optional=True),
+    Setting("outbox.group_commit_max", int, 512, "Most writes grouped into one transaction."),
+    Setting("reconnect.initial_backoff_ms", int, 500, "First retry delay to the broker."),
+    Setting("reconnect.max_backoff_ms", int, 30000, "Longest retry delay to the broker."),
+    Setting("reconnect.jitter_pct", int, 25, "Random spread of each retry delay, in percent."),
+    Setting("log.level", str, "info", "debug, info, warning or error.", reloadable=True),
+    Setting("log.format", str, "auto", "json, console, or auto (console on a TTY)."),
+    Setting("log.file", str, None, "Append JSON lines to this file, rotated by size; unset: "
+            "stderr (the journal under systemd). `daemon up` without --foreground sets it.",
+            optional=True),
+    Setting("log.file_max_bytes", int, 104857600, "Size at which log.file is rotated."),
+    Setting("log.file_backups", int, 5, "Rotated log files kept (daemon.log.1 … .N)."),
+    Setting("shutdown.grace_s", float, 10.0, "Longest drain on SIGTERM or `daemon down`; "
+            "work still running then is cut off and the exit code is 1.", reloadable=True),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class DaemonSettings:
+    daemon_mesh: str
+    ipc_tcp_enabled: bool
+    ipc_http_port: int
+    ipc_max_body_bytes: int
+    ipc_max_inflight: int
+    ipc_public_health_check: bool
+    ipc_max_streams: int
+    ipc_sse_buffer: int
+    ipc_sse_keepalive_s: float
+    ipc_sse_write_timeout_s: float
+    outbox_max_age_hours: int
+    outbox_max_age_hours_override: int | None
+    outbox_group_commit_max: int
+    reconnect_initial_backoff_ms: int
+    reconnect_max_backoff_ms: int
+    reconnect_jitter_pct: int
+    log_level: str
+    log_format: str
+    log_file: str | None
+    log_file_max_bytes: int
+    log_file_backups: int
+    shutdown_grace_s: float
+
+
+def read_file(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        return {}
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
+
+
+def load(
+    file_data: Mapping[str, Any], environ: Mapping[str, str], flags: Mapping[str, Any]
+) -> tuple[DaemonSettings, dict[str, Resolved]]:
+    return build(DaemonSettings, SETTINGS, file_data, environ, flags)

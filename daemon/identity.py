@@ -1,0 +1,114 @@
+"""The member keypair and the host fingerprint (DESIGN §2), as files under the data dir.
+
+The fingerprint catches an accidental clone of the data dir onto another machine; it is not
+an attacker-grade control. ``accept-host`` rewrites it and keeps the keypair.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import re
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from nacl.signing import SigningKey
+
+_VIRTUAL_IF = re.compile(
+    r"^(lo|docker|br-|veth|tap|tun|tailscale|wg|utun|ppp|vboxnet|vmnet|awdl|llw|virbr|cni|flannel)",
+    re.IGNORECASE,
+)
+
+
+class HostMismatch(RuntimeError):
+    """The data dir was made on another host (or this host's identity changed)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Keypair:
+    signing_key: SigningKey
+
+    @property
+    def public_hex(self) -> str:
+        return bytes(self.signing_key.verify_key).hex()
+
+
+def write_private(path: Path, data: dict[str, object]) -> None:
+    """Write a 0600 JSON file atomically (temp file, fsync, rename)."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def load_or_create_keypair(path: Path) -> tuple[Keypair, bool]:
+    """Return the member keypair, creating it on first use; the bool says it was created."""
+    if path.exists():
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return Keypair(SigningKey(bytes.fromhex(data["ed25519_seed"]))), False
+    key = SigningKey.generate()
+    write_private(path, {
+        "version": 1,
+        "ed25519_seed": bytes(key).hex(),
+        "ed25519_public": bytes(key.verify_key).hex(),
+    })
+    return Keypair(key), True
+
+
+def _machine_id() -> str:
+    for candidate in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
+        try:
+            value = Path(candidate).read_text(encoding="ascii").strip()
+        except OSError:
+            continue
+        if value:
+            return value
+    if platform.system() == "Darwin":
+        out = subprocess.run(
+            ["ioreg", "-rd1", "-c", "IOPlatformExpertDevice"],
+            capture_output=True, text=True, check=False, timeout=5,
+        ).stdout
+        m = re.search(r'"IOPlatformUUID" = "([^"]+)"', out)
+        if m:
+            return m.group(1)
+    return ""
+
+
+def _first_stable_mac() -> str:
+    net = Path("/sys/class/net")
+    if not net.is_dir():
+        return ""
+    for iface in sorted(p.name for p in net.iterdir()):
+        if _VIRTUAL_IF.match(iface) or (net / iface).resolve().parent.name == "virtual":
+            continue
+        try:
+            mac = (net / iface / "address").read_text(encoding="ascii").strip().lower()
+        except OSError:
+            continue
+        if mac and mac != "00:00:00:00:00:00":
+            return mac
+    return ""
+
+
+def current_host_fingerprint() -> str:
+    """sha256(machine_id || first_stable_mac), hex."""
+    return hashlib.sha256((_machine_id() + _first_stable_mac()).encode()).hexdigest()
+
+
+def check_host(path: Path, current: str) -> bool:
+    """True when the stored fingerprint matches; writes it on first use (returns True)."""
+    if not path.exists():
+        write_private(path, {"version": 1, "fingerprint": current})
+        return True
+    stored = json.loads(path.read_text(encoding="utf-8")).get("fingerprint")
+    return bool(stored == current)
+
+
+def accept_host(path: Path, current: str) -> None:
+    write_private(path, {"version": 1, "fingerprint": current})

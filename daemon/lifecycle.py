@@ -1,0 +1,91 @@
+"""A running daemon's lifecycle past start-up: SIGHUP reload and the shutdown drain deadline.
+
+Owns which settings a running daemon re-applies on SIGHUP (those ``daemon.config`` marks
+``reloadable``: log level, IPC limits, SSE timing, the grace period) and how shutdown waits
+for in-flight IPC requests before the server cuts them off. ``main`` wires both in; nothing
+here reads the environment or touches the broker link, so a reload never drops the WebSocket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Callable
+
+import structlog
+from aiohttp import web
+
+from tidemesh.core.settings import ConfigError
+from tidemesh.daemon import config as config_mod
+from tidemesh.daemon import log as log_mod
+from tidemesh.daemon.api.keys import IpcState
+from tidemesh.daemon.service.events import EventBus
+
+log = structlog.get_logger("tidemesh.daemon")
+
+# How often the drain looks at the in-flight count. IpcState keeps a counter, not a
+# condition, so shutdown polls it; this runs once per process, only while stopping.
+_DRAIN_POLL_S = 0.02
+
+
+def apply(settings: config_mod.DaemonSettings, state: IpcState, bus: EventBus) -> None:
+    """Push the reloadable settings into the running objects that read them per request."""
+    log_mod.set_level(settings.log_level)
+    state.max_inflight = settings.ipc_max_inflight
+    state.public_health_check = settings.ipc_public_health_check
+    state.sse_keepalive_s = settings.ipc_sse_keepalive_s
+    state.sse_write_timeout_s = settings.ipc_sse_write_timeout_s
+    bus.max_subscribers = settings.ipc_max_streams
+
+
+class Reloader:
+    """Re-reads the configuration; applies what can change live, reports what cannot."""
+
+    def __init__(self, settings: config_mod.DaemonSettings,
+                 read: Callable[[], config_mod.DaemonSettings],
+                 state: IpcState, bus: EventBus) -> None:
+        self.settings = settings
+        self.read = read
+        self.state = state
+        self.bus = bus
+
+    def reload(self) -> None:
+        try:
+            new = self.read()
+        except ConfigError as exc:
+            log.error("config_reload_failed", error=exc.message, kept="previous settings")
+            return
+        old = self.settings
+        changed = [s for s in config_mod.SETTINGS
+                   if getattr(old, s.attr) != getattr(new, s.attr)]
+        # Settings that need a restart keep their running value, so what the daemon reports
+        # as its settings stays what it actually uses.
+        kept = {s.attr: getattr(old, s.attr) for s in config_mod.SETTINGS if not s.reloadable}
+        self.settings = dataclasses.replace(new, **kept)
+        apply(self.settings, self.state, self.bus)
+        log.info("config_reloaded", applied=[s.name for s in changed if s.reloadable],
+                 needs_restart=[s.name for s in changed if not s.reloadable])
+
+
+class Drain:
+    """An ``on_shutdown`` hook: wait for in-flight IPC requests, up to the grace period.
+
+    aiohttp runs it after the listeners stopped accepting and idle connections closed, and
+    before it cancels the handlers still running; ``left`` is how many it had to cut off.
+    Event streams are not counted: they never finish on their own.
+    """
+
+    def __init__(self, state: IpcState, grace_s: Callable[[], float]) -> None:
+        self.state = state
+        self.grace_s = grace_s
+        self.left = 0
+
+    async def __call__(self, _app: web.Application) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.grace_s()
+        while self.state.inflight and loop.time() < deadline:  # noqa: ASYNC110 - see _DRAIN_POLL_S
+            await asyncio.sleep(_DRAIN_POLL_S)
+        self.left = self.state.inflight
+        if self.left:
+            log.error("daemon_drain_deadline_passed", requests_cut_off=self.left,
+                      grace_s=self.grace_s())

@@ -1,0 +1,358 @@
+"""The daemon's WebSocket client of the broker protocol (DESIGN §5.1): one ``BrokerLink``.
+
+``BrokerLink.connect`` does the whole opening: challenge → signed hello (or join) →
+hello_ack → feature negotiation. A missing or invalid required feature, or a dedupe
+retention under 3 days, closes the socket with 4010 and the structured ``close_reason`` of
+spec §15.5 and raises ``FeatureUnavailable`` naming the feature. After that, requests are
+pipelined: each gets a fresh ``id`` and a future that the one reader task resolves when the
+answer with that ``id`` arrives. Concurrent ``send`` calls are coalesced by one writer task
+into a ``send_batch`` frame (answered by one ``send_results``). ``deliver`` frames go to the
+bounded ``deliveries`` queue (a full queue stops the reader, which pushes back on the
+broker); ``peer_join``/``peer_leave`` go to ``presence`` (oldest dropped when full). No
+outbox logic here.
+
+Imports ``core`` and websockets; never ``broker`` or ``cli``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from types import TracebackType
+from typing import Any
+
+import structlog
+from nacl.signing import SigningKey
+from websockets.asyncio.client import ClientConnection
+from websockets.asyncio.client import connect as ws_connect
+from websockets.exceptions import ConnectionClosed, InvalidHandshake
+
+from tidemesh.core import features, handshake
+from tidemesh.core.features import CloseReason
+from tidemesh.core.wire import CloseCode, InvalidFrame, decode, encode
+
+log = structlog.get_logger(__name__)
+PRESENCE_BUFFER = 1024
+
+
+class LinkError(Exception):
+    """The link to the broker failed; ``retryable`` says whether reconnecting may help."""
+
+    retryable = True
+
+
+class HandshakeRejected(LinkError):
+    """The broker closed during the handshake (unknown or revoked member, bad signature …)."""
+
+    def __init__(self, code: int | None, reason: str) -> None:
+        super().__init__(f"the broker refused this member (close {code}: {reason})")
+        self.code = code
+        self.reason = reason
+        # Revocation or an unknown key will not fix itself; a transient close might. A hello
+        # that came too late (a stalled network) is a policy close that a retry does fix.
+        self.retryable = (code not in (CloseCode.AUTH, CloseCode.POLICY)
+                          or reason == "hello_timeout")
+
+
+class FeatureUnavailable(LinkError):
+    """A required broker feature is missing or unusable (spec §15.5); the daemon must exit."""
+
+    retryable = False
+
+    def __init__(self, reason: CloseReason, supported: Any) -> None:
+        super().__init__(f"broker feature {reason.feature} is unusable ({reason.kind}): "
+                         f"{reason.detail}")
+        self.reason = reason
+        self.supported = supported
+
+
+class LinkClosed(LinkError):
+    """The connection ended while a request was waiting for its answer."""
+
+
+class BrokerLink:
+    def __init__(self, ws: ClientConnection, hello_ack: dict[str, Any],
+                 supported: dict[str, Any], delivery_buffer: int) -> None:
+        self.ws = ws
+        self.hello_ack = hello_ack
+        self.supported = supported
+        self.deliveries: asyncio.Queue[dict[str, Any]] = asyncio.Queue(delivery_buffer)
+        self.presence: asyncio.Queue[dict[str, Any]] = asyncio.Queue(PRESENCE_BUFFER)
+        self._pending: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        self._ids = itertools.count(1)
+        self._reader: asyncio.Task[None] | None = None
+        self._writer: asyncio.Task[None] | None = None
+        self._outgoing: list[dict[str, Any]] = []
+        self._wake_writer = asyncio.Event()
+
+    @classmethod
+    async def connect(cls, url: str, mesh_id: str, key: SigningKey, *,
+                      require: tuple[str, ...] = features.REQUIRED,
+                      invite_token: str | None = None, display_name: str | None = None,
+                      open_timeout: float = 10.0, delivery_buffer: int = 1024) -> BrokerLink:
+        """Connect, authenticate and negotiate; raises a ``LinkError`` subclass on failure."""
+        try:
+            ws = await ws_connect(url, open_timeout=open_timeout, compression=None,
+                                  max_size=8 << 20, ping_interval=20, ping_timeout=20)
+        except (OSError, TimeoutError, InvalidHandshake, ConnectionClosed) as exc:
+            # InvalidHandshake: something answered that is not the broker yet (a proxy whose
+            # upstream is down, a 502); ConnectionClosed: the socket died before the upgrade
+            # request went out. Retry like an unreachable broker, never stop the relay.
+            raise LinkError(f"cannot reach the broker at {url}: {exc}") from exc
+        try:
+            async with asyncio.timeout(open_timeout):
+                ack = await _hello(ws, mesh_id, key, invite_token, display_name)
+                supported = await _negotiate(ws, require)
+        except ConnectionClosed as exc:
+            # Lost while sending hello or the negotiation: a broken path, not a refusal.
+            await ws.close()
+            raise LinkError(f"the broker link closed during the handshake: {exc}") from exc
+        except BaseException:
+            await ws.close()
+            raise
+        link = cls(ws, ack, supported, delivery_buffer)
+        link._reader = asyncio.create_task(link._read(), name="broker-link-reader")
+        link._writer = asyncio.create_task(link._write(), name="broker-link-writer")
+        log.info("broker_link_connected", url=url, mesh_id=mesh_id, pubkey=ack["pubkey"],
+                 session_id=ack["session_id"])
+        return link
+
+    async def __aenter__(self) -> BrokerLink:
+        return self
+
+    async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.close()
+
+    # -- requests ------------------------------------------------------------------------
+
+    async def send(self, client_message_id: str, payload: dict[str, Any]) -> dict[str, Any]:
+        """Send one outbox row (``SendRequest.to_payload()``); returns its ``send_result``.
+
+        Bound it with ``asyncio.timeout`` in the caller: cancelling forgets the request (a late
+        answer is dropped); the send may still commit, and a retry gets 200 duplicate.
+        """
+        frame = {k: v for k, v in payload.items() if v is not None or k in ("meta", "reply_to")}
+        frame.update(client_message_id=client_message_id, id=f"r{next(self._ids)}")
+        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        if self.closed:
+            raise LinkClosed("the broker link is closed")
+        self._pending[frame["id"]] = fut
+        self._outgoing.append(frame)
+        self._wake_writer.set()
+        try:
+            return await fut
+        finally:
+            self._pending.pop(frame["id"], None)
+
+    async def send_many(
+        self, items: list[tuple[str, dict[str, Any]]], within: float
+    ) -> list[dict[str, Any] | None]:
+        """Send many outbox rows at once; returns each ``send_result`` in order, or None for
+        a row with no answer within ``within`` seconds or before the link closed."""
+        if self.closed:
+            raise LinkClosed("the broker link is closed")
+        loop = asyncio.get_running_loop()
+        futs: list[asyncio.Future[dict[str, Any]]] = []
+        ids: list[str] = []
+        for cmid, payload in items:
+            frame = {k: v for k, v in payload.items()
+                     if v is not None or k in ("meta", "reply_to")}
+            frame.update(client_message_id=cmid, id=f"r{next(self._ids)}")
+            fut: asyncio.Future[dict[str, Any]] = loop.create_future()
+            self._pending[frame["id"]] = fut
+            self._outgoing.append(frame)
+            futs.append(fut)
+            ids.append(frame["id"])
+        self._wake_writer.set()
+        try:
+            await asyncio.wait(futs, timeout=within)
+        finally:
+            for rid, fut in zip(ids, futs, strict=True):
+                self._pending.pop(rid, None)
+                if not fut.done():
+                    fut.cancel()
+        return [f.result() if f.done() and not f.cancelled() and f.exception() is None
+                else None for f in futs]
+
+    async def request(self, op: str, name: str) -> dict[str, Any]:
+        """topic_create | topic_subscribe | topic_unsubscribe | queue_consume | queue_leave."""
+        return await self._call({"type": "request", "op": op, "name": name})
+
+    async def resume(self, epoch: int, last_seq: int) -> dict[str, Any]:
+        """Ask for deliveries after (epoch, last_seq); epoch 0 = nothing stored yet."""
+        return await self._call({"type": "resume", "epoch": epoch, "last_seq": last_seq})
+
+    async def peers(self) -> list[dict[str, Any]]:
+        """The members connected to the broker now: pubkey, connections, connected_at."""
+        answer = await self._call({"type": "peers"})
+        return list(answer.get("peers", []))
+
+    async def set_profile(self, profile: dict[str, Any]) -> None:
+        """Replace this member's profile at the broker (what others see in peers)."""
+        answer = await self._call({"type": "profile", "profile": profile})
+        if answer.get("type") == "error":
+            raise LinkError(f"the broker refused the profile: {answer['error']}")
+
+    async def ack(self, epoch: int, seq: int) -> None:
+        """Cumulative ack, sent only after the inbox commit (no answer comes back)."""
+        await self._send({"type": "ack", "epoch": epoch, "seq": seq})
+
+    async def _call(self, frame: dict[str, Any]) -> dict[str, Any]:
+        request_id = f"r{next(self._ids)}"
+        frame["id"] = request_id
+        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = fut
+        try:
+            await self._send(frame)
+            return await fut
+        finally:
+            self._pending.pop(request_id, None)
+
+    async def _write(self) -> None:
+        """Coalesce the sends queued since the last write into one frame (fewer frames, fewer
+        syscalls at both ends); a lone send goes as a plain ``send`` frame."""
+        while True:
+            await self._wake_writer.wait()
+            self._wake_writer.clear()
+            batch, self._outgoing = self._outgoing, []
+            if not batch:
+                continue
+            frame = ({"type": "send", **batch[0]} if len(batch) == 1 else
+                     {"type": "send_batch", "id": f"b{next(self._ids)}", "sends": batch})
+            try:
+                await self._send(frame)
+            except LinkClosed as exc:
+                for item in batch:
+                    fut = self._pending.get(item["id"])
+                    if fut is not None and not fut.done():
+                        fut.set_exception(exc)
+
+    async def _send(self, frame: dict[str, Any]) -> None:
+        if self._reader is None or self._reader.done():
+            raise LinkClosed("the broker link is closed")
+        try:
+            await self.ws.send(encode(frame))
+        except ConnectionClosed as exc:
+            raise LinkClosed(f"the broker link closed: {exc}") from exc
+
+    # -- reader --------------------------------------------------------------------------
+
+    async def _read(self) -> None:
+        reason = "closed"
+        try:
+            async for raw in self.ws:
+                await self._route(raw)
+        except ConnectionClosed as exc:
+            reason = str(exc)
+        finally:
+            code = self.ws.close_code
+            log.info("broker_link_closed", code=code, reason=self.ws.close_reason)
+            for fut in self._pending.values():
+                if not fut.done():
+                    fut.set_exception(LinkClosed(f"the broker link closed ({code}): {reason}"))
+            if self._writer is not None:
+                self._writer.cancel()
+
+    async def _route(self, raw: str | bytes) -> None:
+        try:
+            frame = decode(raw)
+        except InvalidFrame as exc:
+            log.warning("broker_frame_invalid", error=exc.message)
+            return
+        if frame["type"] == "deliver":
+            await self.deliveries.put(frame)
+            return
+        if frame["type"] == "send_results":
+            for result in frame["results"]:
+                self._resolve(result)
+            return
+        if frame["type"] in ("peer_join", "peer_leave"):
+            if self.presence.full():  # presence is best effort; never stall deliveries for it
+                self.presence.get_nowait()
+            self.presence.put_nowait(frame)
+            return
+        if not self._resolve(frame) and frame["type"] == "error":
+            log.warning("broker_error_received", error=frame["error"])
+
+    def _resolve(self, frame: dict[str, Any]) -> bool:
+        fut = self._pending.get(frame.get("id") or "")
+        if fut is None or fut.done():
+            return False
+        fut.set_result(frame)
+        return True
+
+    @property
+    def closed(self) -> bool:
+        return self._reader is None or self._reader.done()
+
+    async def wait_closed(self) -> None:
+        if self._reader is not None:
+            await asyncio.shield(self._reader)
+
+    async def close(self) -> None:
+        await self.ws.close()
+        if self._reader is not None:
+            await self._reader
+        if self._writer is not None:
+            self._writer.cancel()
+            await asyncio.gather(self._writer, return_exceptions=True)
+
+
+PRESENCE_FRAMES = frozenset({"peer_join", "peer_leave"})
+
+
+async def _recv(ws: ClientConnection, expect: str,
+                skip: frozenset[str] = frozenset()) -> dict[str, Any]:
+    frame = await _recv_one(ws, expect)
+    while frame["type"] in skip:
+        frame = await _recv_one(ws, expect)
+    if frame["type"] != expect:
+        raise LinkError(f"expected {expect} from the broker, got {frame['type']}")
+    return frame
+
+
+async def _recv_one(ws: ClientConnection, expect: str) -> dict[str, Any]:
+    try:
+        frame = decode(await ws.recv())
+    except ConnectionClosed as exc:
+        rcvd = exc.rcvd
+        raise HandshakeRejected(rcvd.code if rcvd else None,
+                                rcvd.reason if rcvd else "connection lost") from exc
+    except InvalidFrame as exc:
+        raise LinkError(f"the broker sent a bad {expect} frame: {exc.message}") from exc
+    if frame["type"] == "error":
+        raise LinkError(f"the broker answered {frame['error']['code']}: "
+                        f"{frame['error']['message']}")
+    return frame
+
+
+async def _hello(ws: ClientConnection, mesh_id: str, key: SigningKey, invite_token: str | None,
+                 display_name: str | None) -> dict[str, Any]:
+    challenge = await _recv(ws, "challenge")
+    pubkey, signature = handshake.sign(key, mesh_id, challenge["nonce"])
+    frame: dict[str, Any] = {"type": "hello", "mesh_id": mesh_id, "pubkey": pubkey,
+                             "nonce": challenge["nonce"], "signature": signature}
+    if invite_token is not None:
+        frame.update(type="join", invite_token=invite_token, display_name=display_name)
+    await ws.send(encode(frame))
+    return await _recv(ws, "hello_ack")
+
+
+async def _negotiate(ws: ClientConnection, require: tuple[str, ...]) -> dict[str, Any]:
+    await ws.send(encode({"type": "feature_negotiation_request", "id": "features",
+                          "require": list(require), "optional": []}))
+    # Once hello_ack is out the broker counts us as connected and may announce other members
+    # (many reconnect at once after a broker restart): not the answer, so skip them.
+    answer = await _recv(ws, "feature_negotiation_response", skip=PRESENCE_FRAMES)
+    supported = answer["supported"]
+    reason = features.validate(supported, require)
+    if reason is None and answer["missing_required"]:
+        reason = CloseReason("feature_unavailable", answer["missing_required"][0],
+                             "the broker reports it missing")
+    if reason is not None:
+        log.warning("feature_negotiation_failed", close_reason=reason.to_dict(),
+                    negotiation=answer)
+        await ws.close(CloseCode.FEATURE, features.close_reason_text(reason))
+        raise FeatureUnavailable(reason, supported)
+    return dict(supported)

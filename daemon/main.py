@@ -1,0 +1,316 @@
+"""The daemon's composition root: config → logging → lock → identity → stores → IPC → wait.
+
+The only module that reads the environment, constructs stores and servers, and installs
+signal handlers. ``run`` returns a process exit code (core.exitcodes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import signal
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+import tidemesh
+from tidemesh.core.backoff import Backoff
+from tidemesh.core.exitcodes import Exit
+from tidemesh.core.metrics import Registry
+from tidemesh.core.paths import DaemonPaths, daemon_paths, socket_path_problem
+from tidemesh.core.sealing import seal
+from tidemesh.core.settings import ConfigError
+from tidemesh.daemon import config as config_mod
+from tidemesh.daemon import identity
+from tidemesh.daemon import log as log_mod
+from tidemesh.daemon.api.keys import BUS, INBOX, MEMBERSHIP, OUTBOX, PRESENCE, STATE, IpcState
+from tidemesh.daemon.join import MeshConfig
+from tidemesh.daemon.lifecycle import Drain, Reloader
+from tidemesh.daemon.lock import AlreadyRunning, InstanceLock
+from tidemesh.daemon.relay import Relay, RelayFatal, RelayMetrics, RelaySettings
+from tidemesh.daemon.server import IpcServer, build_app
+from tidemesh.daemon.service.events import EventBus
+from tidemesh.daemon.service.inbox import InboxService
+from tidemesh.daemon.service.membership import MembershipService
+from tidemesh.daemon.service.outbox import OutboxService
+from tidemesh.daemon.service.presence import PresenceService
+from tidemesh.daemon.store.db import Database, StoreDamaged
+from tidemesh.daemon.store.migrate import SchemaTooNew
+from tidemesh.daemon.store.migrate import load as load_migrations
+from tidemesh.daemon.stores import open_inbox, open_outbox
+
+log = structlog.get_logger("tidemesh.daemon")
+
+# After the drain, event streams still open are cut off this long after their last write.
+_STREAMS_CUT_S = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Startup:
+    settings: config_mod.DaemonSettings
+    paths: DaemonPaths
+    environ: Mapping[str, str] = field(default_factory=dict)   # kept for SIGHUP reloads
+    flags: Mapping[str, Any] = field(default_factory=dict)
+
+
+def resolve_mesh(flag: str | None, environ: Mapping[str, str]) -> str:
+    return flag or environ.get("TIDEMESH_DAEMON_MESH") or "default"
+
+
+def prepare(mesh: str | None, environ: Mapping[str, str], flags: Mapping[str, Any]) -> Startup:
+    """Settings and paths, validated before anything starts ("fail early")."""
+    name = resolve_mesh(mesh, environ)
+    paths = daemon_paths(name, environ)
+    flags = {**flags, "daemon.mesh": name}
+    settings, _ = config_mod.load(config_mod.read_file(paths.config_file), environ, flags)
+    return Startup(settings, paths, dict(environ), flags)
+
+
+def ensure_dirs(paths: DaemonPaths) -> None:
+    """Create the daemon's folders, private to the user (0700)."""
+    for d in paths.folders:
+        d.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(d, 0o700)
+
+
+def ensure_token(path: Path) -> str:
+    if path.exists():
+        token = path.read_text(encoding="ascii").strip()
+        if token:
+            return token
+    token = secrets.token_urlsafe(32)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="ascii") as f:
+        f.write(token + "\n")
+    return token
+
+
+def run(mesh: str | None, environ: Mapping[str, str], flags: Mapping[str, Any]) -> int:
+    """Run the daemon in the foreground until SIGTERM/SIGINT; returns the exit code."""
+    try:
+        start = prepare(mesh, environ, flags)
+    except ConfigError as exc:
+        print(f"tidemesh daemon: {exc.message}", file=sys.stderr)
+        return Exit.USAGE
+    ensure_dirs(start.paths)
+    s = start.settings
+    log_mod.configure(s.log_level, s.log_format, file=s.log_file,
+                      max_bytes=s.log_file_max_bytes, backups=s.log_file_backups)
+    problem = socket_path_problem(start.paths.socket)
+    if problem:
+        log.error("daemon_start_refused", reason=problem)
+        return Exit.USAGE
+    # A file-size limit must turn into a write error (507), not kill the process.
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    # A reload (SIGHUP) sent while still starting must not kill the daemon; the reload
+    # handler replaces this once the IPC server runs.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    lock = InstanceLock(start.paths.lock_file)
+    try:
+        lock.acquire()
+    except AlreadyRunning as exc:
+        log.error("daemon_start_refused", reason=str(exc), pid=exc.pid)
+        return Exit.ALREADY_RUNNING
+    try:
+        return _run_locked(start)
+    finally:
+        lock.release()
+
+
+def _run_locked(start: Startup) -> int:
+    paths = start.paths
+    if not identity.check_host(paths.host_fingerprint, identity.current_host_fingerprint()):
+        log.error(
+            "daemon_start_refused", reason="host_fingerprint_mismatch",
+            hint="this data dir was made on another host; if that is intended run "
+                 "`tidemesh daemon accept-host`",
+        )
+        return Exit.HOST_MISMATCH
+    keypair, created = identity.load_or_create_keypair(paths.keypair)
+    if created:
+        log.info("keypair_created", pubkey=keypair.public_hex)
+    runner = _loop_runner()
+    return int(runner(Daemon(start, keypair).serve()))
+
+
+def _loop_runner() -> Any:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux and macOS
+        return asyncio.run
+    return uvloop.run
+
+
+class Daemon:
+    def __init__(self, start: Startup, keypair: identity.Keypair) -> None:
+        self.start = start
+        self.keypair = keypair
+        self.stop = asyncio.Event()
+
+    async def serve(self) -> int:
+        s, paths = self.start.settings, self.start.paths
+        try:
+            outbox_db = await open_outbox(paths.outbox_db, s.outbox_group_commit_max)
+        except (StoreDamaged, SchemaTooNew) as exc:
+            log.error("daemon_start_refused", reason="outbox_unusable", error=str(exc),
+                      hint="the outbox is authoritative and is never rebuilt silently; restore "
+                           "it from a backup or move it aside to start with an empty outbox")
+            return Exit.UNHEALTHY
+        inbox_db = await open_inbox(paths.inbox_db)
+        try:
+            return await self._serve_with(outbox_db, inbox_db)
+        finally:
+            await outbox_db.close()
+            await inbox_db.close()
+
+    def _state(self) -> IpcState:
+        s = self.start.settings
+        registry = Registry()
+        state = IpcState(
+            token=ensure_token(self.start.paths.token_file),
+            max_inflight=s.ipc_max_inflight,
+            public_health_check=s.ipc_public_health_check,
+            sse_keepalive_s=s.ipc_sse_keepalive_s,
+            sse_write_timeout_s=s.ipc_sse_write_timeout_s,
+            info={
+                "version": tidemesh.__version__,
+                "mesh": s.daemon_mesh,
+                "member_pubkey": self.keypair.public_hex,
+                "schema_version": len(load_migrations("outbox")),
+                "started_monotonic": time.monotonic(),
+                "connected": False,
+                "outbox_counts": {},
+            },
+            registry=registry,
+            requests=registry.counter(
+                "cm_daemon_ipc_request_total", "IPC requests by endpoint, status and transport"
+            ),
+        )
+        registry.gauge(
+            "cm_daemon_connected", "1 while the broker WebSocket is open",
+            lambda: [({"mesh": s.daemon_mesh}, float(bool(state.info["connected"])))],
+        )
+        registry.gauge(
+            "cm_daemon_lag_ms", "How long the oldest unsent outbox row has waited",
+            lambda: [({"mesh": s.daemon_mesh}, float(state.info.get("lag_ms") or 0))],
+        )
+        registry.gauge(
+            "cm_daemon_outbox_depth", "Outbox rows by status",
+            lambda: [({"mesh": s.daemon_mesh, "status": k}, float(v))
+                     for k, v in state.info["outbox_counts"].items()],
+        )
+        return state
+
+    async def _serve_with(self, outbox_db: Database, inbox_db: Database) -> int:
+        s, paths = self.start.settings, self.start.paths
+        bus = EventBus(s.ipc_max_streams, s.ipc_sse_buffer)
+        app = build_app(s.ipc_max_body_bytes)
+        key = self.keypair.signing_key
+        app[OUTBOX] = OutboxService(outbox_db,
+                                    sealer=lambda to, body, enc: seal(key, to, body, enc))
+        app[INBOX] = InboxService(inbox_db, bus)
+        app[BUS] = bus
+        app[STATE] = self._state()
+        relay = self._relay(app[OUTBOX], app[INBOX], app[STATE])
+        live = lambda: relay if relay is not None and relay.link is not None else None  # noqa: E731
+        app[MEMBERSHIP] = MembershipService(inbox_db, live)
+        app[PRESENCE] = PresenceService(inbox_db, live, self.keypair.public_hex)
+        reloader = Reloader(s, self._read_settings, app[STATE], bus)
+        drain = Drain(app[STATE], lambda: reloader.settings.shutdown_grace_s)
+        app.on_shutdown.append(drain)
+        # The drain hook waits for requests; this is only for event streams left after it.
+        server = IpcServer(app, paths.socket, s.ipc_http_port if s.ipc_tcp_enabled else None,
+                           _STREAMS_CUT_S)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._on_signal, sig)
+        loop.add_signal_handler(signal.SIGHUP, reloader.reload)
+        await server.start()
+        if server.bound_port is not None:
+            paths.port_file.write_text(f"{server.bound_port}\n", encoding="ascii")
+        log.info("daemon_started", pid=os.getpid(), mesh=s.daemon_mesh, socket=str(paths.socket),
+                 tcp_port=server.bound_port, data_dir=str(paths.data_dir),
+                 pubkey=self.keypair.public_hex)
+        relay_task = asyncio.create_task(relay.run(), name="relay") if relay else None
+        code = await self._supervise([outbox_db, inbox_db], relay_task, app[STATE])
+        started = time.monotonic()
+        # Stop accepting and finish in-flight requests first (their sends reach the outbox),
+        # then close the broker link cleanly; the stores commit and close in serve(). Event
+        # streams never finish by themselves, so they are ended first.
+        bus.close()
+        await server.stop()
+        with contextlib.suppress(FileNotFoundError):
+            paths.port_file.unlink()
+        if relay_task is not None:
+            relay_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(relay_task, max(
+                    1.0, reloader.settings.shutdown_grace_s - (time.monotonic() - started)))
+        if drain.left and code == Exit.OK:
+            code = Exit.FAILURE
+        log.info("daemon_stopped", drain_s=round(time.monotonic() - started, 3),
+                 batches=outbox_db.batches, rows=outbox_db.items, exit_code=int(code))
+        return code
+
+    def _relay(self, outbox: OutboxService, inbox: InboxService,
+               state: IpcState) -> Relay | None:
+        paths, s = self.start.paths, self.start.settings
+        if not paths.mesh_file.exists():
+            log.info("broker_link_disabled", reason="not joined to a mesh; run "
+                     "`tidemesh daemon join INVITE`; sends stay queued until then")
+            return None
+        mesh = MeshConfig.load(paths.mesh_file)
+
+        async def on_status(connected: bool, detail: dict[str, Any]) -> None:
+            was = state.info.get("connected")
+            state.info["connected"] = connected
+            state.info["broker_state"] = detail.get("state")
+            if relay.link is not None:
+                state.info["broker_features"] = relay.link.supported
+            if was != connected or not connected:
+                await inbox.record_event("broker_status", {"mesh": mesh.mesh, **detail})
+
+        backoff = Backoff(s.reconnect_initial_backoff_ms / 1000, s.reconnect_max_backoff_ms / 1000,
+                          2.0, s.reconnect_jitter_pct / 100)
+        relay = Relay(mesh, self.keypair.signing_key, outbox, inbox,
+                      RelaySettings(backoff, s.outbox_max_age_hours,
+                                    s.outbox_max_age_hours_override), on_status,
+                      metrics=RelayMetrics.register(state.registry, s.daemon_mesh))
+        return relay
+
+    async def _supervise(self, dbs: list[Database], relay: asyncio.Task[None] | None,
+                         state: IpcState) -> Exit:
+        """Wait for a stop signal; a background task that ends on its own is a failure."""
+        stop = asyncio.create_task(self.stop.wait(), name="stop-signal")
+        watched: dict[asyncio.Task[Any], str] = {db.writer: str(db.path) for db in dbs}
+        if relay is not None:
+            watched[relay] = "relay"
+        done, _ = await asyncio.wait({stop, *watched}, return_when=asyncio.FIRST_COMPLETED)
+        if stop in done:
+            return Exit.OK
+        stop.cancel()
+        state.healthy = False
+        code = Exit.FAILURE
+        for task in done:
+            exc = task.exception() if not task.cancelled() else None
+            if isinstance(exc, RelayFatal):
+                code = exc.code
+            log.error("background_task_stopped", task=watched[task], error=repr(exc))
+        return code
+
+    def _read_settings(self) -> config_mod.DaemonSettings:
+        start = self.start
+        settings, _ = config_mod.load(config_mod.read_file(start.paths.config_file),
+                                      start.environ, start.flags)
+        return settings
+
+    def _on_signal(self, sig: signal.Signals) -> None:
+        log.info("daemon_stop_requested", signal=sig.name)
+        self.stop.set()

@@ -1,0 +1,82 @@
+"""Use cases of the receive side: store a delivery once, page the inbox, named consumers,
+and the durable event log that SSE streams replay."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+from tidemesh.daemon.service.events import EventBus
+from tidemesh.daemon.store import inbox
+from tidemesh.daemon.store.db import Database
+
+Clock = Callable[[], float]
+
+
+class InboxService:
+    def __init__(self, db: Database, bus: EventBus, clock: Clock = time.time) -> None:
+        self.db = db
+        self.bus = bus
+        self.clock = clock
+
+    def _now_ms(self) -> int:
+        return int(self.clock() * 1000)
+
+    async def store(self, delivery: inbox.Delivery) -> inbox.StoreResult:
+        """Store one delivery (group-committed with others); publish its event after COMMIT."""
+        result = await self.db.submit(inbox.STORE, delivery)
+        if result.event is not None:
+            self.bus.publish(result.event)
+        return result
+
+    async def skip(self, epoch: int, seq: int) -> None:
+        """Advance the receive cursor past a delivery that is not stored (a void one)."""
+        now = self._now_ms()
+        await self.db.write(partial(inbox.advance_cursor, epoch=epoch, seq=seq, now=now))
+
+    async def record_event(self, type_: str, data: dict[str, Any],
+                           dedupe_key: str | None = None) -> inbox.Event | None:
+        ev = inbox.NewEvent(type_, data, self._now_ms(), dedupe_key)
+        stored = await self.db.write(partial(inbox.add_event, ev=ev))
+        if stored is not None:
+            self.bus.publish(stored)
+        return stored
+
+    async def page(self, p: inbox.Page) -> dict[str, Any]:
+        items = await self.db.read(partial(inbox.page, p=p))
+        return {"items": items, "next_after": items[-1]["seq"] if items else (p.after or 0)}
+
+    async def consumer_read(self, name: str, p: inbox.Page) -> dict[str, Any]:
+        def _read(conn: sqlite3.Connection) -> dict[str, Any]:
+            cursor = inbox.consumer_cursor(conn, name)
+            items = inbox.page(conn, inbox.Page(cursor, p.limit, p.topic, p.sender))
+            return {"consumer": name, "cursor": cursor, "items": items}
+
+        return await self.db.read(_read)
+
+    async def consumer_ack(self, name: str, up_to: int) -> dict[str, Any]:
+        now = self._now_ms()
+        cursor = await self.db.write(partial(inbox.consumer_ack, name=name, up_to=up_to, now=now))
+        return {"consumer": name, "cursor": cursor}
+
+    async def consumers(self) -> list[dict[str, Any]]:
+        return await self.db.read(inbox.consumers)
+
+    async def events_after(self, after: int, limit: int = 500) -> list[inbox.Event]:
+        return await self.db.read(partial(inbox.events_after, after=after, limit=limit))
+
+    async def last_event_id(self) -> int:
+        return await self.db.read(inbox.last_event_id)
+
+    async def receive_cursor(self) -> tuple[int, int] | None:
+        return await self.db.read(inbox.receive_cursor)
+
+    async def reset_receive_cursor(self, epoch: int, seq: int) -> None:
+        now = self._now_ms()
+        await self.db.write(partial(inbox.reset_receive_cursor, epoch=epoch, seq=seq, now=now))
+
+    async def profile(self) -> dict[str, Any]:
+        return await self.db.read(inbox.profile_get)

@@ -1,0 +1,213 @@
+"""Use cases of the send path: accept a send, list and inspect the outbox, requeue a row.
+
+Knows nothing of HTTP: it takes validated values and returns plain dicts or raises the
+``core.errors`` tree. Never imports aiohttp or websockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import sqlite3
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+
+from tidemesh.core.accept import Action
+from tidemesh.core.errors import IdempotencyConflict, InvalidRequest
+from tidemesh.core.fingerprint import prefix, request_fingerprint
+from tidemesh.core.ids import client_message_id_problem, new_ulid
+from tidemesh.core.outcome import Settlement
+from tidemesh.core.send import DestinationKind, SendRequest
+from tidemesh.daemon.store import outbox
+from tidemesh.daemon.store.db import Database
+
+Clock = Callable[[], float]
+# (recipient ed25519 pubkey hex, body, body_encoding) -> sealed bytes
+Sealer = Callable[[str, bytes, str], bytes]
+
+
+def fingerprint_of(req: SendRequest) -> bytes:
+    return request_fingerprint(req.to.kind.value, req.to.ref, req.body, req.priority.value,
+                               req.meta, req.reply_to, req.meta_jcs)
+
+
+def _iso(ms: int | None) -> str | None:
+    if ms is None:
+        return None
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")
+
+
+def row_view(row: sqlite3.Row, chain: list[str] | None = None) -> dict[str, Any]:
+    """An outbox row as operators see it (times ISO-8601 UTC, fingerprint as a prefix)."""
+    view: dict[str, Any] = {
+        "id": row["id"],
+        "client_message_id": row["client_message_id"],
+        "status": row["status"],
+        "attempts": row["attempts"],
+        "enqueued_at": _iso(row["enqueued_at"]),
+        "next_attempt_at": _iso(row["next_attempt_at"]),
+        "delivered_at": _iso(row["delivered_at"]),
+        "last_error": row["last_error"],
+        "broker_message_id": row["broker_message_id"],
+        "history_id": row["history_id"],
+        "aborted_at": _iso(row["aborted_at"]),
+        "aborted_by": row["aborted_by"],
+        "superseded_by": row["superseded_by"],
+        "supersedes": row["supersedes"],
+        "to": {"kind": row["dest_kind"], "ref": row["dest_ref"]},
+        "request_fingerprint_prefix": prefix(row["request_fingerprint"]),
+        "payload_bytes": len(row["payload"]),
+    }
+    if chain is not None:
+        view["chain"] = chain
+    return view
+
+
+class OutboxService:
+    def __init__(self, db: Database, clock: Clock = time.time,
+                 sealer: Sealer | None = None) -> None:
+        self.db = db
+        self.clock = clock
+        self.sealer = sealer
+        # Set when a new row lands, so the sender wakes without polling.
+        self.accepted = asyncio.Event()
+
+    def _now_ms(self) -> int:
+        return int(self.clock() * 1000)
+
+    def _new_row(
+        self, req: SendRequest, cmid: str, supersedes: str | None = None
+    ) -> outbox.NewRow:
+        now = self._now_ms()
+        return outbox.NewRow(
+            id=new_ulid(now), client_message_id=cmid, fingerprint=fingerprint_of(req),
+            payload=orjson.dumps(self._sealed(req).to_payload()), dest_kind=req.to.kind.value,
+            dest_ref=req.to.ref, now_ms=now, supersedes=supersedes,
+        )
+
+    def _sealed(self, req: SendRequest) -> SendRequest:
+        """DMs are sealed once, here, and stored sealed; the fingerprint stays the
+        plaintext's so a caller's retry still matches."""
+        if req.to.kind is not DestinationKind.DM:
+            return req
+        if self.sealer is None:
+            raise RuntimeError("a DM was accepted without a sealing key")
+        sealed = self.sealer(req.to.ref, req.body, req.body_encoding)
+        return dataclasses.replace(req, body=sealed, body_encoding="base64")
+
+    async def submit(self, req: SendRequest) -> tuple[int, dict[str, Any]]:
+        """Accept one send (spec §4.5.1); returns (HTTP status, body) or raises the 409."""
+        cmid = req.client_message_id or new_ulid()
+        new = self._new_row(req, cmid)
+        res = await self.db.submit(outbox.ACCEPT, new)
+        oc = res.outcome
+        body: dict[str, Any] = {"client_message_id": cmid, "outbox_id": res.outbox_id}
+        if oc.action is Action.INSERT:
+            self.accepted.set()
+        if oc.action in (Action.INSERT, Action.ACCEPTED):
+            return oc.http_status, {**body, "status": oc.status}
+        row = res.existing
+        assert row is not None
+        if oc.action is Action.DUPLICATE:
+            return oc.http_status, {
+                **body, "status": "done", "duplicate": True,
+                "broker_message_id": row.broker_message_id, "history_id": row.history_id,
+            }
+        details: dict[str, Any] = {
+            "conflict": oc.conflict,
+            "client_message_id": cmid,
+            "outbox_id": res.outbox_id,
+            "daemon_fingerprint_prefix": prefix(new.fingerprint),
+            "stored_fingerprint_prefix": prefix(row.fingerprint),
+        }
+        if oc.with_broker_id:
+            details["broker_message_id"] = row.broker_message_id
+        if oc.with_reason:
+            details["reason"] = row.last_error
+        raise IdempotencyConflict(
+            f"client_message_id {cmid!r} is already bound to outbox row {res.outbox_id} "
+            f"({row.status}); a 409 is final, send again under a new id",
+            **details,
+        )
+
+    async def list_rows(
+        self, status: str | None = None, limit: int = 50, before: str | None = None
+    ) -> dict[str, Any]:
+        def _read(conn: sqlite3.Connection) -> dict[str, Any]:
+            rows = outbox.list_rows(conn, status, limit, before)
+            return {"items": [row_view(r) for r in rows], "counts": outbox.counts(conn)}
+
+        return await self.db.read(_read)
+
+    async def snapshot(self) -> tuple[dict[str, int], int]:
+        """Counts by status and the lag: how long the oldest unsent row has waited (ms)."""
+        def _read(conn: sqlite3.Connection) -> tuple[dict[str, int], int | None]:
+            return outbox.counts(conn), outbox.oldest_unsent(conn)
+
+        counts, oldest = await self.db.read(_read)
+        return counts, 0 if oldest is None else max(0, self._now_ms() - oldest)
+
+    async def inspect(self, row_id: str) -> dict[str, Any]:
+        def _read(conn: sqlite3.Connection) -> dict[str, Any]:
+            return row_view(outbox.get(conn, row_id), outbox.chain(conn, row_id))
+
+        return await self.db.read(_read)
+
+    async def requeue(
+        self, row_id: str, new_client_message_id: str | None = None,
+        patch: SendRequest | None = None, aborted_by: str = "operator",
+    ) -> dict[str, Any]:
+        """Spec §4.5.3: abort ``row_id`` and queue a successor under a fresh id, atomically."""
+        cmid = new_client_message_id or new_ulid()
+        problem = client_message_id_problem(cmid)
+        if problem:
+            raise InvalidRequest(f"new_client_message_id {problem}", field="new_client_message_id")
+        now = self._now_ms()
+
+        def _requeue(conn: sqlite3.Connection) -> str:
+            old = outbox.get(conn, row_id)
+            if patch is not None:
+                new = self._new_row(patch, cmid, supersedes=row_id)
+            else:
+                new = outbox.NewRow(
+                    id=new_ulid(now), client_message_id=cmid,
+                    fingerprint=old["request_fingerprint"], payload=old["payload"],
+                    dest_kind=old["dest_kind"], dest_ref=old["dest_ref"], now_ms=now,
+                    supersedes=row_id,
+                )
+            outbox.requeue(conn, row_id, new, aborted_by)
+            return new.id
+
+        new_id = await self.db.write(_requeue)
+        self.accepted.set()
+        return {"aborted_row_id": row_id, "new_row_id": new_id, "new_client_message_id": cmid}
+
+    # -- the sender's side ---------------------------------------------------------------
+
+    async def claim(self, limit: int, max_age_ms: int
+                    ) -> tuple[list[outbox.Claimed], list[Settlement]]:
+        now = self._now_ms()
+        return await self.db.write(
+            lambda conn: outbox.claim_due(conn, now, limit, max_age_ms))
+
+    async def release_inflight(self) -> int:
+        """Rows a previous session put on the wire and never settled go back to pending."""
+        now = self._now_ms()
+        return await self.db.write(lambda conn: outbox.reset_inflight(conn, now, 0))
+
+    async def settle_many(self, settlements: list[Settlement]) -> list[bool]:
+        return await self.db.write(lambda conn: outbox.settle_many(conn, settlements))
+
+    async def next_due(self) -> int | None:
+        return await self.db.read(outbox.next_due)
+
+    async def dead_to_notify(self) -> list[dict[str, Any]]:
+        return await self.db.read(lambda conn: [row_view(r) for r in outbox.dead_unnotified(conn)])
+
+    async def mark_notified(self, row_ids: list[str]) -> None:
+        now = self._now_ms()
+        await self.db.write(lambda conn: outbox.mark_notified(conn, row_ids, now))

@@ -1,0 +1,51 @@
+"""Presence: who is connected (the broker's list, passed through) and this member's profile.
+
+The profile lives in inbox.db and is authoritative here: it is sent to the broker on every
+connect and on every change, so the broker's in-memory copy can always be rebuilt.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import Any, Protocol
+
+from tidemesh.core.errors import Unavailable
+from tidemesh.daemon.store import inbox
+from tidemesh.daemon.store.db import Database
+
+
+class PresenceLink(Protocol):
+    async def peers(self) -> list[dict[str, Any]]: ...
+    async def set_profile(self, profile: dict[str, Any]) -> None: ...
+
+
+class PresenceService:
+    def __init__(self, db: Database, link: Callable[[], PresenceLink | None],
+                 self_pubkey: str) -> None:
+        self.db = db
+        self.link = link
+        self.self_pubkey = self_pubkey
+
+    async def profile(self) -> dict[str, Any]:
+        return await self.db.read(inbox.profile_get)
+
+    async def update_profile(self, patch: dict[str, Any]) -> dict[str, Any]:
+        """Store the change, then tell the broker if connected (else on the next connect)."""
+        now = int(time.time() * 1000)
+        merged = await self.db.write(partial(inbox.profile_merge, patch=patch, now=now))
+        link = self.link()
+        if link is not None:
+            await link.set_profile(merged)
+        return {"profile": merged, "published": link is not None}
+
+    async def peers(self) -> dict[str, Any]:
+        link = self.link()
+        if link is None:
+            raise Unavailable("the daemon is not connected to the broker; presence is unknown",
+                              reason="broker_disconnected")
+        peers = await link.peers()
+        for p in peers:
+            p["self"] = p["pubkey"] == self.self_pubkey
+        return {"peers": peers}

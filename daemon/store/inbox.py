@@ -1,0 +1,251 @@
+"""Every SQL statement on inbox.db: the inbox, the event log, named consumers and the
+receive cursor. Functions run on the writer or reader thread."""
+
+from __future__ import annotations
+
+import base64
+import sqlite3
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from tidemesh.core.errors import InvalidRequest
+from tidemesh.daemon.store.db import BatchOp
+
+INBOX_COLUMNS = (
+    "seq, id, mesh, sender_pubkey, sender_name, client_message_id, broker_message_id,"
+    " dest_kind, dest_ref, body, body_encoding, priority, meta, reply_to, broker_epoch,"
+    " broker_seq, sent_at, received_at"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One message the broker delivered to this member, already decrypted."""
+
+    id: str
+    mesh: str
+    sender_pubkey: str
+    sender_name: str | None
+    client_message_id: str
+    broker_message_id: str
+    dest_kind: str
+    dest_ref: str
+    body: bytes
+    body_encoding: str
+    priority: str
+    meta: dict[str, Any] | None
+    reply_to: str | None
+    epoch: int
+    seq: int
+    sent_at: int
+    received_at: int
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    id: int
+    type: str
+    data: dict[str, Any]
+    created_at: int
+
+
+@dataclass(frozen=True, slots=True)
+class NewEvent:
+    type: str
+    data: dict[str, Any]
+    created_at: int
+    dedupe_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StoreResult:
+    inbox_seq: int | None        # None: a redelivery of something already stored
+    event: Event | None
+
+
+def entry_view(row: sqlite3.Row) -> dict[str, Any]:
+    body: bytes = row["body"]
+    text = (body.decode("utf-8") if row["body_encoding"] == "utf8"
+            else base64.b64encode(body).decode("ascii"))
+    return {
+        "seq": row["seq"], "id": row["id"], "mesh": row["mesh"],
+        "from": row["sender_pubkey"], "sender_name": row["sender_name"],
+        "client_message_id": row["client_message_id"],
+        "broker_message_id": row["broker_message_id"],
+        "to": {"kind": row["dest_kind"], "ref": row["dest_ref"]},
+        "body": text, "body_encoding": row["body_encoding"], "priority": row["priority"],
+        "meta": orjson.loads(row["meta"]) if row["meta"] else None,
+        "reply_to": row["reply_to"], "sent_at": row["sent_at"], "received_at": row["received_at"],
+        "delivery": {"epoch": row["broker_epoch"], "seq": row["broker_seq"]},
+    }
+
+
+# Existence is checked before inserting, never with INSERT OR IGNORE: an ignored insert still
+# advances an AUTOINCREMENT counter, which would leave gaps in the local sequences.
+
+def _insert_event(conn: sqlite3.Connection, ev: NewEvent, inbox_seq: int | None) -> Event | None:
+    if ev.dedupe_key is not None and conn.execute(
+        "SELECT 1 FROM events WHERE dedupe_key = ?", (ev.dedupe_key,)
+    ).fetchone():
+        return None
+    cur = conn.execute(
+        "INSERT INTO events (type, inbox_seq, data, dedupe_key, created_at)"
+        " VALUES (?, ?, ?, ?, ?)",
+        (ev.type, inbox_seq, orjson.dumps(ev.data), ev.dedupe_key, ev.created_at),
+    )
+    return Event(int(cur.lastrowid or 0), ev.type, ev.data, ev.created_at)
+
+
+def store_many(conn: sqlite3.Connection, deliveries: Sequence[Delivery]) -> list[StoreResult]:
+    """Store deliveries (deduped on sender + client_message_id), an event for each new one,
+    and advance the receive cursor; all in the caller's transaction, so a crash either keeps
+    the message, its event and the cursor, or none of them."""
+    out = []
+    for d in deliveries:
+        _advance_cursor(conn, d.epoch, d.seq, d.received_at)
+        if conn.execute("SELECT 1 FROM inbox WHERE sender_pubkey = ? AND client_message_id = ?",
+                        (d.sender_pubkey, d.client_message_id)).fetchone():
+            out.append(StoreResult(None, None))
+            continue
+        cur = conn.execute(
+            f"INSERT INTO inbox ({INBOX_COLUMNS.removeprefix('seq, ')})"  # noqa: S608
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (d.id, d.mesh, d.sender_pubkey, d.sender_name, d.client_message_id,
+             d.broker_message_id, d.dest_kind, d.dest_ref, d.body, d.body_encoding, d.priority,
+             orjson.dumps(d.meta) if d.meta is not None else None, d.reply_to, d.epoch, d.seq,
+             d.sent_at, d.received_at),
+        )
+        seq = int(cur.lastrowid or 0)
+        row = conn.execute(f"SELECT {INBOX_COLUMNS} FROM inbox WHERE seq = ?",  # noqa: S608
+                           (seq,)).fetchone()
+        event = _insert_event(conn, NewEvent("message", entry_view(row), d.received_at), seq)
+        out.append(StoreResult(seq, event))
+    return out
+
+
+STORE = BatchOp("inbox_store", store_many)
+
+
+def _advance_cursor(conn: sqlite3.Connection, epoch: int, seq: int, now: int) -> None:
+    conn.execute(
+        "INSERT INTO receive_cursor (id, epoch, seq, updated_at) VALUES (1, ?, ?, ?)"
+        " ON CONFLICT (id) DO UPDATE SET epoch = excluded.epoch, seq = excluded.seq,"
+        " updated_at = excluded.updated_at"
+        " WHERE excluded.epoch > receive_cursor.epoch"
+        " OR (excluded.epoch = receive_cursor.epoch AND excluded.seq > receive_cursor.seq)",
+        (epoch, seq, now),
+    )
+
+
+def advance_cursor(conn: sqlite3.Connection, epoch: int, seq: int, now: int) -> None:
+    _advance_cursor(conn, epoch, seq, now)
+
+
+def receive_cursor(conn: sqlite3.Connection) -> tuple[int, int] | None:
+    row = conn.execute("SELECT epoch, seq FROM receive_cursor WHERE id = 1").fetchone()
+    return None if row is None else (int(row[0]), int(row[1]))
+
+
+def reset_receive_cursor(conn: sqlite3.Connection, epoch: int, seq: int, now: int) -> None:
+    """After STALE_SEQUENCE the broker's epoch/seq restart the count; take them as given."""
+    conn.execute(
+        "INSERT INTO receive_cursor (id, epoch, seq, updated_at) VALUES (1, ?, ?, ?)"
+        " ON CONFLICT (id) DO UPDATE SET epoch = excluded.epoch, seq = excluded.seq,"
+        " updated_at = excluded.updated_at", (epoch, seq, now))
+
+
+def add_event(conn: sqlite3.Connection, ev: NewEvent) -> Event | None:
+    return _insert_event(conn, ev, None)
+
+
+def events_after(conn: sqlite3.Connection, after: int, limit: int) -> list[Event]:
+    rows = conn.execute(
+        "SELECT id, type, data, created_at FROM events WHERE id > ? ORDER BY id LIMIT ?",
+        (after, limit),
+    ).fetchall()
+    return [Event(r[0], r[1], orjson.loads(r[2]), r[3]) for r in rows]
+
+
+def last_event_id(conn: sqlite3.Connection) -> int:
+    row = conn.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()
+    return int(row[0])
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    after: int | None = None
+    limit: int = 100
+    topic: str | None = None
+    sender: str | None = None
+
+
+def page(conn: sqlite3.Connection, p: Page) -> list[dict[str, Any]]:
+    where: list[str] = ["seq > ?"]
+    args: list[object] = [p.after or 0]
+    if p.topic is not None:
+        where.append("dest_kind = 'topic' AND dest_ref = ?")
+        args.append(p.topic)
+    if p.sender is not None:
+        where.append("sender_pubkey = ?")
+        args.append(p.sender)
+    sql = (f"SELECT {INBOX_COLUMNS} FROM inbox WHERE {' AND '.join(where)}"  # noqa: S608
+           " ORDER BY seq LIMIT ?")
+    return [entry_view(r) for r in conn.execute(sql, (*args, p.limit))]
+
+
+def consumer_cursor(conn: sqlite3.Connection, name: str) -> int:
+    row = conn.execute("SELECT cursor FROM consumers WHERE name = ?", (name,)).fetchone()
+    return 0 if row is None else int(row[0])
+
+
+def consumer_ack(conn: sqlite3.Connection, name: str, up_to: int, now: int) -> int:
+    """Advance ``name``'s cursor to ``up_to`` (never backwards); returns the cursor."""
+    top = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM inbox").fetchone()[0]
+    if up_to > top:
+        raise InvalidRequest(f"up_to {up_to} is past the newest inbox entry ({top})",
+                             field="up_to")
+    conn.execute(
+        "INSERT INTO consumers (name, cursor, created_at, updated_at) VALUES (?, ?, ?, ?)"
+        " ON CONFLICT (name) DO UPDATE SET cursor = MAX(cursor, excluded.cursor),"
+        " updated_at = excluded.updated_at",
+        (name, up_to, now, now),
+    )
+    return consumer_cursor(conn, name)
+
+
+def consumers(conn: sqlite3.Connection) -> list[dict[str, Any]]:
+    rows = conn.execute("SELECT name, cursor, updated_at FROM consumers ORDER BY name")
+    return [{"name": r[0], "cursor": r[1], "updated_at": r[2]} for r in rows]
+
+
+def membership_add(conn: sqlite3.Connection, kind: str, name: str, now: int) -> None:
+    conn.execute("INSERT INTO memberships (kind, name, since) VALUES (?, ?, ?)"
+                 " ON CONFLICT (kind, name) DO NOTHING", (kind, name, now))
+
+
+def membership_remove(conn: sqlite3.Connection, kind: str, name: str) -> None:
+    conn.execute("DELETE FROM memberships WHERE kind = ? AND name = ?", (kind, name))
+
+
+def memberships(conn: sqlite3.Connection, kind: str) -> list[dict[str, Any]]:
+    rows = conn.execute("SELECT name, since FROM memberships WHERE kind = ? ORDER BY name",
+                        (kind,))
+    return [{"name": r[0], "since": r[1]} for r in rows]
+
+
+def profile_get(conn: sqlite3.Connection) -> dict[str, Any]:
+    row = conn.execute("SELECT data FROM profile WHERE id = 1").fetchone()
+    return {} if row is None else dict(orjson.loads(row[0]))
+
+
+def profile_merge(conn: sqlite3.Connection, patch: dict[str, Any], now: int) -> dict[str, Any]:
+    """Apply ``patch`` (a null value removes a field) and return the new profile."""
+    merged = {**profile_get(conn), **patch}
+    merged = {k: v for k, v in merged.items() if v is not None}
+    conn.execute("INSERT INTO profile (id, data, updated_at) VALUES (1, ?, ?)"
+                 " ON CONFLICT (id) DO UPDATE SET data = excluded.data,"
+                 " updated_at = excluded.updated_at", (orjson.dumps(merged), now))
+    return merged

@@ -1,0 +1,81 @@
+"""Opening the daemon's two databases with their start-up recovery (DESIGN §4.4).
+
+The outbox is authoritative: damage means refusing to start. The inbox is a cache the
+broker can refill: damage means moving it aside and starting empty.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import structlog
+
+from tidemesh.daemon.store import migrate, outbox
+from tidemesh.daemon.store.db import Database, StoreDamaged, check_integrity, connect
+
+log = structlog.get_logger(__name__)
+
+INFLIGHT_RETRY_DELAY_MS = 500
+
+
+def _setup_outbox(path: Path, recover: bool) -> Callable[[sqlite3.Connection], None]:
+    def setup(conn: sqlite3.Connection) -> None:
+        check_integrity(conn, path)
+        migrate.apply(conn, "outbox")
+        if not recover:
+            return
+        conn.execute("BEGIN IMMEDIATE")
+        n = outbox.reset_inflight(conn, int(time.time() * 1000), INFLIGHT_RETRY_DELAY_MS)
+        conn.execute("COMMIT")
+        if n:
+            log.info("outbox_inflight_reset", rows=n)
+
+    return setup
+
+
+async def open_outbox(path: Path, batch_max: int, recover: bool = True) -> Database:
+    """Open the outbox; ``recover`` resets rows a crash left inflight (daemon start-up only)."""
+    try:
+        return await Database.open(path, _setup_outbox(path, recover), batch_max)
+    except sqlite3.DatabaseError as exc:
+        raise StoreDamaged(f"{path} is not a readable SQLite database: {exc}") from exc
+
+
+def _inbox_ok(path: Path) -> bool:
+    if not path.exists():
+        return True
+    try:
+        conn = connect(path)
+    except sqlite3.DatabaseError:
+        return False
+    try:
+        check_integrity(conn, path)
+        return True
+    except StoreDamaged:
+        return False
+    finally:
+        conn.close()
+
+
+def move_aside(path: Path) -> Path:
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    target = path.with_name(f"{path.name}.corrupt-{stamp}")
+    for suffix in ("", "-wal", "-shm"):
+        src = Path(str(path) + suffix)
+        if src.exists():
+            src.rename(Path(str(target) + suffix))
+    return target
+
+
+async def open_inbox(path: Path) -> Database:
+    if not _inbox_ok(path):
+        target = move_aside(path)
+        log.warning("inbox_corruption_recovered", moved_to=str(target))
+
+    def setup(conn: sqlite3.Connection) -> None:
+        migrate.apply(conn, "inbox")
+
+    return await Database.open(path, setup)

@@ -1,0 +1,1 @@
+"""Pure DataFrame -> DataFrame transforms: no reads, no writes, no clock, no session."""

@@ -1,0 +1,38 @@
+"""Retention through the service (spec §17.5-6) and its metrics, on a real store."""
+
+from __future__ import annotations
+
+from tests.broker.conftest import LIMITS, accept_input, new_pubkey, now_ms
+from tidemesh.broker.accept import Limits
+from tidemesh.broker.service import BrokerService
+from tidemesh.broker.store.base import Store
+
+DAY = 86_400_000
+
+
+async def test_sweep_deletes_expired_keys_and_prunes_old_messages(store: Store) -> None:
+    t = now_ms()
+    mesh = await store.create_mesh("ret", t)
+    alice, bob = new_pubkey(), new_pubkey()
+    for pk in (alice, bob):
+        await store.add_member(mesh.id, pk, t)
+    await store.create_topic(mesh.id, "ops", None, t)
+    await store.subscribe(mesh.id, "ops", bob, t)
+    short = Limits(LIMITS.inline_bytes, "retention_scoped", 3)
+    old = await store.accept(accept_input(mesh.id, alice, "old", limits=short, at=t - 40 * DAY))
+    perm = Limits(LIMITS.inline_bytes, "permanent", 0)
+    kept = await store.accept(accept_input(mesh.id, alice, "kept", limits=perm, at=t - 40 * DAY))
+    fresh = await store.accept(accept_input(mesh.id, alice, "fresh"))
+    await store.ack(mesh.id, bob, 1, 2, t)  # "fresh" (seq 3) stays unacked
+    assert (old.status, kept.status, fresh.status) == (201, 201, 201)
+
+    service = BrokerService(store, LIMITS, retention_days=30, stall_window_hours=24)
+    assert await service.sweep() == (1, 2)
+    again = await store.accept(accept_input(mesh.id, alice, "kept", limits=perm,
+                                            at=t - 40 * DAY))
+    assert (again.status, again.history_available) == (200, False)
+    counts = await store.counts()
+    assert (counts["client_message_dedupe"], counts["topic_message"]) == (2, 1)
+    text = service.metrics.registry.render()
+    assert "cm_broker_dedupe_expired_deleted_total 1" in text
+    assert "cm_broker_history_pruned_total 2" in text

@@ -1,0 +1,252 @@
+"""One contract, both adapters: the accept transaction of spec §4.6.2/§4.7.2 and retention."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, replace
+
+import pytest
+
+from tests.broker.conftest import LIMITS, accept_input, new_pubkey, now_ms
+from tidemesh.broker.accept import Limits, pick_queue_consumer
+from tidemesh.broker.store import open_store
+from tidemesh.broker.store.base import Store
+from tidemesh.core.fingerprint import prefix
+
+
+@dataclass
+class World:
+    mesh_id: str
+    alice: str
+    bob: str
+    carol: str
+
+
+async def _world(store: Store) -> World:
+    t = now_ms()
+    mesh = await store.create_mesh("m-" + new_pubkey()[:8], t)
+    w = World(mesh.id, new_pubkey(), new_pubkey(), new_pubkey())
+    for pk in (w.alice, w.bob, w.carol):
+        await store.add_member(mesh.id, pk, t)
+    await store.create_topic(mesh.id, "ops", w.alice, t)
+    for pk in (w.alice, w.bob, w.carol):
+        await store.subscribe(mesh.id, "ops", pk, t)
+    return w
+
+
+async def test_first_send_is_201_with_every_row(store: Store) -> None:
+    w = await _world(store)
+    r = await store.accept(accept_input(w.mesh_id, w.alice, "c1"))
+    assert r.status == 201 and r.broker_message_id and r.history_id
+    assert sorted(d.recipient_pubkey for d in r.deliveries) == sorted([w.bob, w.carol])
+    counts = await store.counts()
+    assert (counts["client_message_dedupe"], counts["topic_message"],
+            counts["message_history"], counts["delivery_queue"]) == (1, 1, 1, 2)
+
+
+async def test_hundred_concurrent_same_id_sends_give_one_message(store_url: str) -> None:
+    # Several store instances stand for several broker connections/processes on one database.
+    stores = [await open_store(store_url) for _ in range(3)]
+    try:
+        w = await _world(stores[0])
+        results = await asyncio.gather(*(
+            stores[i % 3].accept(accept_input(w.mesh_id, w.alice, "same-id")) for i in range(100)
+        ))
+        assert sorted(r.status for r in results).count(201) == 1
+        assert {r.status for r in results} == {200, 201}
+        assert len({r.broker_message_id for r in results}) == 1
+        assert len({r.history_id for r in results}) == 1
+        assert all(r.history_available for r in results)
+        counts = await stores[0].counts()
+        assert counts["client_message_dedupe"] == 1
+        assert counts["topic_message"] == 1
+        assert counts["message_history"] == 1
+        assert counts["delivery_queue"] == 2
+    finally:
+        for s in stores:
+            await s.close()
+
+
+@pytest.mark.parametrize("change", [
+    {"body": "other"}, {"priority": "now"}, {"meta": {"a": 1}}, {"ref": "other"},
+    {"kind": "dm", "ref": "0" * 64}, {"reply_to": "01J0000000000000000000000A"},
+])
+async def test_same_id_other_request_is_409_and_writes_nothing(
+    store: Store, change: dict[str, object]
+) -> None:
+    w = await _world(store)
+    first = await store.accept(accept_input(w.mesh_id, w.alice, "c1"))
+    before = await store.counts()
+    second = accept_input(w.mesh_id, w.alice, "c1", **change)
+    r = await store.accept(second)
+    assert r.status == 409
+    frame = r.to_frame("q")
+    assert frame["error"]["code"] == "idempotency_key_reused"
+    assert frame["conflict"] == "request_fingerprint_mismatch"
+    assert frame["broker_fingerprint_prefix"] == prefix(
+        accept_input(w.mesh_id, w.alice, "c1").fingerprint)
+    assert first.status == 201
+    assert await store.counts() == before
+
+
+async def test_duplicate_answer_carries_first_seen_and_history(store: Store) -> None:
+    w = await _world(store)
+    first = await store.accept(accept_input(w.mesh_id, w.alice, "c1"))
+    again = await store.accept(accept_input(w.mesh_id, w.alice, "c1"))
+    frame = again.to_frame("q")
+    assert frame["status"] == 200 and frame["duplicate"] is True
+    assert frame["broker_message_id"] == first.broker_message_id
+    assert frame["history_id"] == first.history_id
+    assert frame["history_available"] is True
+    assert frame["first_seen_at"] == first.first_seen_at
+
+
+async def test_unknown_topic_leaves_no_dedupe_row_then_succeeds(store: Store) -> None:
+    w = await _world(store)
+    r = await store.accept(accept_input(w.mesh_id, w.alice, "c1", ref="later"))
+    assert r.status == 404
+    assert r.to_frame("q")["error"]["code"] == "unknown_destination"
+    counts = await store.counts()
+    assert counts["client_message_dedupe"] == 0 and counts["topic_message"] == 0
+    await store.create_topic(w.mesh_id, "later", None, now_ms())
+    assert (await store.accept(accept_input(w.mesh_id, w.alice, "c1", ref="later"))).status == 201
+
+
+async def test_unknown_dm_recipient_and_consumerless_queue_are_b2(store: Store) -> None:
+    w = await _world(store)
+    dm = await store.accept(accept_input(w.mesh_id, w.alice, "d1", kind="dm", ref="a" * 64))
+    q = await store.accept(accept_input(w.mesh_id, w.alice, "q1", kind="queue", ref="jobs"))
+    assert (dm.status, q.status) == (404, 404)
+    assert (await store.counts())["client_message_dedupe"] == 0
+    await store.add_queue_consumer(w.mesh_id, "jobs", w.carol, now_ms())
+    ok_dm = await store.accept(accept_input(w.mesh_id, w.alice, "d1", kind="dm", ref=w.bob))
+    ok_q = await store.accept(accept_input(w.mesh_id, w.alice, "q1", kind="queue", ref="jobs"))
+    assert [d.recipient_pubkey for d in ok_dm.deliveries] == [w.bob]
+    assert [d.recipient_pubkey for d in ok_q.deliveries] == [w.carol]
+    assert (await store.counts())["message_queue"] == 2
+
+
+async def test_b2_failure_in_a_concurrent_batch_spares_the_others(store: Store) -> None:
+    w = await _world(store)
+    items = [accept_input(w.mesh_id, w.alice, f"c{i}", ref="ops" if i % 5 else "nope")
+             for i in range(50)]
+    results = await asyncio.gather(*(store.accept(a) for a in items))
+    assert [r.status for r in results] == [404 if i % 5 == 0 else 201 for i in range(50)]
+    counts = await store.counts()
+    assert counts["client_message_dedupe"] == 40 and counts["message_history"] == 40
+
+
+async def test_keys_belong_to_their_sender(store: Store) -> None:
+    w = await _world(store)
+    a = await store.accept(accept_input(w.mesh_id, w.alice, "shared", body="from alice"))
+    b = await store.accept(accept_input(w.mesh_id, w.bob, "shared", body="from bob"))
+    assert (a.status, b.status) == (201, 201)
+    assert a.broker_message_id != b.broker_message_id
+
+
+async def test_per_recipient_sequence_is_gapless_under_concurrency(store: Store) -> None:
+    w = await _world(store)
+    results = await asyncio.gather(*(
+        store.accept(accept_input(w.mesh_id, w.alice, f"c{i}")) for i in range(60)))
+    assert all(r.status == 201 for r in results)
+    for pk in (w.bob, w.carol):
+        seqs = sorted(d.seq for r in results for d in r.deliveries if d.recipient_pubkey == pk)
+        assert seqs == list(range(1, 61))
+    rows = await store.deliveries_after(w.mesh_id, w.bob, 1, 0, 1000)
+    assert [r.seq for r in rows] == list(range(1, 61))
+    assert rows[0].body == b"hello" and rows[0].sender_pubkey == w.alice
+
+
+async def test_cumulative_ack_moves_the_cursor(store: Store) -> None:
+    w = await _world(store)
+    for i in range(5):
+        await store.accept(accept_input(w.mesh_id, w.alice, f"c{i}"))
+    assert await store.ack(w.mesh_id, w.bob, 1, 3, now_ms()) == 3
+    cur = await store.cursor(w.mesh_id, w.bob)
+    assert (cur.epoch, cur.last_seq, cur.acked_seq) == (1, 5, 3)
+    assert await store.ack(w.mesh_id, w.bob, 1, 2, now_ms()) == 0
+    assert (await store.cursor(w.mesh_id, w.bob)).acked_seq == 3
+
+
+async def test_expired_dedupe_rows_are_deleted(store: Store) -> None:
+    w = await _world(store)
+    t0 = now_ms()
+    short = Limits(LIMITS.inline_bytes, "retention_scoped", 3)
+    await store.accept(accept_input(w.mesh_id, w.alice, "old", limits=short, at=t0))
+    await store.accept(accept_input(w.mesh_id, w.alice, "new", at=t0))
+    assert await store.delete_expired_dedupe(t0 + 4 * 86_400_000) == 1
+    assert (await store.counts())["client_message_dedupe"] == 1
+
+
+async def test_permanent_mode_rows_never_expire(store: Store) -> None:
+    w = await _world(store)
+    perm = Limits(LIMITS.inline_bytes, "permanent", 0)
+    await store.accept(accept_input(w.mesh_id, w.alice, "p", limits=perm))
+    assert await store.delete_expired_dedupe(now_ms() + 10_000 * 86_400_000) == 0
+
+
+async def test_pruning_a_message_flips_history_available(store: Store) -> None:
+    w = await _world(store)
+    t0 = now_ms()
+    first = await store.accept(accept_input(w.mesh_id, w.alice, "c1", at=t0))
+    for pk in (w.bob, w.carol):
+        await store.ack(w.mesh_id, pk, 1, 1, t0)
+    assert await store.prune_messages(t0 + 1, t0 + 1) == 1
+    counts = await store.counts()
+    assert (counts["topic_message"], counts["message_history"], counts["delivery_queue"]) == (
+        0, 0, 0)
+    again = await store.accept(accept_input(w.mesh_id, w.alice, "c1"))
+    assert (again.status, again.history_available) == (200, False)
+    assert again.broker_message_id == first.broker_message_id
+    assert (await store.cursor(w.mesh_id, w.bob)).compacted_seq == 1
+
+
+async def test_unacked_deliveries_inside_the_stall_window_are_kept(store: Store) -> None:
+    w = await _world(store)
+    t0 = now_ms()
+    await store.accept(accept_input(w.mesh_id, w.alice, "c1", at=t0))
+    assert await store.prune_messages(t0 + 1, t0 - 1) == 0
+    assert (await store.counts())["topic_message"] == 1
+
+
+async def test_invites_are_single_use_and_revocation_sticks(store: Store) -> None:
+    t = now_ms()
+    mesh = await store.create_mesh("inv", t)
+    await store.create_invite(mesh.id, b"h" * 32, 1, None, t)
+    a, b = new_pubkey(), new_pubkey()
+    assert (await store.redeem_invite(mesh.id, b"h" * 32, a, "a", t)).pubkey == a
+    assert (await store.redeem_invite(mesh.id, b"h" * 32, a, "a", t)).pubkey == a  # retried
+    with pytest.raises(Exception, match="used up"):
+        await store.redeem_invite(mesh.id, b"h" * 32, b, None, t)
+    assert await store.revoke_member(mesh.id, a, t)
+    member = await store.get_member(mesh.id, a)
+    assert member is not None and member.revoked_at == t
+    assert [m.pubkey for m in await store.list_members(mesh.id)] == [a]
+
+
+async def test_queue_pick_is_the_same_on_every_store(store: Store) -> None:
+    w = await _world(store)
+    for pk in (w.alice, w.bob, w.carol):
+        await store.add_queue_consumer(w.mesh_id, "jobs", pk, now_ms())
+    for i in range(12):
+        a = accept_input(w.mesh_id, w.alice, f"q{i}", kind="queue", ref="jobs")
+        r = await store.accept(a)
+        assert [d.recipient_pubkey for d in r.deliveries] == [
+            pick_queue_consumer([w.alice, w.bob, w.carol], a.broker_message_id)]
+
+
+@pytest.mark.postgres
+async def test_postgres_send_the_database_refuses_fails_alone(pg_database: str) -> None:
+    # A NUL byte passes no B1 check of ours here (the input is built directly) but PostgreSQL
+    # refuses it in text: the batch fails as a whole and is redone one savepoint per send.
+    store = await open_store(pg_database)
+    try:
+        w = await _world(store)
+        good = [accept_input(w.mesh_id, w.alice, f"c{i}") for i in range(20)]
+        bad = replace(accept_input(w.mesh_id, w.alice, "bad"), ref="o\x00ps")
+        results = await asyncio.gather(*(store.accept(a) for a in [*good, bad]))
+        assert [r.status for r in results] == [201] * 20 + [503]
+        counts = await store.counts()
+        assert (counts["client_message_dedupe"], counts["delivery_queue"]) == (20, 40)
+    finally:
+        await store.close()

@@ -1,0 +1,21 @@
+"""The README's main command runs the whole job and shows each message exactly once."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from tests.daemon.harness import run_cli
+
+
+def test_demo_runs_the_whole_job(short_tmp: Path) -> None:
+    res = run_cli(short_tmp, "demo", "--home", str(short_tmp / "d"), timeout=120)
+    assert res.returncode == 0, res.stderr + res.stdout
+    out = res.stdout
+    inbox = out.split("bob's inbox")[1].split("==>")[0]
+    assert len(re.findall(r"^\s+#\d+ ", inbox, re.M)) == 2
+    assert "'hello, mesh'" in inbox and "sealed for you" in inbox
+    events = out.split("event stream")[1].split("==>")[0]
+    assert events.count(" message ") == 2
+    assert "done=2" in out and "dead=0" in out
+    assert not list((short_tmp / "d").rglob("sock")), "sockets are removed on stop"

@@ -1,0 +1,84 @@
+"""Fixtures every test folder shares: short temp dirs for sockets, and real PostgreSQL.
+
+Tests that need PostgreSQL or Java skip with a reason on a laptop without them, and fail
+when ``CI`` is set, so CI can never pass by skipping them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import shutil
+import socket
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+PG_DSN = os.environ.get("TIDEMESH_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
+
+
+def unavailable(reason: str) -> None:
+    """Skip on a developer machine; fail in CI."""
+    if in_ci():
+        pytest.fail(f"{reason} (CI is set, so this cannot be skipped)")
+    pytest.skip(reason)
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A short folder under /tmp: Unix socket paths must stay under ~104 bytes."""
+    d = Path(tempfile.mkdtemp(prefix="tm-", dir="/tmp"))
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def _pg_reachable() -> bool:
+    host, port = "127.0.0.1", 5432
+    try:
+        with socket.create_connection((host, port), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="session")
+def pg_dsn() -> str:
+    """The DSN of the test PostgreSQL server (database ``test``)."""
+    if not _pg_reachable():
+        unavailable(f"PostgreSQL is not reachable at {PG_DSN}")
+    return PG_DSN
+
+
+async def _admin(dsn: str, sql: str) -> None:
+    import asyncpg
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(sql)
+    finally:
+        await conn.close()
+
+
+@pytest.fixture
+def pg_database(pg_dsn: str) -> Iterator[str]:
+    """A fresh, empty PostgreSQL database for one test; dropped afterwards.
+
+    Each test gets its own database so tests (and several test runs at once) never share
+    tables.
+    """
+    name = "tm_" + secrets.token_hex(6)
+    asyncio.run(_admin(pg_dsn, f'CREATE DATABASE "{name}"'))
+    base, _, _ = pg_dsn.rpartition("/")
+    try:
+        yield f"{base}/{name}"
+    finally:
+        asyncio.run(_admin(pg_dsn, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))

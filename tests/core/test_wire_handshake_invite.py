@@ -1,0 +1,56 @@
+"""Frames against their schemas, the hello signature, and invite strings."""
+
+from __future__ import annotations
+
+from importlib import resources
+
+import pytest
+from nacl.signing import SigningKey
+
+from tidemesh.core import handshake
+from tidemesh.core.errors import InvalidRequest
+from tidemesh.core.invite import Invite, decode, parse_duration_ms
+from tidemesh.core.wire import FrameType, InvalidFrame, check
+from tidemesh.core.wire import decode as decode_frame
+
+
+def test_every_frame_type_has_a_schema_and_back() -> None:
+    files = {p.name.removesuffix(".schema.json")
+             for p in (resources.files("tidemesh") / "schemas" / "ws").iterdir()}
+    assert files == {t.value for t in FrameType}
+
+
+def test_bad_frames_name_the_field() -> None:
+    with pytest.raises(InvalidFrame) as info:
+        check({"type": "ack", "epoch": 0, "seq": 1})
+    assert info.value.details["field"] == "epoch"
+    with pytest.raises(InvalidFrame):
+        decode_frame(b"\xff")
+    with pytest.raises(InvalidFrame):
+        check({"type": "nope"})
+
+
+def test_signature_binds_mesh_key_and_nonce() -> None:
+    key = SigningKey.generate()
+    nonce = handshake.new_nonce()
+    pk, sig = handshake.sign(key, "MESH", nonce)
+    assert handshake.verify("MESH", pk, nonce, sig)
+    assert not handshake.verify("OTHER", pk, nonce, sig)
+    assert not handshake.verify("MESH", pk, handshake.new_nonce(), sig)
+    assert not handshake.verify("MESH", pk, nonce, "00" * 64)
+
+
+def test_invite_round_trip_and_damage() -> None:
+    inv = Invite("ws://h:1", "01J0000000000000000000000A", "team", "secret-token")
+    assert decode(inv.encode()) == inv
+    for bad in ("nope", "tm1.!!!", Invite("http://h", "m", "t", "x").encode()):
+        with pytest.raises(InvalidRequest):
+            decode(bad)
+
+
+def test_durations() -> None:
+    assert parse_duration_ms("90m") == 90 * 60_000
+    assert parse_duration_ms("7d") == 7 * 86_400_000
+    for bad in ("", "7", "0d", "-1h", "1y"):
+        with pytest.raises(InvalidRequest):
+            parse_duration_ms(bad)

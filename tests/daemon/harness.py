@@ -1,0 +1,121 @@
+"""Start real daemon processes for tests and talk to them over their real sockets."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from tidemesh.cli.client import DaemonClient, DaemonNotRunning
+from tidemesh.core.paths import DaemonPaths, daemon_paths
+
+
+@dataclass
+class RunningDaemon:
+    home: Path
+    mesh: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def paths(self) -> DaemonPaths:
+        return daemon_paths(self.mesh, {"TIDEMESH_HOME": str(self.home)})
+
+    @property
+    def client(self) -> DaemonClient:
+        return DaemonClient(self.paths.socket)
+
+    @property
+    def token(self) -> str:
+        return self.paths.token_file.read_text().strip()
+
+    @property
+    def port(self) -> int:
+        return int(self.paths.port_file.read_text().strip())
+
+    def session(self) -> aiohttp.ClientSession:
+        """An HTTP session over the daemon's Unix socket (base URL http://localhost)."""
+        return aiohttp.ClientSession(
+            base_url="http://localhost",
+            connector=aiohttp.UnixConnector(path=str(self.paths.socket), limit=0),
+        )
+
+    def stop(self, timeout: float = 20.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=timeout)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=10)
+
+    def outbox_rows(self) -> list[dict[str, Any]]:
+        """Read outbox.db directly (WAL lets a reader in while the daemon runs)."""
+        conn = sqlite3.connect(self.paths.outbox_db)
+        conn.row_factory = sqlite3.Row
+        try:
+            return [dict(r) for r in conn.execute("SELECT * FROM outbox ORDER BY id")]
+        finally:
+            conn.close()
+
+    def sql(self, statement: str, *args: Any) -> None:
+        """Change outbox.db behind the daemon's back, to set up states the broker would."""
+        conn = sqlite3.connect(self.paths.outbox_db, isolation_level=None)
+        try:
+            conn.execute("PRAGMA busy_timeout = 5000")
+            conn.execute(statement, args)
+        finally:
+            conn.close()
+
+
+def daemon_env(home: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIDEMESH_")}
+    return {**env, "TIDEMESH_HOME": str(home), "TIDEMESH_LOG_FORMAT": "json", **(extra or {})}
+
+
+def spawn(home: Path, mesh: str = "t", extra_env: dict[str, str] | None = None,
+          args: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
+    log = home / f"{mesh}.out"
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "tidemesh", "daemon", "up", "--foreground", "--mesh", mesh,
+             *args],
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env=daemon_env(home, extra_env),
+        )
+
+
+def start_daemon(home: Path, mesh: str = "t", extra_env: dict[str, str] | None = None,
+                 args: tuple[str, ...] = (), timeout: float = 20.0) -> RunningDaemon:
+    proc = spawn(home, mesh, extra_env, args)
+    d = RunningDaemon(home, mesh, proc, home / f"{mesh}.out", extra_env or {})
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"daemon exited {proc.returncode}: {d.log.read_text()[-2000:]}")
+        try:
+            DaemonClient(d.paths.socket, timeout=1.0).version()
+            return d
+        except DaemonNotRunning:
+            time.sleep(0.03)
+    d.kill()
+    raise RuntimeError(f"daemon did not answer in {timeout}s: {d.log.read_text()[-2000:]}")
+
+
+def run_cli(home: Path, *args: str, stdin: bytes | None = None,
+            timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+    """Run the real ``tidemesh`` CLI in a subprocess."""
+    return subprocess.run(
+        [sys.executable, "-m", "tidemesh", *args], input=stdin.decode() if stdin else None,
+        capture_output=True, text=True, env=daemon_env(home), timeout=timeout, check=False,
+    )

@@ -1,0 +1,34 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.harness import Broker, Mesh
+
+
+@pytest.fixture
+def sqlite_broker(short_tmp: Path) -> Iterator[Broker]:
+    home = short_tmp / "broker"
+    home.mkdir()
+    b = Broker(home, f"sqlite://{home}/broker.db")
+    b.cli("mesh", "create", "team")
+    b.start()
+    try:
+        yield b
+    finally:
+        b.stop()
+
+
+@pytest.fixture
+def mesh(sqlite_broker: Broker, short_tmp: Path) -> Iterator[Mesh]:
+    m = Mesh(sqlite_broker, "team")
+    try:
+        yield m
+    finally:
+        for label, d in m.daemons.items():
+            code = d.proc.poll()
+            if code not in (None, 0, -9):
+                print(f"--- daemon {label} exited {code}:\n{d.log.read_text()[-3000:]}")
+            d.stop()

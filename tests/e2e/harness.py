@@ -1,0 +1,131 @@
+"""Real processes for end-to-end tests: a broker (SQLite or PostgreSQL) and joined daemons."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests.daemon.harness import RunningDaemon, daemon_env, run_cli, start_daemon
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Broker:
+    home: Path
+    store: str
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen[bytes] | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> None:
+        log = open(self.home / "broker.out", "ab")  # noqa: SIM115 - lives with the process
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tidemesh", "broker", "up", "--store", self.store,
+             "--listen", f"127.0.0.1:{self.port}"],
+            stdout=subprocess.PIPE, stderr=log, env=daemon_env(self.home, self.env))
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                log = (self.home / "broker.out").read_text()[-2000:]
+                raise RuntimeError(f"broker exited: {log}")
+            if b"broker_ready" in line:
+                return
+        raise RuntimeError("broker did not become ready")
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def stop(self) -> int:
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        return self.proc.wait(20)
+
+    def cli(self, *args: str) -> str:
+        res = run_cli(self.home, "broker", *args, "--store", self.store)
+        assert res.returncode == 0, res.stderr + res.stdout
+        return res.stdout.strip()
+
+    def invite(self, mesh: str, uses: int = 10) -> str:
+        return self.cli("invite", "create", "--mesh", mesh, "--uses", str(uses), "--url", self.url)
+
+
+@dataclass
+class Mesh:
+    broker: Broker
+    name: str
+    daemons: dict[str, RunningDaemon] = field(default_factory=dict)
+
+    def add(self, label: str, root: Path) -> RunningDaemon:
+        home = root / label
+        home.mkdir()
+        res = run_cli(home, "daemon", "join", self.broker.invite(self.name), "--mesh", "m",
+                      "--name", label)
+        assert res.returncode == 0, res.stderr + res.stdout
+        d = start_daemon(home, "m")
+        self.daemons[label] = d
+        return d
+
+    def restart(self, label: str) -> RunningDaemon:
+        old = self.daemons[label]
+        d = start_daemon(old.home, "m")
+        self.daemons[label] = d
+        return d
+
+
+def pubkey(d: RunningDaemon) -> str:
+    return str(json.loads(d.paths.keypair.read_text())["ed25519_public"])
+
+
+async def wait_for(predicate: Any, timeout: float = 30.0, interval: float = 0.05) -> None:
+    """Poll an (async or sync) predicate until it holds; fail with what it last saw."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if asyncio.iscoroutine(last):
+            last = await last
+        if last:
+            return
+        await asyncio.sleep(interval)
+    raise AssertionError(f"condition not met within {timeout}s (last: {last!r})")
+
+
+async def connected(d: RunningDaemon) -> bool:
+    async with d.session() as s, s.get("/v1/health") as r:
+        return bool((await r.json())["connected"])
+
+
+async def inbox(d: RunningDaemon, **params: Any) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = []
+    after = 0
+    async with d.session() as s:
+        while True:
+            async with s.get("/v1/inbox", params={"after": after, "limit": 1000,
+                                                  **params}) as r:
+                page = await r.json()
+            items += page["items"]
+            if len(page["items"]) < 1000:
+                return items
+            after = page["next_after"]

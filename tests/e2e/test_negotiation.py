@@ -1,0 +1,36 @@
+"""The daemon refuses a broker whose dedupe window cannot cover its outbox max age (spec §4.9)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from tests.daemon.harness import run_cli, spawn
+from tests.e2e.harness import Broker
+from tidemesh.core.exitcodes import Exit
+
+
+def test_override_above_the_dedupe_window_stops_the_daemon_with_10(short_tmp: Path) -> None:
+    home = short_tmp / "broker"
+    home.mkdir()
+    broker = Broker(home, f"sqlite://{home}/broker.db",
+                    env={"TIDEMESH_DEDUPE_RETENTION_DAYS": "3"})
+    broker.cli("mesh", "create", "team")
+    broker.start()
+    try:
+        d = short_tmp / "d"
+        d.mkdir()
+        assert run_cli(d, "daemon", "join", broker.invite("team"), "--mesh", "m").returncode == 0
+        # 3 days = 72 h; an override of 100 h would retry after the broker forgot the id.
+        proc = spawn(d, "m", {"TIDEMESH_OUTBOX_MAX_AGE_HOURS_OVERRIDE": "100"})
+        assert proc.wait(timeout=30) == Exit.FEATURE_UNAVAILABLE
+        assert "outbox_max_age_above_dedupe_window" in (d / "m.out").read_text()
+        ok = spawn(d, "m", {"TIDEMESH_OUTBOX_MAX_AGE_HOURS_OVERRIDE": "48"})
+        try:
+            time.sleep(2)
+            assert ok.poll() is None, "a shorter override inside the window is fine"
+        finally:
+            ok.terminate()
+            assert ok.wait(timeout=20) == 0
+    finally:
+        broker.stop()

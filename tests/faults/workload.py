@@ -1,0 +1,114 @@
+"""The seeded plan of a fault run: which program sends what to whom, and which fault fires when.
+
+Everything random in a run comes from here, from one ``random.Random(seed)``, so a seed names
+a run: the same seed gives the same sends (keys, bodies, destinations, key reuses) and the same
+faults in the same order at the same points of progress. Faults fire when a given number of
+sends have been answered, not at wall-clock times, so a slower machine runs the same plan.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from enum import StrEnum
+
+LABELS = ("a", "b", "c")
+TOPIC = "load"
+
+
+class FaultKind(StrEnum):
+    DAEMON_KILL9 = "daemon_kill9"
+    BROKER_KILL9 = "broker_kill9"
+    PG_RESTART = "pg_restart"
+    WS_CUT = "ws_cut"
+    WS_STALL = "ws_stall"
+    CONSUMER_CRASH = "consumer_crash"
+
+
+class Reuse(StrEnum):
+    NONE = "none"
+    SAME = "same_body"
+    DIFFERENT = "different_body"
+
+
+@dataclass(frozen=True, slots=True)
+class SendOp:
+    """One logical send: the program retries it with the same key until it gets an answer."""
+
+    index: int
+    sender: str
+    key: str
+    body: str
+    dest_kind: str  # "topic" or "dm"
+    dest_ref: str  # the topic, or the label of the DM's recipient
+    reuse: Reuse = Reuse.NONE
+    original: int | None = None  # index of the op whose key this one reuses
+
+
+@dataclass(frozen=True, slots=True)
+class FaultOp:
+    at_answered: int  # fires once this many sends have been answered
+    kind: FaultKind
+    target: str  # a daemon label; pg_ctl's stop mode for pg_restart; else ""
+    pause: float  # seconds the fault lasts (down time, stall length)
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    seed: int
+    sends: list[SendOp]
+    faults: list[FaultOp]
+
+
+def _send_ops(rng: random.Random, n: int, reuse_pct: float) -> list[SendOp]:
+    ops: list[SendOp] = []
+    fresh: dict[str, list[SendOp]] = {label: [] for label in LABELS}
+    for i in range(n):
+        sender = rng.choice(LABELS)
+        mine = fresh[sender]
+        if mine and rng.random() < reuse_pct:
+            orig = rng.choice(mine[-50:])
+            same = rng.random() < 0.5
+            body = orig.body if same else orig.body + "~changed"
+            ops.append(SendOp(i, sender, orig.key, body, orig.dest_kind, orig.dest_ref,
+                              Reuse.SAME if same else Reuse.DIFFERENT, orig.index))
+            continue
+        if rng.random() < 0.25:
+            kind, ref = "dm", rng.choice([x for x in LABELS if x != sender])
+        else:
+            kind, ref = "topic", TOPIC
+        op = SendOp(i, sender, f"{sender}-{i:06d}-{rng.getrandbits(32):08x}",
+                    f"body {i} from {sender} #{rng.getrandbits(24):06x}", kind, ref)
+        mine.append(op)
+        ops.append(op)
+    return ops
+
+
+def _fault_ops(rng: random.Random, n_sends: int, n_faults: int,
+               max_stall: float) -> list[FaultOp]:
+    kinds = list(FaultKind)
+    # Every kind at least once (when there is room), the rest drawn at random.
+    chosen = kinds[:n_faults] + [rng.choice(kinds) for _ in range(n_faults - len(kinds))]
+    rng.shuffle(chosen)
+    points = sorted(rng.randrange(n_sends // 20, max(n_sends * 9 // 10, n_sends // 20 + 1))
+                    for _ in chosen)
+    faults = []
+    for at, kind in zip(points, chosen, strict=True):
+        target = ""
+        if kind in (FaultKind.DAEMON_KILL9, FaultKind.CONSUMER_CRASH):
+            target = rng.choice(LABELS)
+        elif kind is FaultKind.PG_RESTART:  # a clean restart, or a crash of the server
+            target = rng.choice(("fast", "immediate"))
+        pause = (rng.uniform(1.0, max_stall) if kind is FaultKind.WS_STALL
+                 else rng.uniform(0.0, 0.5))
+        faults.append(FaultOp(at, kind, target, pause))
+    return faults
+
+
+def make_plan(seed: int, sends: int, faults: int, reuse_pct: float = 0.08,
+              max_stall: float = 3.0) -> Plan:
+    """The plan of a run. A ``max_stall`` over 40 s lets some stalls outlast the WebSocket
+    keepalive (20 s ping interval + 20 s timeout), so both ends must detect a dead link."""
+    rng = random.Random(seed)
+    return Plan(seed, _send_ops(rng, sends, reuse_pct),
+                _fault_ops(rng, sends, faults, max_stall))

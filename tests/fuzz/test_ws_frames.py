@@ -1,0 +1,167 @@
+"""A fuzzer of WebSocket frames against a real broker process (hypothesis).
+
+An authenticated member sends generated frames: junk, frames of every known type with random
+fields, and send frames with one field mutated. The broker must answer or close politely (an
+error frame, or 1008 after a flood), never close with 1011 or die, and a frame it refused must
+leave no row: the dedupe rows always equal the 201 answers the member got.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sqlite3
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from nacl.signing import SigningKey
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import ClientConnection, connect
+
+from tests.e2e.harness import Broker
+from tidemesh.core import features, handshake
+from tidemesh.core.paths import daemon_paths
+from tidemesh.core.wire import FrameType
+from tidemesh.daemon.identity import load_or_create_keypair
+from tidemesh.daemon.join import MeshConfig
+from tidemesh.daemon.link import BrokerLink
+
+
+@dataclass
+class Target:
+    broker: Broker
+    db: Path
+    mesh_id: str
+    key: SigningKey
+    created: int = 0  # 201 answers seen so far
+
+
+async def _make_topic(url: str, mesh_id: str, key: SigningKey) -> None:
+    async with await BrokerLink.connect(url, mesh_id, key) as link:
+        await link.request("topic_create", "ops")
+        await link.request("topic_subscribe", "ops")
+
+
+@pytest.fixture(scope="module")
+def target(joined: tuple[Broker, Path]) -> Iterator[Target]:
+    broker, home = joined
+    paths = daemon_paths("t", {"TIDEMESH_HOME": str(home)})
+    key, _ = load_or_create_keypair(paths.keypair)
+    mesh_id = MeshConfig.load(paths.mesh_file).mesh_id
+    asyncio.run(_make_topic(broker.url, mesh_id, key.signing_key))
+    t = Target(broker, broker.home / "broker.db", mesh_id, key.signing_key)
+    yield t
+    print(f"ws fuzz: {t.created} generated sends accepted")
+
+
+json_leaf = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text()
+json_value = st.recursive(json_leaf, lambda c: st.lists(c, max_size=4)
+                          | st.dictionaries(st.text(max_size=8), c, max_size=4), max_leaves=12)
+
+
+def _valid_send(i: int) -> dict[str, Any]:
+    return {"type": "send", "id": f"v{i}", "client_message_id": f"fz-{i}",
+            "to": {"kind": "topic", "ref": "ops"}, "body": "hello", "body_encoding": "utf8",
+            "priority": "next"}
+
+
+@st.composite
+def mutated_send(draw: st.DrawFn) -> dict[str, Any]:
+    frame = _valid_send(draw(st.integers(0, 10**9)))
+    field = draw(st.sampled_from([*frame, "meta", "reply_to", "extra"]))
+    if draw(st.booleans()) and field in frame:
+        del frame[field]
+    else:
+        frame[field] = draw(json_value)
+    return frame
+
+
+typed_junk = st.builds(lambda t, rest: {"type": t, **rest},
+                       st.sampled_from([t.value for t in FrameType] + ["nope", ""]),
+                       st.dictionaries(st.sampled_from(["id", "to", "body", "sends", "epoch",
+                                                        "seq", "op", "name", "nonce"]),
+                                       json_value, max_size=5))
+# Valid sends over a small key space, with the body sometimes changed: 201, 200 duplicate and
+# 409 all happen, and only the 201s may add a row.
+valid_send = st.builds(lambda i, body: {**_valid_send(i), "body": body},
+                       st.integers(0, 40), st.sampled_from(["hello", "changed"]))
+frames = st.lists(st.one_of(valid_send, mutated_send(), typed_junk, json_value.map(json.dumps),
+                            st.binary(max_size=64), st.text(max_size=64)),
+                  min_size=1, max_size=12)
+
+
+def _hello(ws: ClientConnection, t: Target) -> None:
+    nonce = json.loads(ws.recv(timeout=10))["nonce"]
+    pk, sig = handshake.sign(t.key, t.mesh_id, nonce)
+    ws.send(json.dumps({"type": "hello", "mesh_id": t.mesh_id, "pubkey": pk, "nonce": nonce,
+                        "signature": sig}))
+    assert json.loads(ws.recv(timeout=10))["type"] == "hello_ack"
+    ws.send(json.dumps({"type": "feature_negotiation_request", "id": "f",
+                        "require": list(features.REQUIRED), "optional": []}))
+    assert json.loads(ws.recv(timeout=10))["type"] == "feature_negotiation_response"
+
+
+def _created(frame: dict[str, Any]) -> int:
+    if frame.get("type") == "send_result":
+        return int(frame.get("status") == 201)
+    if frame.get("type") == "send_results":
+        return sum(r.get("status") == 201 for r in frame.get("results", []))
+    return 0
+
+
+def _awaited(batch: list[Any]) -> Counter[str]:
+    """The ids of the send frames the broker will answer (one answer per id)."""
+    ids: Counter[str] = Counter()
+    for frame in batch:
+        if (isinstance(frame, dict) and frame.get("type") in ("send", "send_batch")
+                and isinstance(frame.get("id"), str) and 0 < len(frame["id"]) <= 64):
+            ids[frame["id"]] += 1
+    return ids
+
+
+def _drain(ws: ClientConnection, pending: Counter[str]) -> tuple[int, int | None]:
+    """Read until every send was answered and the probe came back (or the broker closed);
+    returns (201s seen, close code). Sends are answered when committed, in any order."""
+    created = 0
+    pending["probe"] += 1
+    with contextlib.suppress(ConnectionClosed):
+        ws.send(json.dumps({"type": "peers", "id": "probe"}))
+        while +pending:
+            frame = json.loads(ws.recv(timeout=30))
+            created += _created(frame)
+            if isinstance(frame.get("id"), str) and pending[frame["id"]] > 0:
+                pending[frame["id"]] -= 1
+        return created, None
+    return created, ws.close_code
+
+
+def _dedupe_rows(db: Path) -> int:
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        return int(conn.execute("SELECT COUNT(*) FROM client_message_dedupe").fetchone()[0])
+    finally:
+        conn.close()
+
+
+@given(batch=frames)
+@settings(max_examples=120, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+def test_the_broker_survives_any_frame_and_stores_only_what_it_accepted(
+    target: Target, batch: list[Any],
+) -> None:
+    with connect(target.broker.url, max_size=None) as ws:
+        _hello(ws, target)
+        with contextlib.suppress(ConnectionClosed):
+            for frame in batch:
+                ws.send(json.dumps(frame) if isinstance(frame, dict) else frame)
+        created, close_code = _drain(ws, _awaited(batch))
+    assert close_code in (None, 1000, 1008), f"the broker closed with {close_code}"
+    target.created += created
+    assert _dedupe_rows(target.db) == target.created, "a refused frame left a row"

@@ -1,0 +1,203 @@
+"""install-service / uninstall-service: the unit text (checked by the real systemd-analyze and
+plistlib), what install writes and runs, and the refusal inside CI."""
+
+from __future__ import annotations
+
+import os
+import plistlib
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import unavailable
+from tests.ops.conftest import Host
+from tidemesh.core.service_unit import ServiceSpec, ci_environment, systemd_unit
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = str(Path(sys.executable).parent / "tidemesh")
+ROLES = {"daemon": ("daemon", "install-service", "--mesh", "ops"),
+         "broker": ("broker", "install-service")}
+UNIT_NAMES = {"daemon": "tidemesh-daemon-ops.service", "broker": "tidemesh-broker.service"}
+HARDENING = ("Restart=on-failure", "NoNewPrivileges=yes", "PrivateTmp=yes",
+             "ProtectSystem=strict", "ProtectHome=read-only", "LimitNOFILE=4096",
+             "MemoryMax=", "TasksMax=", "StartLimitBurst=")
+
+
+def _console_script_name() -> str:
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    (name,) = [n for n, target in scripts.items() if target == "tidemesh.cli.main:main"]
+    return str(name)
+
+
+def _verify(unit: Path, scope: str, runtime: Path) -> None:
+    tool = shutil.which("systemd-analyze")
+    if tool is None:
+        unavailable("systemd-analyze is not installed (scripts/system-deps installs `systemd`)")
+    assert tool is not None
+    runtime.mkdir(mode=0o700, exist_ok=True)
+    res = subprocess.run([tool, "verify", f"--{scope}", str(unit)], capture_output=True,
+                         text=True, env={**os.environ, "XDG_RUNTIME_DIR": str(runtime)},
+                         check=False)
+    # systemd-analyze only warns (exit 0) about a directive it could not parse; any line
+    # naming our unit is such a warning.
+    warnings = [line for line in res.stderr.splitlines() if unit.name in line]
+    assert res.returncode == 0 and warnings == [], res.stderr
+
+
+@pytest.mark.parametrize("scope", ["user", "system"])
+@pytest.mark.parametrize("role", ["daemon", "broker"])
+def test_generated_unit_passes_systemd_analyze_and_runs_the_console_script(
+        host: Host, role: str, scope: str) -> None:
+    code, unit, err = host.run(*ROLES[role], f"--{scope}", "--manager", "systemd", "--dry-run")
+    assert code == 0, err
+    path = host.root / "units" / UNIT_NAMES[role]
+    path.parent.mkdir(exist_ok=True)
+    path.write_bytes(unit)
+    _verify(path, scope, host.root / "rt")
+    text = unit.decode()
+    exec_start = next(line for line in text.splitlines() if line.startswith("ExecStart="))
+    program = exec_start.removeprefix("ExecStart=").split()
+    assert program[0] == SCRIPT and Path(program[0]).name == _console_script_name()
+    assert program[1:3] == [role, "up"]
+    for directive in HARDENING:
+        assert directive in text, directive
+    if scope == "user":
+        assert f"Environment=TIDEMESH_HOME={host.env['TIDEMESH_HOME']}" in text
+        assert "ReadWritePaths=" + host.env["TIDEMESH_HOME"] in text
+    else:
+        assert "User=tidemesh" in text
+    if role == "daemon":
+        assert "--foreground" in program and "ExecReload=/bin/kill -HUP $MAINPID" in text
+
+
+def test_paths_with_blanks_and_percent_are_quoted_for_systemd(short_tmp: Path) -> None:
+    odd = "/srv/tide mesh/100%"
+    spec = ServiceSpec(name="tidemesh-daemon-x", label="dev.tidemesh.daemon.x",
+                       description="x", scope="system", argv=("/bin/true", "--dir", odd),
+                       environment=(("TIDEMESH_HOME", odd),), writable=(odd,))
+    text = systemd_unit(spec)
+    assert 'ExecStart=/bin/true --dir "/srv/tide mesh/100%%"' in text
+    assert 'Environment="TIDEMESH_HOME=/srv/tide mesh/100%%"' in text
+    unit = short_tmp / "tidemesh-daemon-x.service"
+    unit.write_text(text)
+    _verify(unit, "system", short_tmp / "rt")
+
+
+@pytest.mark.parametrize("role", ["daemon", "broker"])
+def test_launchd_plist_parses_and_has_the_expected_keys(host: Host, role: str) -> None:
+    code, out, err = host.run(*ROLES[role], "--manager", "launchd", "--dry-run")
+    assert code == 0, err
+    plist = plistlib.loads(out)
+    assert plist["Label"] == ("dev.tidemesh.daemon.ops" if role == "daemon"
+                              else "dev.tidemesh.broker")
+    assert plist["ProgramArguments"][:3] == [SCRIPT, role, "up"]
+    assert plist["RunAtLoad"] is True and plist["KeepAlive"] == {"SuccessfulExit": False}
+    assert plist["StandardOutPath"] == plist["StandardErrorPath"]
+    assert plist["StandardOutPath"].startswith(host.env["TIDEMESH_HOME"])
+    assert plist["EnvironmentVariables"]["TIDEMESH_HOME"] == host.env["TIDEMESH_HOME"]
+    if role == "daemon":
+        # No journal under launchd: the daemon rotates its own log file.
+        args = plist["ProgramArguments"]
+        assert args[args.index("--log-file") + 1].endswith("daemon.log")
+
+
+@pytest.mark.parametrize(("manager", "scope"), [("systemd", "user"), ("systemd", "system"),
+                                                ("launchd", "user")])
+def test_dry_run_prints_exactly_what_install_writes_then_uninstall_removes_it(
+        host: Host, manager: str, scope: str) -> None:
+    units = host.root / "units"
+    args = (*ROLES["daemon"], f"--{scope}", "--manager", manager, "--unit-dir", str(units),
+            "--run-as", "nobody")
+    code, dry, err = host.run(*args, "--dry-run")
+    assert code == 0, err
+    assert not units.exists() and host.calls == [], "a dry run changes nothing"
+    code, _, err = host.run(*args)
+    assert code == 0, err
+    (written,) = units.iterdir()
+    assert written.read_bytes() == dry
+    assert oct(written.stat().st_mode & 0o777) == "0o644"
+    if manager == "systemd":
+        ctl = "systemctl --user" if scope == "user" else "systemctl"
+        assert host.calls == [f"{ctl} daemon-reload", f"{ctl} enable {written.name}",
+                              f"{ctl} restart {written.name}"]
+    else:
+        assert host.calls[-1] == f"launchctl bootstrap gui/{os.getuid()} {written}"
+    data_dir = Path(host.env["TIDEMESH_HOME"]) / "daemon" / "ops"
+    assert data_dir.is_dir(), "install makes the folders the service may write"
+    if scope == "system" and os.geteuid() == 0:
+        assert data_dir.owner() == "nobody", "and gives them to the account it runs as"
+    before = len(host.calls)
+    code, _, err = host.run("daemon", "uninstall-service", "--mesh", "ops", f"--{scope}",
+                            "--manager", manager, "--unit-dir", str(units))
+    assert code == 0, err
+    assert list(units.iterdir()) == []
+    stop = host.calls[before]
+    assert ("disable --now" in stop) if manager == "systemd" else stop.startswith(
+        "launchctl bootout")
+
+
+def test_a_failing_service_manager_fails_the_install(host: Host) -> None:
+    code, _, err = host.run(*ROLES["broker"], "--unit-dir", str(host.root / "u"),
+                            extra={"FAKE_MANAGER_EXIT": "1"})
+    assert code != 0 and "systemctl" in err
+
+
+@pytest.mark.parametrize("variable", ["CI", "GITHUB_ACTIONS", "GITLAB_CI", "BUILDKITE",
+                                      "CIRCLECI", "JENKINS_URL"])
+def test_install_refuses_inside_ci_unless_allowed(host: Host, variable: str) -> None:
+    units = host.root / "units"
+    args = (*ROLES["daemon"], "--unit-dir", str(units))
+    ci = {variable: "true" if variable != "JENKINS_URL" else "https://jenkins.example/"}
+    code, _, err = host.run(*args, extra=ci)
+    assert code == 2 and variable in err and "--allow-ci-persistent" in err
+    assert not units.exists() and host.calls == []
+    code, dry, err = host.run(*args, "--dry-run", extra=ci)
+    assert code == 0 and dry, "a dry run writes nothing, so CI may run it"
+    code, _, err = host.run(*args, "--allow-ci-persistent", extra=ci)
+    assert code == 0, err
+    assert len(list(units.iterdir())) == 1 and host.calls
+
+
+def test_ci_detection_ignores_false_values() -> None:
+    assert ci_environment({"CI": "false", "GITHUB_ACTIONS": ""}) is None
+    assert ci_environment({"CI": "0", "BUILDKITE": "true"}) == "BUILDKITE"
+
+
+def test_a_missing_service_account_is_named(host: Host) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("only root hands folders over to a service account")
+    code, _, err = host.run(*ROLES["daemon"], "--system", "--unit-dir", str(host.root / "u"),
+                            "--run-as", "no-such-tidemesh-user")
+    assert code == 1 and "no-such-tidemesh-user" in err and "--run-as" in err
+    assert not (host.root / "u").exists() and host.calls == []
+    assert not Path(host.env["TIDEMESH_HOME"]).exists()
+
+
+def test_an_unwritable_unit_folder_is_one_error_line_not_a_traceback(host: Host) -> None:
+    blocker = host.root / "not-a-folder"
+    blocker.write_text("")
+    code, _, err = host.run(*ROLES["broker"], "--unit-dir", str(blocker / "units"))
+    assert code == 1 and "cannot write" in err and "Traceback" not in err
+    assert host.calls == []
+
+
+def test_xdg_layout_gets_a_runtime_directory_and_writable_data_folders(host: Host) -> None:
+    env = {k: v for k, v in host.env.items() if k != "TIDEMESH_HOME"}
+    runtime = host.root / "run"
+    xdg = Host(host.root, {**env, "XDG_RUNTIME_DIR": str(runtime)})
+    code, unit, err = xdg.run(*ROLES["daemon"], "--user", "--manager", "systemd", "--dry-run")
+    assert code == 0, err
+    lines = unit.decode().splitlines()
+    assert "RuntimeDirectory=tidemesh/daemon/ops" in lines
+    home = host.env["HOME"]
+    assert [x for x in lines if x.startswith("ReadWritePaths=")] == [
+        f"ReadWritePaths={home}/.config/tidemesh/daemon/ops",
+        f"ReadWritePaths={home}/.local/share/tidemesh/daemon/ops",
+        f"ReadWritePaths={home}/.local/state/tidemesh/daemon/ops"]
+    path = host.root / UNIT_NAMES["daemon"]
+    path.write_bytes(unit)
+    _verify(path, "user", host.root / "rt")

@@ -1,0 +1,90 @@
+"""``tidemesh audit orphans`` as an operator runs it: its own process, its own JVM."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import unavailable
+from tests.spark.broker_stores import DAY, TTL_DAYS, WATERMARK, Damage, fill
+
+TIDEMESH = [sys.executable, "-m", "tidemesh"]
+
+pytestmark = pytest.mark.spark
+
+# No sends older than the dedupe retention: these runs use the real clock, which is earlier
+# than the fixed one of the fill, so an expired dedupe row would look young to them.
+PLAN = {"a3": ("alpha", "topic", 2 * DAY), "b1": ("beta", "dm", 3 * DAY)}
+
+
+def test_audit_orphans_cli_exits_11_and_writes_report(tmp_path: Path) -> None:
+    url = f"sqlite://{tmp_path / 'broker.db'}"
+    expected = Damage(fill(url, PLAN)).drop_history("a3")
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [*TIDEMESH, "audit", "orphans", "--store", url, "--out", str(out),
+         "--master", "local[2]", "--watermark-ms", str(WATERMARK),
+         "--dedupe-retention-days", str(TTL_DAYS)],
+        capture_output=True, text=True, timeout=100, check=False,
+        env={**os.environ, "TIDEMESH_AUDIT_PARTITIONS": "2"},
+    )
+    assert proc.returncode == 11, proc.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    assert report["watermark_ms"] == WATERMARK
+    (kind, mesh, _), = expected
+    assert report["meshes"][mesh][kind] == report["found"] == 1
+    assert "audit_finished" in proc.stderr
+
+
+def test_orphan_audit_job_runs_under_spark_submit(tmp_path: Path) -> None:
+    """The job file is a spark-submit application; master and jars come from spark-submit."""
+    submit = Path(sys.executable).parent / "spark-submit"
+    if not submit.exists():
+        unavailable("spark-submit is not next to the interpreter (pip install -e '.[spark]')")
+    url = f"sqlite://{tmp_path / 'broker.db'}"
+    Damage(fill(url, PLAN)).drop_history("a3")
+    from tidemesh.spark.config import load
+
+    jar = load({}, {}, {"audit.store": url}).sqlite_jar
+    job = Path(__file__).resolve().parents[2] / "spark" / "jobs" / "orphan_audit.py"
+    proc = subprocess.run(
+        [str(submit), "--master", "local[2]", "--jars", jar, str(job), "--store", url,
+         "--out", str(tmp_path / "out"), "--watermark-ms", str(WATERMARK),
+         "--dedupe-retention-days", str(TTL_DAYS)],
+        capture_output=True, text=True, timeout=100, check=False,
+        env={**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"},
+    )
+    assert proc.returncode == 11, proc.stderr[-3000:]
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["totals"]["message_without_history"] == report["found"] == 1
+
+
+def test_audit_orphans_cli_rejects_unknown_store_with_usage_code(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [*TIDEMESH, "audit", "orphans", "--store", "mysql://db/x", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "unsupported store URL scheme" in proc.stderr
+    assert not (tmp_path / "report.json").exists()
+
+
+def test_audit_orphans_cli_failure_exits_1_without_leaking_password(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [*TIDEMESH, "audit", "orphans", "--store",
+         "postgresql://audit:s3cret-pw@127.0.0.1:9/nowhere", "--out", str(tmp_path),
+         "--master", "local[1]"],
+        capture_output=True, text=True, timeout=100, check=False,
+        env={**os.environ, "TIDEMESH_AUDIT_LOG_FORMAT": "json"},
+    )
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "audit_failed" in proc.stderr
+    assert "s3cret-pw" not in proc.stderr + proc.stdout
+    assert not (tmp_path / "report.json").exists()
+    assert 'cm_broker_dedupe_orphan_check_total{result="failed"} 1' in (
+        tmp_path / "tidemesh_orphan_audit.prom").read_text()

@@ -1,0 +1,3 @@
+from tidemesh.cli.main import main
+
+main()
