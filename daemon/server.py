@@ -15,6 +15,11 @@ from tidemesh.daemon.api.routes import ROUTES
 
 log = structlog.get_logger(__name__)
 
+# Local programs connect in bursts. When a Unix socket's accept queue is full, connect()
+# fails with EAGAIN, which asyncio clients take for "in progress" and then see as a reset
+# on their first write; so the queue is as deep as the kernel allows (capped at somaxconn).
+ACCEPT_BACKLOG = 4096
+
 
 def build_app(max_body_bytes: int) -> web.Application:
     app = web.Application(middlewares=[ipc], client_max_size=max_body_bytes)
@@ -39,7 +44,7 @@ class IpcServer:
             self.socket_path.unlink()
         old_umask = os.umask(0o177)
         try:
-            await web.UnixSite(self.runner, str(self.socket_path)).start()
+            await web.UnixSite(self.runner, str(self.socket_path), backlog=ACCEPT_BACKLOG).start()
         finally:
             os.umask(old_umask)
         os.chmod(self.socket_path, 0o600)
@@ -48,7 +53,7 @@ class IpcServer:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind(("127.0.0.1", self.tcp_port))
             self.bound_port = sock.getsockname()[1]
-            await web.SockSite(self.runner, sock).start()
+            await web.SockSite(self.runner, sock, backlog=ACCEPT_BACKLOG).start()
         log.info("ipc_listening", socket=str(self.socket_path), tcp_port=self.bound_port)
 
     async def stop(self) -> None:
