@@ -149,6 +149,9 @@ class BrokerServer:
 
     async def _dispatch(self, tg: asyncio.TaskGroup, inflight: asyncio.Semaphore, conn: Conn,
                         frame: dict[str, Any]) -> None:
+        # Every accept is started here, one task per send in frame order, and reaches the
+        # store's queue on its first step: so one connection's sends are accepted in the order
+        # they arrived, whether they came alone or in a send_batch.
         if frame["type"] == "send":
             await inflight.acquire()
             tg.create_task(self._send(inflight, conn, frame))
@@ -157,7 +160,8 @@ class BrokerServer:
             permits = min(len(frame["sends"]), self.max_inflight)
             for _ in range(permits):
                 await inflight.acquire()
-            tg.create_task(self._send_batch(inflight, permits, conn, frame))
+            accepts = [tg.create_task(self._one_of_batch(conn, item)) for item in frame["sends"]]
+            tg.create_task(self._send_batch(inflight, permits, conn, frame["id"], accepts))
         else:
             answer = await self.service.dispatch(conn, frame)
             if answer is not None:
@@ -174,14 +178,13 @@ class BrokerServer:
             inflight.release()
 
     async def _send_batch(self, inflight: asyncio.Semaphore, permits: int, conn: Conn,
-                          frame: dict[str, Any]) -> None:
+                          batch_id: str, accepts: list[asyncio.Task[dict[str, Any]]]) -> None:
         try:
-            results = await asyncio.gather(*(self._one_of_batch(conn, item)
-                                             for item in frame["sends"]))
-            await conn.peer.send_frame({"type": "send_results", "id": frame["id"],
+            results = await asyncio.gather(*accepts)
+            await conn.peer.send_frame({"type": "send_results", "id": batch_id,
                                         "results": results})
         except ConnectionClosed:
-            log.info("broker_result_undelivered", sends=len(frame["sends"]))
+            log.info("broker_result_undelivered", sends=len(accepts))
         finally:
             for _ in range(permits):
                 inflight.release()

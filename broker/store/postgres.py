@@ -1,7 +1,9 @@
 """PostgreSQL adapter (asyncpg): tables in schema ``mesh``, group-committed accepts.
 
 Concurrent sends are drained into batches by several writer connections (so batches
-overlap each other's COMMIT; PostgreSQL flushes concurrent commits together). A batch runs
+overlap each other's COMMIT; PostgreSQL flushes concurrent commits together). Each sender
+belongs to one writer, which keeps its sends in arrival order: a recipient's seq follows the
+order the broker received one sender's sends in. A batch runs
 spec §4.7.2 as ``unnest()``-batched statements in one transaction, seven round trips
 whatever its size: BEGIN; claim every key (``INSERT … ON CONFLICT DO NOTHING``); read them
 all back ``FOR SHARE`` and branch each 201 / 200 / 409; check B2 for the claimed ones in one
@@ -13,7 +15,7 @@ If any statement fails, the batch is redone in a new transaction with a savepoin
 (``_accept_alone``), so only the send that fails again gets a 5xx. Sends of one key in one
 batch are split: the later ones wait for the writer's next batch, so each is decided
 against what the first one wrote. Claims are made in key order and cursor rows locked in
-(mesh, recipient) order, so writers (and several brokers) cannot deadlock. Answers leave
+(mesh, recipient) order, so several brokers on one database cannot deadlock. Answers leave
 only after COMMIT.
 """
 
@@ -69,7 +71,10 @@ class PostgresStore:
         self.pool = pool
         self.batch_max = batch_max
         self.writers = writers
-        self._queue: asyncio.Queue[_Pending | None] = asyncio.Queue()
+        # One queue per writer, chosen by sender: a sender's sends are committed by one writer
+        # in the order they arrived, so each recipient sees them in that order.
+        self._queues: list[asyncio.Queue[_Pending | None]] = [
+            asyncio.Queue() for _ in range(writers)]
         self._tasks: list[asyncio.Task[None]] = []
         self.batches = 0
         self.items = 0
@@ -90,33 +95,33 @@ class PostgresStore:
         store = cls(dsn, pool, batch_max, writers)
         # Several writers overlap one batch's statements with others' COMMITs; PostgreSQL
         # flushes concurrent commits together, so the fsync is shared too.
-        store._tasks = [asyncio.create_task(store._run(), name=f"broker-pg-accept-{i}")
-                        for i in range(writers)]
+        store._tasks = [asyncio.create_task(store._run(q), name=f"broker-pg-accept-{i}")
+                        for i, q in enumerate(store._queues)]
         return store
 
     async def close(self) -> None:
-        live = [t for t in self._tasks if not t.done()]
-        for _ in live:
-            self._queue.put_nowait(None)
-        await asyncio.gather(*live)
+        for q in self._queues:
+            q.put_nowait(None)
+        await asyncio.gather(*(t for t in self._tasks if not t.done()))
         await self.pool.close()
 
     # -- accept (group commit) -----------------------------------------------------------
 
     async def accept(self, item: AcceptInput) -> AcceptResult:
-        if not any(not t.done() for t in self._tasks):
+        i = hash((item.mesh_id, item.sender_pubkey)) % self.writers
+        if self._tasks[i].done():
             return failed(item, Unavailable("the broker store writer is not running"))
         fut: asyncio.Future[AcceptResult] = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait(_Pending(item, fut))
+        self._queues[i].put_nowait(_Pending(item, fut))
         return await fut
 
-    async def _run(self) -> None:
+    async def _run(self, queue: asyncio.Queue[_Pending | None]) -> None:
         carry: list[_Pending] = []
         conn: Any = None
         stopping = False
         try:
             while not (stopping and not carry):
-                batch, stopping = await self._next_batch(carry, stopping)
+                batch, stopping = await self._next_batch(queue, carry, stopping)
                 carry = []
                 if not batch:
                     continue
@@ -128,8 +133,6 @@ class PostgresStore:
                     else:
                         seen.add(p.item.key)
                         leaders.append(p)
-                # Claims in key order: two writers (or brokers) cannot deadlock on them.
-                leaders.sort(key=lambda p: p.item.key)
                 conn, results = await self._commit(conn, [p.item for p in leaders])
                 self.batches += 1
                 self.items += len(leaders)
@@ -140,20 +143,20 @@ class PostgresStore:
             if conn is not None:
                 await conn.close()
 
-    async def _next_batch(self, carry: list[_Pending], stopping: bool
-                          ) -> tuple[list[_Pending], bool]:
+    async def _next_batch(self, queue: asyncio.Queue[_Pending | None], carry: list[_Pending],
+                          stopping: bool) -> tuple[list[_Pending], bool]:
         batch = list(carry)
-        if stopping:  # leave the other writers' stop markers in the queue for them
+        if stopping:
             return batch, True
         if not batch:
-            first = await self._queue.get()
+            first = await queue.get()
             if first is None:
                 return [], True
             batch.append(first)
             # Let the sends that arrived with this one reach the queue: fewer, fuller batches.
             await asyncio.sleep(0)
-        while len(batch) < self.batch_max and not self._queue.empty():
-            nxt = self._queue.get_nowait()
+        while len(batch) < self.batch_max and not queue.empty():
+            nxt = queue.get_nowait()
             if nxt is None:
                 stopping = True
                 break
@@ -514,12 +517,14 @@ async def _accept_alone(conn: Any, a: AcceptInput) -> AcceptResult:
 
 async def _accept_many(conn: Any, items: list[AcceptInput]) -> list[AcceptResult]:
     """Spec §4.7.2 for a batch of distinct keys, in the caller's transaction."""
+    # Claims are made in key order, so that brokers sharing the database cannot deadlock on
+    # them; everything after keeps arrival order, which is the order recipients see.
+    keyed = sorted(items, key=lambda a: a.key)
+    await conn.execute(CLAIM_SQL, *(_col(keyed, attr) for attr in (
+        "mesh_id", "sender_pubkey", "client_message_id", "broker_message_id", "history_id",
+        "fingerprint", "kind", "ref", "now_ms", "expires_at")))
     meshes, senders, cmids = _col(items, "mesh_id"), _col(items, "sender_pubkey"), _col(
         items, "client_message_id")
-    await conn.execute(CLAIM_SQL, meshes, senders, cmids, _col(items, "broker_message_id"),
-                       _col(items, "history_id"), _col(items, "fingerprint"),
-                       _col(items, "kind"), _col(items, "ref"), _col(items, "now_ms"),
-                       _col(items, "expires_at"))
     rows = {(r[0], r[1], r[2]): DedupeRow(r[3], r[4], bytes(r[5]), r[6], r[7])
             for r in await conn.fetch(READBACK_SQL, meshes, senders, cmids)}
     results: dict[int, AcceptResult] = {}

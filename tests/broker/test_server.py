@@ -145,6 +145,15 @@ async def _raw_hello(url: str, frame: dict[str, Any]) -> tuple[int | None, str]:
         return ws.close_code, ws.close_reason or ""
 
 
+async def _hello(ws: Any, b: Broker) -> None:
+    """Answer the challenge as alice and read the hello_ack (a raw socket, no BrokerLink)."""
+    nonce = decode(await ws.recv())["nonce"]
+    pk, sig = handshake.sign(b.alice, b.mesh_id, nonce)
+    await ws.send(encode({"type": "hello", "mesh_id": b.mesh_id, "pubkey": pk, "nonce": nonce,
+                          "signature": sig}))
+    assert decode(await ws.recv())["type"] == "hello_ack"
+
+
 async def test_bad_signature_is_closed_1008(broker: Broker) -> None:
     async with connect(broker.url) as ws:
         nonce = decode(await ws.recv())["nonce"]
@@ -180,11 +189,7 @@ async def test_bad_frames_get_error_frames_and_a_flood_closes(broker: Broker) ->
 
 async def test_error_frame_names_the_field(broker: Broker) -> None:
     async with connect(broker.url) as ws:
-        nonce = decode(await ws.recv())["nonce"]
-        pk, sig = handshake.sign(broker.alice, broker.mesh_id, nonce)
-        await ws.send(encode({"type": "hello", "mesh_id": broker.mesh_id, "pubkey": pk,
-                              "nonce": nonce, "signature": sig}))
-        decode(await ws.recv())
+        await _hello(ws, broker)
         await ws.send(encode({"type": "send", "id": "x1", "client_message_id": "c",
                               "to": {"kind": "fax", "ref": "x"}, "body": "b",
                               "body_encoding": "utf8", "priority": "next"}))
@@ -324,11 +329,7 @@ async def test_a_connection_that_never_says_hello_is_closed(tmp_path: Path) -> N
 
 async def test_send_batch_answers_each_item_and_a_bad_item_alone(broker: Broker) -> None:
     async with connect(broker.url) as ws:
-        nonce = decode(await ws.recv())["nonce"]
-        pk, sig = handshake.sign(broker.alice, broker.mesh_id, nonce)
-        await ws.send(encode({"type": "hello", "mesh_id": broker.mesh_id, "pubkey": pk,
-                              "nonce": nonce, "signature": sig}))
-        decode(await ws.recv())
+        await _hello(ws, broker)
         item = {"client_message_id": "c1", **payload()}
         await ws.send(encode({"type": "send_batch", "id": "b1", "sends": [
             {"id": "a", **item},
@@ -345,3 +346,36 @@ async def test_send_batch_answers_each_item_and_a_bad_item_alone(broker: Broker)
     assert again["results"][0]["status"] == 200
     assert again["results"][0]["broker_message_id"] == by_id["a"]["broker_message_id"]
 
+
+async def test_one_connections_sends_are_accepted_in_the_order_they_arrived(
+    store_url: str,
+) -> None:
+    """Lone sends and send_batch frames written back to back (as a daemon's link coalesces
+    them) reach the recipient in the order they left the sender, on either store."""
+    b, server = await _start(store_url)
+    frames: list[dict[str, Any]] = []
+    expected: list[str] = []
+    for n in range(40):
+        if n % 3 == 0:
+            cmid = f"m{len(expected)}"
+            expected.append(cmid)
+            frames.append({"type": "send", "id": cmid, "client_message_id": cmid, **payload()})
+        else:
+            cmids = [f"m{len(expected) + i}" for i in range(n % 3 + 1)]
+            expected += cmids
+            frames.append({"type": "send_batch", "id": f"b{n}", "sends": [
+                {"id": c, "client_message_id": c, **payload()} for c in cmids]})
+    try:
+        async with connect(b.url) as ws:
+            await _hello(ws, b)
+            for f in frames:
+                await ws.send(encode(f))
+            answered = 0
+            while answered < len(expected):
+                answer = decode(await ws.recv())
+                answered += len(answer["results"]) if answer["type"] == "send_results" else 1
+        rows = await b.store.deliveries_after(b.mesh_id, pub(b.bob), 1, 0, 1000)
+    finally:
+        await server.stop()
+        await b.store.close()
+    assert [r.client_message_id for r in rows] == expected
