@@ -45,7 +45,6 @@ class RunConfig:
     concurrency: int = 8  # requests in flight per sending program
     settle_timeout: float = 180.0
     audit: bool = True
-    broker_env: dict[str, str] = field(default_factory=dict)
     # Runs with the stores still up, after the check (the checker's own tests use it).
     after_check: Callable[[Ledger, Stores], Awaitable[None]] | None = None
 
@@ -97,7 +96,7 @@ class FaultRun:
         self.dsn = await asyncio.to_thread(self.cluster.create_database, "tidemesh")
         home = self.cfg.root / "broker"
         home.mkdir()
-        self.broker = Broker(home, self.dsn, env=self.cfg.broker_env)
+        self.broker = Broker(home, self.dsn)
         await asyncio.to_thread(self.broker.cli, "mesh", "create", "team")
         await asyncio.to_thread(self.broker.start)
         self.proxy = FaultProxy(self.broker.port)

@@ -67,11 +67,8 @@ async def test_det01_same_seed_twice_gives_the_same_streams_and_inboxes(short_tm
     for i in range(2):
         root = short_tmp / f"run{i}"
         root.mkdir()
-        # One request at a time per program, so each sender's order is the plan's order; and
-        # one broker writer: with several, two batches of one sender can commit out of order
-        # (the broker does not promise per-sender order; see docs/testing.md).
-        report = await FaultRun(RunConfig(plan, root, concurrency=1, audit=False,
-                                          broker_env={"TIDEMESH_STORE_WRITERS": "1"})).run()
+        # One request at a time per program, so each sender's order is the plan's order.
+        report = await FaultRun(RunConfig(plan, root, concurrency=1, audit=False)).run()
         assert report.ok, report.table()
         runs.append(report)
     first, second = (_per_sender(r.inbox_order) for r in runs)
