@@ -31,18 +31,22 @@ def main() -> int:
                     help="longest WebSocket stall, s (over 40 outlasts the keepalive)")
     ap.add_argument("--settle-timeout", type=float, default=600.0)
     ap.add_argument("--no-audit", action="store_true", help="skip the Spark orphan audit")
-    ap.add_argument("--keep", action="store_true", help="keep the run's folder for inspection")
+    ap.add_argument("--keep", action="store_true",
+                    help="keep the run's folder (logs, stores) even when the run is clean")
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="tm-faults-", dir="/tmp"))
+    ok = False
     try:
         run = FaultRun(RunConfig(make_plan(args.seed, args.sends, args.faults,
                                            max_stall=args.max_stall), root,
                                  args.concurrency, args.settle_timeout, not args.no_audit))
         report = asyncio.run(run.run())
         print(report.table())
-        return 0 if report.ok else 1
+        ok = report.ok
+        return 0 if ok else 1
     finally:
-        if args.keep:
+        # A failed run's logs are the only account of what went wrong: never delete them.
+        if args.keep or not ok:
             print(f"kept {root}", file=sys.stderr)
         else:
             shutil.rmtree(root, ignore_errors=True)
