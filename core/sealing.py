@@ -12,6 +12,8 @@ from nacl.exceptions import CryptoError
 from nacl.public import Box, PrivateKey, PublicKey
 from nacl.signing import SigningKey, VerifyKey
 
+from tidemesh.core.errors import InvalidRequest
+
 _ENCODINGS = {"utf8": 1, "base64": 2}
 _NAMES = {v: k for k, v in _ENCODINGS.items()}
 
@@ -29,7 +31,12 @@ def _x25519_private(key: SigningKey) -> PrivateKey:
 
 
 def seal(sender: SigningKey, recipient_pubkey_hex: str, body: bytes, encoding: str) -> bytes:
-    box = Box(_x25519_private(sender), _x25519_public(recipient_pubkey_hex))
+    try:
+        recipient = _x25519_public(recipient_pubkey_hex)
+    except CryptoError as exc:  # 64 hex digits, but not a point on the curve
+        raise InvalidRequest("dm ref is not an ed25519 public key; no member can have it",
+                             field="to.ref") from exc
+    box = Box(_x25519_private(sender), recipient)
     return bytes(box.encrypt(bytes([_ENCODINGS[encoding]]) + body))
 
 

@@ -28,7 +28,9 @@ def _operation(route: Any) -> dict[str, Any]:
     params = re.findall(r"{(\w+)}", route.path)
     if params:
         op["parameters"] = [{"name": p, "in": "path", "required": True,
-                             "schema": {"type": "string"}} for p in params]
+                             "schema": {"type": "string", "minLength": 1, **(
+                                 {"pattern": f"^{route.params[p]}$"} if p in route.params
+                                 else {})}} for p in params]
     if route.request:
         op["requestBody"] = {"required": True,
                              "content": {"application/json": {"schema": _ref(route.request)}}}

@@ -25,6 +25,15 @@ class Route:
     request: str | None = None
     responses: dict[int, str | None] = field(default_factory=dict)
     content_type: str = "application/json"
+    # Path parameter -> the regex its segment must match (else the default: any segment).
+    params: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def router_path(self) -> str:
+        path = self.path
+        for name, regex in self.params.items():
+            path = path.replace(f"{{{name}}}", f"{{{name}:{regex}}}")
+        return path
 
 
 TABLE: tuple[Route, ...] = (
@@ -38,8 +47,10 @@ TABLE: tuple[Route, ...] = (
                      400: ERROR, 409: ERROR, 413: ERROR, 429: ERROR, 503: ERROR, 507: ERROR}),
     Route("GET", "/v1/outbox", handlers.get_outbox, "List outbox rows, newest first",
           responses={200: "outbox_list_response.schema.json", 400: ERROR}),
+    # Not "requeue": that path is the POST below, and a GET there must be a 405, not a lookup.
     Route("GET", "/v1/outbox/{id}", handlers.get_outbox_row, "One outbox row and its chain",
-          responses={200: "outbox_row.schema.json", 404: ERROR}),
+          responses={200: "outbox_row.schema.json", 404: ERROR},
+          params={"id": "(?!requeue$)[^/]+"}),
     Route("POST", "/v1/outbox/requeue", handlers.post_outbox_requeue,
           "Abort a dead or pending row and queue it again under a fresh id",
           request="requeue_request.schema.json",
@@ -81,4 +92,4 @@ TABLE: tuple[Route, ...] = (
           responses={200: None}, content_type="text/plain"),
 )
 
-ROUTES: list[web.RouteDef] = [web.route(r.method, r.path, r.handler) for r in TABLE]
+ROUTES: list[web.RouteDef] = [web.route(r.method, r.router_path, r.handler) for r in TABLE]

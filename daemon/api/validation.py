@@ -50,5 +50,9 @@ def checked(schema: str, data: Any) -> dict[str, Any]:
         name = exc.name or "data"
         field = name.removeprefix("data").lstrip(".") or "body"
         message = (exc.message or "invalid").removeprefix(name + " ")
+        if exc.rule in ("oneOf", "anyOf") and "description" in (exc.definition or {}):
+            # "valid exactly by one definition" tells a caller nothing; the field's own
+            # description says what it accepts.
+            message = f"must be {exc.definition['description']}"
         raise InvalidRequest(f"{field}: {message}", field=field) from exc
     return data

@@ -30,6 +30,8 @@ CASES: list[tuple[str, Any, dict[str, str], int]] = [
     ("to missing ref", {"to": {"kind": "topic"}, "body": "x"}, {}, 400),
     ("short form without kind", {"to": "opsroom", "body": "x"}, {}, 400),
     ("dm to a non-key", {"to": {"kind": "dm", "ref": "bob"}, "body": "x"}, {}, 400),
+    ("dm to 64 hex that is no curve point", {"to": "dm:" + "0" * 64, "body": "x"}, {}, 400),
+    ("short form with a newline", {"to": "topic:ops\n", "body": "x"}, {}, 400),
     ("topic name with spaces", {"to": {"kind": "topic", "ref": "a b"}, "body": "x"}, {}, 400),
     ("body is an object", {"to": "topic:ops", "body": {"text": "x"}}, {}, 400),
     ("body is a number", {"to": "topic:ops", "body": 12}, {}, 400),
@@ -86,6 +88,10 @@ async def test_schema_errors_name_the_failing_field(daemon: RunningDaemon) -> No
     ) as r:
         err = (await r.json())["error"]
     assert r.status == 400 and err["code"] == "invalid_request" and err["field"].startswith("to")
+    async with daemon.session() as s, s.post("/v1/send", json={"to": "ops", "body": "x"}) as r:
+        err = (await r.json())["error"]
+    assert (r.status, err["field"]) == (400, "to")
+    assert "topic:NAME | dm:PUBKEYHEX | queue:NAME" in err["message"], "says what it takes"
     async with daemon.session() as s, s.post(
         "/v1/send", json={"to": "topic:ops", "body": "x", "priority": "urgent"}
     ) as r:
@@ -99,4 +105,8 @@ async def test_unknown_route_and_wrong_method_use_the_error_shape(daemon: Runnin
             jsonschema.validate(await r.json(), ERROR_SCHEMA)
         async with s.get("/v1/send") as r:
             assert r.status == 405
+            jsonschema.validate(await r.json(), ERROR_SCHEMA)
+        # Not a lookup of an outbox row named "requeue": that path only takes POST.
+        async with s.get("/v1/outbox/requeue") as r:
+            assert (r.status, r.headers["Allow"]) == (405, "POST")
             jsonschema.validate(await r.json(), ERROR_SCHEMA)
