@@ -110,13 +110,24 @@ class BrokerServer:
             self.service.handshake_closed("hello_timeout")
             await ws.close(CloseCode.POLICY, "hello_timeout")
         except Exception as exc:  # one broken connection must not take the server down
-            if isinstance(exc, ExceptionGroup) and exc.split(ConnectionClosed)[1] is None:
-                return  # the TaskGroup wrapped a dropped connection (kill -9, a cut): normal
-            log.error("broker_connection_failed", error=repr(exc), exc_info=True)
-            await ws.close(1011, "internal_error")
+            await self._failed(ws, exc)
         finally:
             if conn is not None and self.service.unregister(conn):
                 await self.service.announce(conn, "peer_leave")
+
+    async def _failed(self, ws: ServerConnection, exc: Exception) -> None:
+        rest = exc.split(ConnectionClosed)[1] if isinstance(exc, ExceptionGroup) else exc
+        if rest is None:
+            return  # the TaskGroup wrapped a dropped connection (kill -9, a cut): normal
+        outage = self.service.store.outage_errors
+        if (rest.split(outage)[1] is None if isinstance(rest, ExceptionGroup)
+                else isinstance(rest, outage)):
+            # The database is down or restarting: the member should come back, not worry.
+            log.warning("broker_connection_closed_store_unavailable", error=repr(rest))
+            await ws.close(CloseCode.TRY_AGAIN_LATER, "store_unavailable")
+            return
+        log.error("broker_connection_failed", error=repr(exc), exc_info=True)
+        await ws.close(CloseCode.INTERNAL, "internal_error")
 
     async def _pump(self, conn: Conn) -> None:
         # Undelivered rows stay in delivery_queue; the next resume sends them.

@@ -52,6 +52,8 @@ class CloseCode:
 
     POLICY = 1008             # bad signature, replayed nonce, protocol violation, frame flood
     TOO_BIG = 1009
+    INTERNAL = 1011
+    TRY_AGAIN_LATER = 1013    # the broker's database is down or restarting
     AUTH = 4002               # unknown or revoked member, bad or used-up invite
     FEATURE = 4010            # spec §15.5: feature_unavailable (+ structured close_reason)
 

@@ -77,6 +77,9 @@ class Store(Protocol):
 
     batches: int   # group commits of accepts since the store opened
     items: int     # sends in them
+    # What the database raises while it is down or restarting: a connection that fails on
+    # one of these is closed "try again later", not as a broker fault.
+    outage_errors: tuple[type[Exception], ...]
 
     async def close(self) -> None: ...
 

@@ -66,6 +66,8 @@ class _Pending:
 class PostgresStore:
     """The ``Store`` on PostgreSQL; construct with ``PostgresStore.open``."""
 
+    outage_errors: tuple[type[Exception], ...] = (Unavailable, *_DB_ERRORS)
+
     def __init__(self, dsn: str, pool: Any, batch_max: int, writers: int) -> None:
         self.dsn = dsn
         self.pool = pool

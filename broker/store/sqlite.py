@@ -67,6 +67,8 @@ class _Item:
 class SqliteStore:
     """The ``Store`` on one SQLite file; construct with ``SqliteStore.open``."""
 
+    outage_errors: tuple[type[Exception], ...] = (Unavailable,)
+
     def __init__(self, path: Path, batch_max: int) -> None:
         self.path = path
         self.batch_max = batch_max

@@ -94,6 +94,10 @@ class PgCluster:
                   "-t", "60", "-o", f"'{opts}'", "start")
         self._wait_ready()
 
+    def stop(self) -> None:
+        """Stop the server (fast: open transactions abort) and leave it down."""
+        self._run("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "stop")
+
     def restart(self, mode: str = "fast") -> None:
         """Restart the server: ``fast`` aborts open transactions, ``immediate`` is a crash."""
         opts = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c max_connections=200"

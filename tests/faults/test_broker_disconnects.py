@@ -9,11 +9,17 @@ at error level with a traceback, and the broker tried to close with 1011, becaus
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 
+import pytest
 from structlog.testing import capture_logs
 
 from tests.broker import test_server as server_tests
-from tests.broker.test_server import Broker, payload, pub
+from tests.broker.test_server import Broker, _start, payload, pub
+from tests.conftest import unavailable
+from tests.faults.pgcluster import PgCluster, unavailable_reason
+from tidemesh.core.wire import CloseCode
+from tidemesh.daemon.link import HandshakeRejected
 
 broker = server_tests.broker  # the in-process broker fixture of tests/broker
 
@@ -34,3 +40,41 @@ async def test_a_dropped_connection_is_not_an_error(broker: Broker) -> None:
     assert "broker_member_disconnected" in events
     assert "broker_connection_failed" not in events, [e for e in logs
                                                       if e["log_level"] == "error"]
+
+
+@pytest.fixture
+def cluster() -> Iterator[PgCluster]:
+    reason = unavailable_reason()
+    if reason is not None:
+        unavailable(reason)
+    c = PgCluster.create()
+    try:
+        c.start()
+        yield c
+    finally:
+        c.destroy()
+
+
+async def test_a_member_arriving_while_postgresql_is_down_is_told_to_come_back(
+    cluster: PgCluster,
+) -> None:
+    """Found by the fault harness: during a PostgreSQL restart every connecting member was
+    closed 1011 internal_error and the broker logged broker_connection_failed at error
+    level. A database outage is not a broker fault: 1013 try-again-later, a warning."""
+    b, server = await _start(await asyncio.to_thread(cluster.create_database, "tm"))
+    try:
+        await asyncio.to_thread(cluster.stop)
+        with capture_logs() as logs, pytest.raises(HandshakeRejected) as refused:
+            await b.link(b.alice)
+        assert (refused.value.code, refused.value.reason) == (CloseCode.TRY_AGAIN_LATER,
+                                                              "store_unavailable")
+        assert refused.value.retryable
+        events = {e["event"]: e["log_level"] for e in logs}
+        assert events.get("broker_connection_closed_store_unavailable") == "warning"
+        assert "broker_connection_failed" not in events
+        await asyncio.to_thread(cluster.start)
+        async with await b.link(b.alice) as link:  # and it does come back
+            assert (await link.send("after", payload()))["status"] == 201
+    finally:
+        await server.stop()
+        await b.store.close()
