@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -36,6 +35,7 @@ from tidemesh.core.maxage import DedupeWindow, MaxAgeError, max_age_hours
 from tidemesh.core.metrics import Counter, Registry
 from tidemesh.core.outcome import Kind, Settlement, classify
 from tidemesh.core.sealing import UnsealError, unseal
+from tidemesh.daemon import race
 from tidemesh.daemon.join import MeshConfig
 from tidemesh.daemon.link import BrokerLink, FeatureUnavailable, HandshakeRejected, LinkError
 from tidemesh.daemon.service.inbox import InboxService
@@ -211,14 +211,9 @@ class Relay:
     async def _presence(self, link: BrokerLink) -> None:
         """peer_join / peer_leave frames become events in the local log."""
         while True:
-            getter = asyncio.ensure_future(link.presence.get())
-            closed = asyncio.ensure_future(link.wait_closed())
-            done, _ = await asyncio.wait({getter, closed}, return_when=asyncio.FIRST_COMPLETED)
-            closed.cancel()
-            if getter not in done:
-                getter.cancel()
+            frame = await race.next_item(link.presence, link.wait_closed())
+            if frame is None:
                 return
-            frame = getter.result()
             await self.inbox.record_event(frame["type"], {
                 k: v for k, v in frame.items() if k != "type"})
 
@@ -233,19 +228,6 @@ class Relay:
                         client_message_id=row["client_message_id"], reason=row["last_error"])
         if rows:
             await self.outbox.mark_notified([r["id"] for r in rows])
-
-
-async def _first(*aws: Any, within: float | None = None) -> None:
-    """Return when the first of ``aws`` completes, or after ``within`` seconds."""
-    tasks = [asyncio.ensure_future(a) for a in aws]
-    try:
-        await asyncio.wait(tasks, timeout=within, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for t in tasks:
-            t.cancel()
-        for t in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
 
 
 class Sender:
@@ -288,7 +270,7 @@ class Sender:
         waits: list[Any] = [self.link.wait_closed(), self.relay.outbox.accepted.wait()]
         if not has_room:
             waits = [self.link.wait_closed(), self.slot_freed.wait()]
-        await _first(*waits, within=timeout)
+        await race.first(*waits, within=timeout)
 
     async def _send(self, rows: list[Claimed]) -> None:
         relay = self.relay
@@ -375,17 +357,10 @@ class Receiver:
 
     async def _next_frames(self) -> list[dict[str, Any]]:
         q = self.link.deliveries
-        if q.empty():
-            getter = asyncio.ensure_future(q.get())
-            closed = asyncio.ensure_future(self.link.wait_closed())
-            done, _ = await asyncio.wait({getter, closed}, return_when=asyncio.FIRST_COMPLETED)
-            closed.cancel()
-            if getter not in done:
-                getter.cancel()
-                return []
-            frames = [getter.result()]
-        else:
-            frames = [q.get_nowait()]
+        first = await race.next_item(q, self.link.wait_closed())
+        if first is None:
+            return []
+        frames = [first]
         while not q.empty() and len(frames) < 512:
             frames.append(q.get_nowait())
         return frames

@@ -9,13 +9,13 @@ below the last replayed id are skipped, so nothing falls between backlog and liv
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 import orjson
 import structlog
 from aiohttp import web
 
 from tidemesh.core.errors import InvalidRequest
+from tidemesh.daemon import race
 from tidemesh.daemon.api.keys import BUS, INBOX, STATE
 from tidemesh.daemon.service.events import Subscriber
 from tidemesh.daemon.service.inbox import InboxService
@@ -77,19 +77,11 @@ async def _replay(resp: web.StreamResponse, inbox: InboxService, after: int,
 async def _live(resp: web.StreamResponse, sub: Subscriber, after: int, keepalive: float,
                 stall_s: float) -> None:
     while not sub.dropped.is_set():
-        get = asyncio.ensure_future(sub.queue.get())
-        dropped = asyncio.ensure_future(sub.dropped.wait())
-        done, _ = await asyncio.wait({get, dropped}, timeout=keepalive,
-                                     return_when=asyncio.FIRST_COMPLETED)
-        dropped.cancel()
-        if get not in done:
-            get.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await get
+        ev = await race.next_item(sub.queue, sub.dropped.wait(), within=keepalive)
+        if ev is None:
             if not sub.dropped.is_set():
                 await _write(resp, b": keepalive\n\n", stall_s)
             continue
-        ev = get.result()
         if ev.id > after:
             await _write(resp, frame(ev), stall_s)
             after = ev.id
