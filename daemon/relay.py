@@ -267,10 +267,8 @@ class Sender:
             due = await self.relay.outbox.next_due()
             if due is not None:
                 timeout = min(timeout, max(0.0, due / 1000 - time.time()))
-        waits: list[Any] = [self.link.wait_closed(), self.relay.outbox.accepted.wait()]
-        if not has_room:
-            waits = [self.link.wait_closed(), self.slot_freed.wait()]
-        await race.first(*waits, within=timeout)
+        more = self.relay.outbox.accepted if has_room else self.slot_freed
+        await race.first(self.link.wait_closed(), more.wait(), within=timeout)
 
     async def _send(self, rows: list[Claimed]) -> None:
         relay = self.relay
