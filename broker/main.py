@@ -12,7 +12,7 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
 
 import structlog
@@ -24,6 +24,7 @@ from tidemesh.broker.server import BrokerServer
 from tidemesh.broker.service import BrokerService
 from tidemesh.broker.store import open_store
 from tidemesh.broker.store.base import Store
+from tidemesh.core.exitcodes import Exit
 
 T = TypeVar("T")
 log = structlog.get_logger(__name__)
@@ -61,6 +62,20 @@ async def _every(interval_s: float, name: str, fn: Callable[[], Awaitable[Any]])
             log.error("broker_background_failed", task=name, error=str(exc), exc_info=True)
 
 
+class WriterStopped(Exception):
+    """A store's accept writer ended while the broker was running."""
+
+
+async def _watch_writers(tasks: Sequence[asyncio.Task[None]]) -> None:
+    """A writer that ends on its own would leave its senders answered 503 for ever; the
+    broker exits instead, so that the service manager restarts it whole."""
+    done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    for t in done:
+        error = "cancelled" if t.cancelled() else repr(t.exception())
+        log.critical("broker_store_writer_stopped", task=t.get_name(), error=error)
+    raise WriterStopped(", ".join(sorted(t.get_name() for t in done)))
+
+
 async def run(settings: BrokerSettings, stop: asyncio.Event,
               ready: Callable[[int], None] | None = None,
               environ: Mapping[str, str] | None = None) -> None:
@@ -76,25 +91,37 @@ async def run(settings: BrokerSettings, stop: asyncio.Event,
                           bad_window_s=settings.limits_bad_frames_window_s,
                           max_frame_bytes=settings.limits_inline_bytes * 2 + 65536,
                           hello_timeout_s=settings.auth_hello_timeout_s)
+    failed: WriterStopped | None = None
     try:
         await server.start(*settings.host_port)
         if ready is not None:
             ready(server.port)
-        async with asyncio.TaskGroup() as tg:
-            loops = [tg.create_task(_every(settings.retention_sweep_interval_s, "retention",
-                                           service.sweep)),
-                     tg.create_task(_every(settings.auth_recheck_s, "recheck",
-                                           service.recheck_members)),
-                     tg.create_task(_every(settings.queue_lease_check_interval_s, "queue_leases",
-                                           lambda: service.reassign_lapsed(
-                                               settings.queue_lease_s)))]
-            await stop.wait()
-            for t in loops:
-                t.cancel()
+        try:
+            await _serve(settings, service, store, stop)
+        except* WriterStopped as group:
+            failed = WriterStopped(str(group.exceptions[0]))
     finally:
         await server.stop()
         await store.close()
         log.info("broker_stopped")
+    if failed is not None:
+        raise failed
+
+
+async def _serve(settings: BrokerSettings, service: BrokerService, store: Store,
+                 stop: asyncio.Event) -> None:
+    """The background loops, until ``stop`` is set or a store writer stops."""
+    async with asyncio.TaskGroup() as tg:
+        loops = [tg.create_task(_every(settings.retention_sweep_interval_s, "retention",
+                                       service.sweep)),
+                 tg.create_task(_every(settings.auth_recheck_s, "recheck",
+                                       service.recheck_members)),
+                 tg.create_task(_every(settings.queue_lease_check_interval_s, "queue_leases",
+                                       lambda: service.reassign_lapsed(settings.queue_lease_s))),
+                 tg.create_task(_watch_writers(store.writer_tasks))]
+        await stop.wait()
+        for t in loops:
+            t.cancel()
 
 
 def up(settings: BrokerSettings) -> None:
@@ -116,10 +143,15 @@ def up(settings: BrokerSettings) -> None:
             "broker_reload_ignored", hint="settings are read only at start; restart the broker"))
         await run(settings, stop, ready)
 
+    runner: Callable[[Coroutine[Any, Any, None]], None]
     try:
         import uvloop
-
-        uvloop.run(main())
+        runner = uvloop.run
     except ImportError:
-        asyncio.run(main())
-    sys.stdout.flush()
+        runner = asyncio.run
+    try:
+        runner(main())
+    except WriterStopped:  # logged as broker_store_writer_stopped; let the manager restart us
+        sys.exit(Exit.FAILURE)
+    finally:
+        sys.stdout.flush()

@@ -7,6 +7,8 @@ send), and each answer leaves only after COMMIT. Must not import websockets or t
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -80,6 +82,11 @@ class Store(Protocol):
     # What the database raises while it is down or restarting: a connection that fails on
     # one of these is closed "try again later", not as a broker fault.
     outage_errors: tuple[type[Exception], ...]
+
+    @property
+    def writer_tasks(self) -> Sequence[asyncio.Task[None]]:
+        """The accept writers, for the composition root to supervise."""
+        ...
 
     async def close(self) -> None: ...
 

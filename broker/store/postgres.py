@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,6 +107,10 @@ class PostgresStore:
             q.put_nowait(None)
         await asyncio.gather(*(t for t in self._tasks if not t.done()))
         await self.pool.close()
+
+    @property
+    def writer_tasks(self) -> Sequence[asyncio.Task[None]]:
+        return self._tasks
 
     # -- accept (group commit) -----------------------------------------------------------
 

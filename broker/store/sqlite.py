@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,6 +105,11 @@ class SqliteStore:
             raise
         store._task = asyncio.create_task(store._run(), name="broker-sqlite-writer")
         return store
+
+    @property
+    def writer_tasks(self) -> Sequence[asyncio.Task[None]]:
+        assert self._task is not None
+        return [self._task]
 
     # -- plumbing ------------------------------------------------------------------------
 
