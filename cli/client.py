@@ -116,6 +116,11 @@ class DaemonClient:
             body["patch_payload"] = patch_payload
         return cast(RequeueResult, self.request("POST", "/v1/outbox/requeue", body).body)
 
+    def prune(self, which: str, dry_run: bool = False) -> dict[str, Any]:
+        """Run retention now on the ``outbox`` or the ``inbox`` (and its events)."""
+        return cast(dict[str, Any], self.request(
+            "POST", f"/v1/{which}/prune", {"dry_run": dry_run}).body)
+
     def metrics(self) -> str:
         return str(self.request("GET", "/v1/metrics").body)
 

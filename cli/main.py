@@ -13,7 +13,7 @@ from tidemesh.cli.commands.broker import broker_group, join_cmd
 from tidemesh.cli.commands.config import config_group
 from tidemesh.cli.commands.daemon import daemon_group
 from tidemesh.cli.commands.demo import demo_cmd
-from tidemesh.cli.commands.outbox import outbox_group
+from tidemesh.cli.commands.outbox import inbox_group, outbox_group
 from tidemesh.cli.commands.receive import (
     events_cmd,
     inbox_cmd,
@@ -38,6 +38,7 @@ def cli() -> None:
 
 
 daemon_group.add_command(outbox_group)
+daemon_group.add_command(inbox_group)
 cli.add_command(daemon_group)
 cli.add_command(send_cmd)
 cli.add_command(demo_cmd)

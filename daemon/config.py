@@ -31,6 +31,19 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("outbox.max_age_hours_override", int, None,
             "Shorter max age; refused above the broker's dedupe window.", optional=True),
     Setting("outbox.group_commit_max", int, 512, "Most writes grouped into one transaction."),
+    Setting("outbox.retention_margin_hours", int, 24, "Done and aborted rows are deleted this "
+            "long after the outbox max age (counted from their accept)."),
+    Setting("outbox.dead_retention_days", int, 30, "Dead rows not requeued or aborted by an "
+            "operator are deleted this long after they died."),
+    Setting("inbox.retention_days", int, 30, "Inbox entries older than this are deleted."),
+    Setting("inbox.consumer_hold_days", int, 90, "A named consumer that has not acked an entry "
+            "keeps it up to this age; then it goes and the consumer's next read reports it."),
+    Setting("events.retention_days", int, 30, "Events (GET /v1/events) older than this are "
+            "deleted; at most inbox.retention_days."),
+    Setting("retention.sweep_interval_s", float, 300.0, "Seconds between retention sweeps."),
+    Setting("retention.batch_rows", int, 500, "Rows deleted per transaction by a sweep."),
+    Setting("disk.reserved_bytes", int, 134217728, "Free-space floor of the data directory's "
+            "file system: under it new sends get 507 (receiving goes on); 0 disables it."),
     Setting("reconnect.initial_backoff_ms", int, 500, "First retry delay to the broker."),
     Setting("reconnect.max_backoff_ms", int, 30000, "Longest retry delay to the broker."),
     Setting("reconnect.jitter_pct", int, 25, "Random spread of each retry delay, in percent."),
@@ -61,6 +74,14 @@ class DaemonSettings:
     outbox_max_age_hours: int
     outbox_max_age_hours_override: int | None
     outbox_group_commit_max: int
+    outbox_retention_margin_hours: int
+    outbox_dead_retention_days: int
+    inbox_retention_days: int
+    inbox_consumer_hold_days: int
+    events_retention_days: int
+    retention_sweep_interval_s: float
+    retention_batch_rows: int
+    disk_reserved_bytes: int
     reconnect_initial_backoff_ms: int
     reconnect_max_backoff_ms: int
     reconnect_jitter_pct: int

@@ -25,22 +25,35 @@ from tidemesh.core.backoff import Backoff
 from tidemesh.core.exitcodes import Exit
 from tidemesh.core.metrics import Registry
 from tidemesh.core.paths import DaemonPaths, daemon_paths, socket_path_problem
+from tidemesh.core.retention import DAY_MS, HOUR_MS, InboxPolicy
 from tidemesh.core.sealing import seal
 from tidemesh.core.settings import ConfigError
 from tidemesh.daemon import config as config_mod
 from tidemesh.daemon import identity
 from tidemesh.daemon import log as log_mod
-from tidemesh.daemon.api.keys import BUS, INBOX, MEMBERSHIP, OUTBOX, PRESENCE, STATE, IpcState
+from tidemesh.daemon.api.keys import (
+    BUS,
+    DISK,
+    INBOX,
+    MEMBERSHIP,
+    OUTBOX,
+    PRESENCE,
+    RETENTION,
+    STATE,
+    IpcState,
+)
 from tidemesh.daemon.join import MeshConfig
 from tidemesh.daemon.lifecycle import Drain, Reloader
 from tidemesh.daemon.lock import AlreadyRunning, InstanceLock
 from tidemesh.daemon.relay import Relay, RelayFatal, RelayMetrics, RelaySettings
 from tidemesh.daemon.server import IpcServer, build_app
+from tidemesh.daemon.service.disk import DiskMonitor
 from tidemesh.daemon.service.events import EventBus
 from tidemesh.daemon.service.inbox import InboxService
 from tidemesh.daemon.service.membership import MembershipService
 from tidemesh.daemon.service.outbox import OutboxService
 from tidemesh.daemon.service.presence import PresenceService
+from tidemesh.daemon.service.retention import RetentionService, RetentionSettings
 from tidemesh.daemon.store.db import Database, StoreDamaged
 from tidemesh.daemon.store.migrate import SchemaTooNew
 from tidemesh.daemon.store.migrate import load as load_migrations
@@ -56,6 +69,7 @@ _STREAMS_CUT_S = 1.0
 class Startup:
     settings: config_mod.DaemonSettings
     paths: DaemonPaths
+    retention: RetentionSettings
     environ: Mapping[str, str] = field(default_factory=dict)   # kept for SIGHUP reloads
     flags: Mapping[str, Any] = field(default_factory=dict)
 
@@ -70,7 +84,33 @@ def prepare(mesh: str | None, environ: Mapping[str, str], flags: Mapping[str, An
     paths = daemon_paths(name, environ)
     flags = {**flags, "daemon.mesh": name}
     settings, _ = config_mod.load(config_mod.read_file(paths.config_file), environ, flags)
-    return Startup(settings, paths, dict(environ), flags)
+    return Startup(settings, paths, retention_settings(settings), dict(environ), flags)
+
+
+def retention_settings(s: config_mod.DaemonSettings) -> RetentionSettings:
+    """The retention settings, checked against each other before anything starts."""
+    numbers = {
+        "outbox.retention_margin_hours": s.outbox_retention_margin_hours,
+        "outbox.dead_retention_days": s.outbox_dead_retention_days,
+        "inbox.retention_days": s.inbox_retention_days,
+        "inbox.consumer_hold_days": s.inbox_consumer_hold_days,
+        "events.retention_days": s.events_retention_days,
+        "retention.batch_rows": s.retention_batch_rows,
+    }
+    for name, value in numbers.items():
+        if value < 1:
+            raise ConfigError(f"{name} must be at least 1", field=name)
+    if s.retention_sweep_interval_s <= 0 or s.disk_reserved_bytes < 0:
+        raise ConfigError("retention.sweep_interval_s must be positive and "
+                          "disk.reserved_bytes not negative")
+    try:
+        inbox = InboxPolicy(s.inbox_retention_days * DAY_MS, s.inbox_consumer_hold_days * DAY_MS,
+                            s.events_retention_days * DAY_MS)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    return RetentionSettings(s.outbox_retention_margin_hours * HOUR_MS,
+                             s.outbox_dead_retention_days * DAY_MS, inbox,
+                             s.retention_batch_rows)
 
 
 def ensure_dirs(paths: DaemonPaths) -> None:
@@ -138,6 +178,19 @@ def _run_locked(start: Startup) -> int:
         log.info("keypair_created", pubkey=keypair.public_hex)
     runner = _loop_runner()
     return int(runner(Daemon(start, keypair).serve()))
+
+
+def _disk_gauges(registry: Registry, disk: DiskMonitor, mesh: str) -> None:
+    registry.gauge(
+        "cm_daemon_disk_pct", "Used percent of the file system holding each database",
+        lambda: [({"mesh": mesh, "kind": kind}, disk.state().used_pct)
+                 for kind in disk.databases])
+    registry.gauge(
+        "cm_daemon_db_bytes", "Size of each database on disk, its WAL included",
+        lambda: [({"mesh": mesh, "db": k}, float(v)) for k, v in disk.sizes().items()])
+    registry.gauge(
+        "cm_daemon_disk_free_bytes", "Free bytes of the file system holding the databases",
+        lambda: [({"mesh": mesh}, float(disk.state().free_bytes))])
 
 
 def _loop_runner() -> Any:
@@ -213,11 +266,20 @@ class Daemon:
         bus = EventBus(s.ipc_max_streams, s.ipc_sse_buffer)
         app = build_app(s.ipc_max_body_bytes)
         key = self.keypair.signing_key
+        disk = DiskMonitor(paths.data_dir, {"outbox": outbox_db.path, "inbox": inbox_db.path},
+                           s.disk_reserved_bytes)
+        app[DISK] = disk
         app[OUTBOX] = OutboxService(outbox_db,
-                                    sealer=lambda to, body, enc: seal(key, to, body, enc))
+                                    sealer=lambda to, body, enc: seal(key, to, body, enc),
+                                    admit=disk.check_send)
+        app[STATE] = self._state()
+        app[RETENTION] = RetentionService(outbox_db, inbox_db, self.start.retention,
+                                          deleted=app[STATE].registry.counter(
+                                              "cm_daemon_retention_deleted_total",
+                                              "Rows retention deleted, by kind"))
+        _disk_gauges(app[STATE].registry, disk, s.daemon_mesh)
         app[INBOX] = InboxService(inbox_db, bus)
         app[BUS] = bus
-        app[STATE] = self._state()
         relay = self._relay(app[OUTBOX], app[INBOX], app[STATE])
         live = lambda: relay if relay is not None and relay.link is not None else None  # noqa: E731
         app[MEMBERSHIP] = MembershipService(inbox_db, live)
@@ -239,7 +301,13 @@ class Daemon:
                  tcp_port=server.bound_port, data_dir=str(paths.data_dir),
                  pubkey=self.keypair.public_hex)
         relay_task = asyncio.create_task(relay.run(), name="relay") if relay else None
-        code = await self._supervise([outbox_db, inbox_db], relay_task, app[STATE])
+        sweeper = asyncio.create_task(app[RETENTION].run(s.retention_sweep_interval_s),
+                                      name="retention")
+        code = await self._supervise([outbox_db, inbox_db], relay_task, app[STATE],
+                                     {sweeper: "retention"})
+        sweeper.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sweeper
         started = time.monotonic()
         # Stop accepting and finish in-flight requests first (their sends reach the outbox),
         # then close the broker link cleanly; the stores commit and close in serve(). Event
@@ -286,10 +354,11 @@ class Daemon:
         return relay
 
     async def _supervise(self, dbs: list[Database], relay: asyncio.Task[None] | None,
-                         state: IpcState) -> Exit:
+                         state: IpcState, others: dict[asyncio.Task[None], str]) -> Exit:
         """Wait for a stop signal; a background task that ends on its own is a failure."""
         stop = asyncio.create_task(self.stop.wait(), name="stop-signal")
         watched: dict[asyncio.Task[Any], str] = {db.writer: str(db.path) for db in dbs}
+        watched.update(others)
         if relay is not None:
             watched[relay] = "relay"
         done, _ = await asyncio.wait({stop, *watched}, return_when=asyncio.FIRST_COMPLETED)

@@ -5,6 +5,7 @@ own, used by the CLI only when no daemon holds the mesh's lock."""
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -13,6 +14,9 @@ from tidemesh.core.errors import NotFound
 from tidemesh.core.send import parse_send_request
 from tidemesh.daemon.api.validation import checked
 from tidemesh.daemon.service.outbox import OutboxService
+from tidemesh.daemon.service.retention import RetentionService, RetentionSettings
+from tidemesh.daemon.store import migrate
+from tidemesh.daemon.store.db import Database
 from tidemesh.daemon.stores import open_outbox
 
 T = TypeVar("T")
@@ -49,3 +53,30 @@ def outbox_requeue(
     return _with_service(
         db_path, lambda svc: svc.requeue(row_id, new_client_message_id, parsed, "operator")
     )
+
+
+def _migrate_inbox(conn: sqlite3.Connection) -> None:
+    # Not open_inbox: an operator's prune must not move a damaged inbox aside.
+    migrate.apply(conn, "inbox")
+
+
+def prune(outbox_db: Path, inbox_db: Path, settings: RetentionSettings, which: str,
+          dry_run: bool) -> dict[str, Any]:
+    """Retention on a stopped daemon's files, with the daemon's own settings and code."""
+    async def go() -> dict[str, Any]:
+        if not outbox_db.exists():  # noqa: ASYNC240 - a stat before the file is opened
+            raise NotFound(f"no outbox at {outbox_db}; has a daemon for this mesh ever run?")
+        out = await open_outbox(outbox_db, batch_max=16, recover=False)
+        inn = None
+        try:
+            if which == "inbox":
+                inn = await Database.open(inbox_db, _migrate_inbox)
+            svc = RetentionService(out, inn, settings)
+            return await (svc.prune_inbox(dry_run) if which == "inbox"
+                          else svc.prune_outbox(dry_run))
+        finally:
+            await out.close()
+            if inn is not None:
+                await inn.close()
+
+    return asyncio.run(go())

@@ -156,6 +156,7 @@ class Relay:
         try:
             # A session that ended with a batch on the wire (its sender cancelled) leaves those
             # rows inflight; the broker's dedupe makes sending them again harmless.
+            await self.outbox.record_max_age(max_age_ms)
             released = await self.outbox.release_inflight()
             if released:
                 log.info("outbox_inflight_released", rows=released)

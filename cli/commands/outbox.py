@@ -4,6 +4,7 @@ is down."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from tidemesh.cli.client import DaemonNotRunning
 from tidemesh.cli.commands.common import client_for, json_option, mesh_option, paths_for
 from tidemesh.cli.output import emit_json, fail, table
 from tidemesh.core.errors import InvalidRequest, TidemeshError
+from tidemesh.daemon import main as daemon_main
 from tidemesh.daemon import offline
 
 _FILTERS = {"failed": "dead", "pending": "pending", "inflight": "inflight", "done": "done",
@@ -120,3 +122,46 @@ def requeue_cmd(mesh: str, row_id: str, new_client_id: str | None, auto: bool,
         return
     click.echo(f"row {result['aborted_row_id']} aborted; queued as {result['new_row_id']} "
                f"with client_message_id {result['new_client_message_id']}")
+
+
+def prune_command(which: str) -> click.Command:
+    """``outbox prune`` and ``inbox prune``: retention now, over IPC or on the files."""
+    @click.command("prune")
+    @mesh_option
+    @click.option("--dry-run", is_flag=True, help="Count what would be deleted; delete nothing.")
+    @json_option
+    def prune_cmd(mesh: str, dry_run: bool, as_json: bool) -> None:
+        try:
+            try:
+                result = client_for(mesh).prune(which, dry_run)
+            except DaemonNotRunning:
+                paths = paths_for(mesh)
+                settings = daemon_main.prepare(mesh, os.environ, {}).retention
+                result = offline.prune(paths.outbox_db, paths.inbox_db, settings, which, dry_run)
+        except TidemeshError as exc:
+            fail(exc, as_json)
+        if as_json:
+            emit_json(result)
+            return
+        if "skipped" in result:
+            click.echo(f"nothing pruned: {result['skipped']}")
+            return
+        verb = "would delete" if dry_run else "deleted"
+        extra = (f" and {result['events_deleted']} events" if "events_deleted" in result
+                 else "")
+        click.echo(f"{which}: {verb} {result['deleted']} rows{extra}")
+
+    prune_cmd.__doc__ = (f"Delete what {which} retention lets go now (docs/daemon.md, "
+                         "'What the daemon keeps').")
+    return prune_cmd
+
+
+outbox_group.add_command(prune_command("outbox"))
+
+
+@click.group("inbox")
+def inbox_group() -> None:
+    """Maintain the daemon's inbox and event log (works with the daemon down too)."""
+
+
+inbox_group.add_command(prune_command("inbox"))

@@ -49,6 +49,7 @@ async def get_events(request: web.Request) -> web.StreamResponse:
     try:
         await resp.prepare(request)
         await resp.write(b"retry: 2000\n: connected\n\n")
+        after = await _reconcile(resp, inbox, after)
         after = await _replay(resp, inbox, after, state.sse_write_timeout_s)
         await _live(resp, sub, after, state.sse_keepalive_s, state.sse_write_timeout_s)
     except (ConnectionResetError, TimeoutError) as exc:
@@ -56,6 +57,29 @@ async def get_events(request: web.Request) -> web.StreamResponse:
     finally:
         bus.unsubscribe(sub)
     return resp
+
+
+def notice(kind: str, data: dict[str, int]) -> bytes:
+    """An event about the stream itself: no ``id:``, so a client's Last-Event-ID stays put."""
+    return f"event: {kind}\ndata: ".encode() + orjson.dumps(data) + b"\n\n"
+
+
+async def _reconcile(resp: web.StreamResponse, inbox: InboxService, after: int) -> int:
+    """A start id the log can no longer serve is answered, never met with silence: older than
+    what retention kept (history_truncated), or newer than any event given (cursor_ahead,
+    e.g. after the inbox was rebuilt). Both replay from the oldest event kept."""
+    pruned, last = await inbox.event_bounds()
+    if after > last:
+        await resp.write(notice("cursor_ahead", {
+            "requested_after": after, "last_event_id": last, "replay_from": pruned + 1}))
+        log.info("event_stream_cursor_ahead", requested_after=after, last_event_id=last)
+        return pruned
+    if after < pruned:
+        await resp.write(notice("history_truncated", {
+            "requested_after": after, "oldest_available": pruned + 1,
+            "missed": pruned - after}))
+        return pruned
+    return after
 
 
 async def _write(resp: web.StreamResponse, data: bytes, stall_s: float) -> None:

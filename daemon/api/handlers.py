@@ -11,7 +11,15 @@ from aiohttp import web
 
 from tidemesh.core.errors import InvalidRequest
 from tidemesh.core.send import parse_send_request
-from tidemesh.daemon.api.keys import INBOX, MEMBERSHIP, OUTBOX, PRESENCE, STATE
+from tidemesh.daemon.api.keys import (
+    DISK,
+    INBOX,
+    MEMBERSHIP,
+    OUTBOX,
+    PRESENCE,
+    RETENTION,
+    STATE,
+)
 from tidemesh.daemon.api.validation import checked, parse_json
 from tidemesh.daemon.store.inbox import Page
 
@@ -61,6 +69,7 @@ async def get_health(request: web.Request) -> web.Response:
         "daemon_version": info["version"],
         "broker_version": info.get("broker_version"),
         "pid": os.getpid(),
+        "disk": request.app[DISK].view(),
     })
 
 
@@ -98,6 +107,20 @@ async def post_outbox_requeue(request: web.Request) -> web.Response:
         data["id"], data.get("new_client_message_id"), patch, data.get("aborted_by", "operator")
     )
     return _json(result)
+
+
+async def _dry_run(request: web.Request) -> bool:
+    raw = await request.read()
+    data = checked("prune_request.schema.json", parse_json(raw)) if raw.strip() else {}
+    return bool(data.get("dry_run", False))
+
+
+async def post_outbox_prune(request: web.Request) -> web.Response:
+    return _json(await request.app[RETENTION].prune_outbox(await _dry_run(request)))
+
+
+async def post_inbox_prune(request: web.Request) -> web.Response:
+    return _json(await request.app[RETENTION].prune_inbox(await _dry_run(request)))
 
 
 async def get_metrics(request: web.Request) -> web.Response:

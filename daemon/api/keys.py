@@ -8,11 +8,13 @@ from typing import Any
 from aiohttp import web
 
 from tidemesh.core.metrics import Counter, Registry
+from tidemesh.daemon.service.disk import DiskMonitor
 from tidemesh.daemon.service.events import EventBus
 from tidemesh.daemon.service.inbox import InboxService
 from tidemesh.daemon.service.membership import MembershipService
 from tidemesh.daemon.service.outbox import OutboxService
 from tidemesh.daemon.service.presence import PresenceService
+from tidemesh.daemon.service.retention import RetentionService
 
 
 @dataclass(slots=True)
@@ -37,3 +39,5 @@ INBOX = web.AppKey("inbox", InboxService)
 BUS = web.AppKey("bus", EventBus)
 MEMBERSHIP = web.AppKey("membership", MembershipService)
 PRESENCE = web.AppKey("presence", PresenceService)
+RETENTION = web.AppKey("retention", RetentionService)
+DISK = web.AppKey("disk", DiskMonitor)

@@ -10,7 +10,7 @@ from functools import partial
 from typing import Any
 
 from tidemesh.daemon.service.events import EventBus
-from tidemesh.daemon.store import inbox
+from tidemesh.daemon.store import inbox, retention
 from tidemesh.daemon.store.db import Database
 
 Clock = Callable[[], float]
@@ -53,7 +53,11 @@ class InboxService:
         def _read(conn: sqlite3.Connection) -> dict[str, Any]:
             cursor = inbox.consumer_cursor(conn, name)
             items = inbox.page(conn, inbox.Page(cursor, p.limit, p.topic, p.sender))
-            return {"consumer": name, "cursor": cursor, "items": items}
+            out: dict[str, Any] = {"consumer": name, "cursor": cursor, "items": items}
+            lost = inbox.consumer_loss(conn, name)
+            if lost is not None:
+                out["lost"] = lost
+            return out
 
         return await self.db.read(_read)
 
@@ -70,6 +74,14 @@ class InboxService:
 
     async def last_event_id(self) -> int:
         return await self.db.read(inbox.last_event_id)
+
+    async def event_bounds(self) -> tuple[int, int]:
+        """(highest event id retention removed, newest event id given): a stream may resume
+        after any id between them."""
+        def _read(conn: sqlite3.Connection) -> tuple[int, int]:
+            return retention.events_pruned_through(conn), inbox.last_event_id(conn)
+
+        return await self.db.read(_read)
 
     async def receive_cursor(self) -> tuple[int, int] | None:
         return await self.db.read(inbox.receive_cursor)

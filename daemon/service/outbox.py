@@ -69,10 +69,12 @@ def row_view(row: sqlite3.Row, chain: list[str] | None = None) -> dict[str, Any]
 
 class OutboxService:
     def __init__(self, db: Database, clock: Clock = time.time,
-                 sealer: Sealer | None = None) -> None:
+                 sealer: Sealer | None = None, admit: Callable[[], None] | None = None) -> None:
         self.db = db
         self.clock = clock
         self.sealer = sealer
+        # Raises (507) while new sends must be refused, e.g. under the disk floor.
+        self.admit = admit
         # Set when a new row lands, so the sender wakes without polling.
         self.accepted = asyncio.Event()
 
@@ -101,6 +103,8 @@ class OutboxService:
 
     async def submit(self, req: SendRequest) -> tuple[int, dict[str, Any]]:
         """Accept one send (spec §4.5.1); returns (HTTP status, body) or raises the 409."""
+        if self.admit is not None:
+            self.admit()
         cmid = req.client_message_id or new_ulid()
         new = self._new_row(req, cmid)
         res = await self.db.submit(outbox.ACCEPT, new)
@@ -187,6 +191,11 @@ class OutboxService:
         return {"aborted_row_id": row_id, "new_row_id": new_id, "new_client_message_id": cmid}
 
     # -- the sender's side ---------------------------------------------------------------
+
+    async def record_max_age(self, max_age_ms: int) -> None:
+        """Keep the max age the broker's dedupe window allows (retention reads it)."""
+        now = self._now_ms()
+        await self.db.write(lambda conn: outbox.set_meta(conn, outbox.MAX_AGE_MS, max_age_ms, now))
 
     async def claim(self, limit: int, max_age_ms: int
                     ) -> tuple[list[outbox.Claimed], list[Settlement]]:

@@ -170,8 +170,10 @@ def events_after(conn: sqlite3.Connection, after: int, limit: int) -> list[Event
 
 
 def last_event_id(conn: sqlite3.Connection) -> int:
+    """The newest event id ever given, even when retention has since removed that event."""
     row = conn.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()
-    return int(row[0])
+    seq = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'events'").fetchone()
+    return max(int(row[0]), 0 if seq is None else int(seq[0]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,7 +215,20 @@ def consumer_ack(conn: sqlite3.Connection, name: str, up_to: int, now: int) -> i
         " updated_at = excluded.updated_at",
         (name, up_to, now, now),
     )
+    # Acking past what retention took from this consumer ends the report of that loss.
+    conn.execute("UPDATE consumers SET lost_count = 0, lost_through = NULL"
+                 " WHERE name = ? AND lost_through IS NOT NULL AND cursor >= lost_through",
+                 (name,))
     return consumer_cursor(conn, name)
+
+
+def consumer_loss(conn: sqlite3.Connection, name: str) -> dict[str, int] | None:
+    """Entries retention removed before this consumer acked them, until it acks past them."""
+    row = conn.execute("SELECT lost_count, lost_through FROM consumers WHERE name = ?",
+                       (name,)).fetchone()
+    if row is None or not row[0]:
+        return None
+    return {"count": int(row[0]), "through_seq": int(row[1])}
 
 
 def consumers(conn: sqlite3.Connection) -> list[dict[str, Any]]:

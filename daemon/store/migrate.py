@@ -12,6 +12,9 @@ from importlib.abc import Traversable
 from tidemesh.core.sqlscript import split_statements
 
 _NAME = re.compile(r"(\d{4})_([a-z0-9_]+)\.sql")
+# A migration whose first line is this runs outside a transaction (VACUUM cannot run in one);
+# it must be safe to run again, since it is recorded only after it finished.
+OUTSIDE_TRANSACTION = "-- migrate: outside-transaction"
 
 
 class SchemaTooNew(RuntimeError):
@@ -60,10 +63,15 @@ def apply(conn: sqlite3.Connection, target: str) -> list[int]:
         )
     done = []
     for mg in migrations[current:]:
+        outside = mg.sql.startswith(OUTSIDE_TRANSACTION)
+        if outside:
+            for stmt in split_statements(mg.sql):
+                conn.execute(stmt).fetchall()
         conn.execute("BEGIN IMMEDIATE")
         try:
-            for stmt in split_statements(mg.sql):
-                conn.execute(stmt)
+            if not outside:
+                for stmt in split_statements(mg.sql):
+                    conn.execute(stmt)
             conn.execute(
                 "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)",
                 (mg.version, mg.name, int(time.time() * 1000)),

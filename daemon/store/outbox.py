@@ -203,6 +203,20 @@ def reset_inflight(conn: sqlite3.Connection, now_ms: int, delay_ms: int) -> int:
     return cur.rowcount
 
 
+MAX_AGE_MS = "max_age_ms"   # outbox_meta: the max age negotiated on the last connect
+
+
+def set_meta(conn: sqlite3.Connection, key: str, value: int, now_ms: int) -> None:
+    conn.execute("INSERT INTO outbox_meta (key, value, updated_at) VALUES (?, ?, ?)"
+                 " ON CONFLICT (key) DO UPDATE SET value = excluded.value,"
+                 " updated_at = excluded.updated_at", (key, value, now_ms))
+
+
+def get_meta(conn: sqlite3.Connection, key: str) -> int | None:
+    row = conn.execute("SELECT value FROM outbox_meta WHERE key = ?", (key,)).fetchone()
+    return None if row is None else int(row[0])
+
+
 def row_dict(row: sqlite3.Row) -> dict[str, Any]:
     return {k: row[k] for k in row.keys()}  # noqa: SIM118 - sqlite3.Row is not a Mapping
 
@@ -261,8 +275,9 @@ def settle_many(
                 (st.broker_message_id, st.history_id, st.now_ms, st.row_id, from_status))
         elif st.kind is Kind.DEAD:
             cur = conn.execute(
-                "UPDATE outbox SET status = 'dead', last_error = ? WHERE id = ? AND status = ?",
-                (st.last_error, st.row_id, from_status))
+                "UPDATE outbox SET status = 'dead', last_error = ?, dead_at = ?"
+                " WHERE id = ? AND status = ?",
+                (st.last_error, st.now_ms, st.row_id, from_status))
         else:
             cur = conn.execute(
                 "UPDATE outbox SET status = 'pending', last_error = ?, next_attempt_at = ?"

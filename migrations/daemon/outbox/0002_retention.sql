@@ -1,0 +1,16 @@
+-- Outbox retention (docs/daemon.md, "What the daemon keeps"): when a row died, an index the
+-- sweep walks for settled rows, and the max age negotiated with the broker, kept so that a
+-- sweep (or `outbox prune` with the daemon down) knows it before the next connection.
+ALTER TABLE outbox ADD COLUMN dead_at INTEGER;
+
+UPDATE outbox SET dead_at = COALESCE(dead_notified_at, next_attempt_at, enqueued_at)
+WHERE status = 'dead';
+
+CREATE INDEX outbox_settled ON outbox (status, enqueued_at, id)
+WHERE status IN ('done', 'aborted');
+
+CREATE TABLE outbox_meta (
+    key         TEXT PRIMARY KEY,
+    value       INTEGER NOT NULL,
+    updated_at  INTEGER NOT NULL
+);
