@@ -174,7 +174,7 @@ class DaemonClient:
 
 @dataclass(frozen=True, slots=True)
 class Event:
-    id: int
+    id: int | None    # None: a notice about the stream itself (history_truncated, cursor_ahead)
     type: str
     data: dict[str, Any]
 
@@ -184,9 +184,9 @@ def _parse_sse(resp: http.client.HTTPResponse) -> Iterator[Event]:
     for raw in resp:
         line = raw.decode("utf-8").rstrip("\r\n")
         if line == "":
-            if "data" in fields and "id" in fields:
-                yield Event(int(fields["id"]), fields.get("event", "message"),
-                            json.loads(fields["data"]))
+            if "data" in fields:
+                yield Event(int(fields["id"]) if "id" in fields else None,
+                            fields.get("event", "message"), json.loads(fields["data"]))
             fields = {}
         elif not line.startswith(":"):
             key, _, value = line.partition(":")

@@ -135,7 +135,7 @@ def _run(homes: dict[str, Path], store: str, port: int) -> None:
     _step("bob's event stream (GET /v1/events, resumable by id)")
     for ev in bob.events(since=0, idle_timeout=1.0):
         detail = ev.data.get("body") or ev.data.get("state")
-        click.echo(f"    id {ev.id:>3}  {ev.type:14} {detail!r}")
+        click.echo(f"    id {ev.id if ev.id is not None else '-':>3}  {ev.type:14} {detail!r}")
     counts = alice.outbox_list()["counts"]
     _step("alice's outbox: " + ", ".join(f"{k}={v}" for k, v in counts.items()))
 

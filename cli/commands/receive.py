@@ -61,7 +61,8 @@ def events_cmd(mesh: str, since: int | None, idle_exit: float | None, as_json: b
             if as_json:
                 click.echo(json.dumps({"id": ev.id, "type": ev.type, "data": ev.data}))
             else:
-                click.echo(f"{ev.id:>6}  {ev.type:14} {_summary(ev.data)}")
+                click.echo(f"{ev.id if ev.id is not None else '-':>6}  {ev.type:14} "
+                           f"{_summary(ev.data)}")
     except TidemeshError as exc:
         fail(exc, as_json)
     except KeyboardInterrupt:

@@ -180,7 +180,14 @@ def inbox_step(conn: sqlite3.Connection, cur: InboxCursor, policy: InboxPolicy, 
     return len(seqs), len(seqs) < limit
 
 
+def _free_pages(conn: sqlite3.Connection) -> int:
+    return int(conn.execute("PRAGMA freelist_count").fetchone()[0])
+
+
 def vacuum_step(conn: sqlite3.Connection, pages: int) -> int:
     """Return up to ``pages`` free pages to the file system; returns how many are left."""
-    conn.execute(f"PRAGMA incremental_vacuum({int(pages)})").fetchall()
-    return int(conn.execute("PRAGMA freelist_count").fetchone()[0])
+    # The sqlite3 module steps a pragma statement once, and each step of incremental_vacuum
+    # frees one page whatever its argument, so a page is one statement here.
+    for _ in range(min(pages, _free_pages(conn))):
+        conn.execute("PRAGMA incremental_vacuum(1)")
+    return _free_pages(conn)

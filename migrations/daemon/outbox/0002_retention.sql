@@ -9,6 +9,12 @@ WHERE status = 'dead';
 CREATE INDEX outbox_settled ON outbox (status, enqueued_at, id)
 WHERE status IN ('done', 'aborted');
 
+-- Deleting a row makes SQLite look for rows whose requeue links point at it (the foreign
+-- keys); without these it scans the whole table once per deleted row.
+CREATE INDEX outbox_supersedes ON outbox (supersedes) WHERE supersedes IS NOT NULL;
+
+CREATE INDEX outbox_superseded_by ON outbox (superseded_by) WHERE superseded_by IS NOT NULL;
+
 CREATE TABLE outbox_meta (
     key         TEXT PRIMARY KEY,
     value       INTEGER NOT NULL,
