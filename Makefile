@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 
-.PHONY: setup setup-full system-deps demo test check lint typecheck bench-accept clean
+.PHONY: setup setup-full system-deps demo test check lint typecheck bench-accept bench-retention clean
 
 $(VENV)/.base: pyproject.toml
 	python3 -m venv $(VENV)
@@ -38,6 +38,9 @@ check: lint typecheck
 
 bench-accept: setup
 	$(PY) bench/accept.py
+
+bench-retention: setup
+	$(PY) bench/retention.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info
