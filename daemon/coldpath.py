@@ -34,7 +34,7 @@ def send(paths: DaemonPaths, request: dict[str, Any], client_message_id: str | N
     cmid = req.client_message_id or new_ulid()
     keypair, _ = load_or_create_keypair(paths.keypair)
     if req.to.kind is DestinationKind.DM:
-        sealed = seal(keypair.signing_key, req.to.ref, req.body, req.body_encoding)
+        sealed = seal(keypair.signing_key, req.to.ref, cmid, req.body, req.body_encoding)
         req = dataclasses.replace(req, body=sealed, body_encoding="base64")
     mesh = MeshConfig.load(paths.mesh_file)
     try:

@@ -269,9 +269,9 @@ class Daemon:
         disk = DiskMonitor(paths.data_dir, {"outbox": outbox_db.path, "inbox": inbox_db.path},
                            s.disk_reserved_bytes)
         app[DISK] = disk
-        app[OUTBOX] = OutboxService(outbox_db,
-                                    sealer=lambda to, body, enc: seal(key, to, body, enc),
-                                    admit=disk.check_send)
+        app[OUTBOX] = OutboxService(
+            outbox_db, sealer=lambda to, cmid, body, enc: seal(key, to, cmid, body, enc),
+            admit=disk.check_send)
         app[STATE] = self._state()
         app[RETENTION] = RetentionService(outbox_db, inbox_db, self.start.retention,
                                           deleted=app[STATE].registry.counter(

@@ -27,7 +27,7 @@ from tidemesh.daemon.store.db import Database
 
 Clock = Callable[[], float]
 # (recipient ed25519 pubkey hex, body, body_encoding) -> sealed bytes
-Sealer = Callable[[str, bytes, str], bytes]
+Sealer = Callable[[str, str, bytes, str], bytes]  # (to, client_message_id, body, enc)
 
 
 def fingerprint_of(req: SendRequest) -> bytes:
@@ -87,18 +87,19 @@ class OutboxService:
         now = self._now_ms()
         return outbox.NewRow(
             id=new_ulid(now), client_message_id=cmid, fingerprint=fingerprint_of(req),
-            payload=orjson.dumps(self._sealed(req).to_payload()), dest_kind=req.to.kind.value,
+            payload=orjson.dumps(self._sealed(req, cmid).to_payload()), dest_kind=req.to.kind.value,
             dest_ref=req.to.ref, now_ms=now, supersedes=supersedes,
         )
 
-    def _sealed(self, req: SendRequest) -> SendRequest:
+    def _sealed(self, req: SendRequest, cmid: str) -> SendRequest:
         """DMs are sealed once, here, and stored sealed; the fingerprint stays the
-        plaintext's so a caller's retry still matches."""
+        plaintext's so a caller's retry still matches. Sealing is deterministic per
+        (recipient, id, body), so the cold path seals a retry to the same bytes."""
         if req.to.kind is not DestinationKind.DM:
             return req
         if self.sealer is None:
             raise RuntimeError("a DM was accepted without a sealing key")
-        sealed = self.sealer(req.to.ref, req.body, req.body_encoding)
+        sealed = self.sealer(req.to.ref, cmid, req.body, req.body_encoding)
         return dataclasses.replace(req, body=sealed, body_encoding="base64")
 
     async def submit(self, req: SendRequest) -> tuple[int, dict[str, Any]]:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.daemon.harness import run_cli
-from tests.e2e.harness import Mesh, connected, inbox, wait_for
+from tests.e2e.harness import Mesh, connected, inbox, pubkey, wait_for
 from tidemesh.core.exitcodes import Exit
 
 pytestmark = pytest.mark.slow
@@ -75,3 +75,23 @@ async def test_cold_path_when_no_daemon_runs_shares_the_members_keys(
     await wait_for(lambda: any(r["status"] == "done" for r in a.outbox_rows()))
     await wait_for(lambda: _n(b, 1))
     assert [e["body"] for e in await inbox(b)] == ["direct"], "the daemon's retry was a duplicate"
+
+
+async def test_dm_sent_via_daemon_then_retried_on_the_cold_path_is_one_send(
+    mesh: Mesh, short_tmp: Path
+) -> None:
+    a, b = mesh.add("a", short_tmp), mesh.add("b", short_tmp)
+    await wait_for(lambda: connected(a))
+    await wait_for(lambda: connected(b))
+    args = ("send", "--mesh", "m", "--to", f"dm:{pubkey(b)}", "--id", "dm-1", "--json")
+    first = run_cli(a.home, *args, "sealed once")
+    assert first.returncode == 0 and json.loads(first.stdout)["path"] == "daemon", first.stderr
+    await wait_for(lambda: any(r["status"] == "done" for r in a.outbox_rows()))
+    assert a.stop() == 0
+    again = run_cli(a.home, *args, "sealed once")
+    assert again.returncode == 0, again.stderr
+    out = json.loads(again.stdout)
+    assert (out["path"], out["duplicate"]) == ("cold", True), "same id and body: one send"
+    clash = run_cli(a.home, *args, "another body")
+    assert clash.returncode == Exit.CONFLICT, clash.stderr
+    assert [e["body"] for e in await inbox(b)] == ["sealed once"]
