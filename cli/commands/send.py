@@ -60,7 +60,8 @@ def build_request(to: str, body: str, encoding: str, priority: str, meta: str | 
 @mesh_option
 @click.argument("message", required=False)
 @click.option("--to", "to", required=True, help="topic:NAME | dm:PUBKEYHEX | queue:NAME")
-@click.option("--file", "file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+@click.option("--file", "file", default=None,
+              type=click.Path(exists=True, dir_okay=False, allow_dash=True, path_type=Path),
               help="Read the body from a file ('-' for stdin).")
 @click.option("--base64", "as_base64", is_flag=True, help="Send the bytes as a binary body.")
 @click.option("--meta", default=None, help="A JSON object carried with the message.")

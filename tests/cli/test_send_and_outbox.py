@@ -142,3 +142,12 @@ def test_requeue_refuses_done_and_unknown_rows(short_tmp: Path) -> None:
         assert len(d.outbox_rows()) == 1
     finally:
         assert d.stop() == 0
+
+
+def test_send_with_a_missing_file_is_a_usage_error(short_tmp: Path) -> None:
+    res = run_cli(short_tmp, "send", "--mesh", "t", "--to", "topic:ops",
+                  "--file", str(short_tmp / "nonexistent"))
+    assert res.returncode == Exit.USAGE, res.stderr
+    assert "does not exist" in res.stderr and "Traceback" not in res.stderr
+
+
