@@ -14,6 +14,7 @@ from tidemesh.cli.client import DaemonNotRunning, SendResult
 from tidemesh.cli.commands.common import client_for, json_option, mesh_option, paths_for
 from tidemesh.cli.output import emit_json, fail
 from tidemesh.core.errors import InvalidRequest, TidemeshError
+from tidemesh.core.ids import client_message_id_problem
 from tidemesh.core.send import Destination
 from tidemesh.daemon import coldpath
 
@@ -26,8 +27,14 @@ def _payload(message: str | None, file: Path | None, as_base64: bool) -> tuple[s
         raise click.UsageError("give the message as an argument or --file, not both")
     if file is not None:
         raw = sys.stdin.buffer.read() if str(file) == "-" else file.read_bytes()
-    elif message == "-" or (message is None and not sys.stdin.isatty()):
+    elif message == "-":
         raw = sys.stdin.buffer.read()
+    elif message is None and not sys.stdin.isatty():
+        raw = sys.stdin.buffer.read()
+        if not raw:  # e.g. cron or a pipe that produced nothing: refuse a silent empty send
+            raise click.UsageError("no message: stdin was empty; pass the message as an "
+                                   "argument, --file PATH, or pipe it in (use - to send an "
+                                   "empty stdin on purpose)")
     elif message is not None:
         raw = message.encode("utf-8")
     else:
@@ -38,6 +45,14 @@ def _payload(message: str | None, file: Path | None, as_base64: bool) -> tuple[s
         return raw.decode("utf-8"), "utf8"
     except UnicodeDecodeError:
         return base64.b64encode(raw).decode("ascii"), "base64"
+
+
+def _checked_id(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    """The daemon's rule for ids, checked here: an Idempotency-Key header would silently
+    lose leading and trailing spaces, so the daemon would bind a different id."""
+    if value is not None and (problem := client_message_id_problem(value)):
+        raise click.BadParameter(f"client_message_id {problem} (got {value!r})")
+    return value
 
 
 def build_request(to: str, body: str, encoding: str, priority: str, meta: str | None,
@@ -68,7 +83,7 @@ def build_request(to: str, body: str, encoding: str, priority: str, meta: str | 
 @click.option("--priority", type=click.Choice(["now", "next", "low"]), default="next",
               show_default=True)
 @click.option("--reply-to", default=None, help="broker_message_id this replies to.")
-@click.option("--id", "client_id", default=None,
+@click.option("--id", "client_id", default=None, callback=_checked_id,
               help="client_message_id; a retry with the same id and body is sent once.")
 @json_option
 def send_cmd(mesh: str, message: str | None, to: str, file: Path | None, as_base64: bool,

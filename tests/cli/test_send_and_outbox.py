@@ -151,3 +151,19 @@ def test_send_with_a_missing_file_is_a_usage_error(short_tmp: Path) -> None:
     assert "does not exist" in res.stderr and "Traceback" not in res.stderr
 
 
+
+
+def test_send_refuses_empty_stdin_and_untrimmed_ids_and_sends_nothing(short_tmp: Path) -> None:
+    d = start_daemon(short_tmp)
+    try:
+        send = ("send", "--mesh", "t", "--to", "topic:ops")
+        empty = run_cli(short_tmp, *send, stdin=b"")
+        assert empty.returncode == Exit.USAGE, empty.stdout
+        assert "stdin was empty" in empty.stderr
+        for bad in (" bad", "bad ", ""):
+            res = run_cli(short_tmp, *send, "--id", bad, "hi")
+            assert res.returncode == Exit.USAGE, (bad, res.stdout)
+            assert "--id" in res.stderr and "client_message_id" in res.stderr
+        assert d.outbox_rows() == []
+    finally:
+        assert d.stop() == 0

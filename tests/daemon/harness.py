@@ -116,6 +116,7 @@ def run_cli(home: Path, *args: str, stdin: bytes | None = None,
             timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
     """Run the real ``tidemesh`` CLI in a subprocess."""
     return subprocess.run(
-        [sys.executable, "-m", "tidemesh", *args], input=stdin.decode() if stdin else None,
-        capture_output=True, text=True, env=daemon_env(home), timeout=timeout, check=False,
+        [sys.executable, "-m", "tidemesh", *args],
+        input=stdin.decode() if stdin is not None else None, capture_output=True, text=True,
+        env=daemon_env(home), timeout=timeout, check=False,
     )
