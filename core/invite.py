@@ -1,6 +1,8 @@
 """Invite strings: ``tm1.`` + base64url(JSON {url, mesh_id, mesh, token}), no padding.
 
-The token is a random secret; the broker keeps only its sha256 (``token_hash``).
+The token is a random secret; the broker keeps only its sha256 (``token_hash``). A refused
+invite closes the join with reason ``invite_invalid:<why>`` (``Refusal``), which the joining
+host turns back into a sentence (``explain_refusal``).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import hashlib
 import json
 import secrets
 from dataclasses import dataclass
+from enum import StrEnum
 
 from tidemesh.core.errors import InvalidRequest
 
@@ -28,6 +31,55 @@ class Invite:
         data = {"url": self.url, "mesh_id": self.mesh_id, "mesh": self.mesh, "token": self.token}
         raw = json.dumps(data, separators=(",", ":"), sort_keys=True).encode()
         return PREFIX + base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
+
+
+class Refusal(StrEnum):
+    """Why the broker would not redeem an invite."""
+
+    UNKNOWN = "unknown"
+    REVOKED = "revoked"
+    EXPIRED = "expired"
+    USED_UP = "used_up"
+
+
+REFUSED = "invite_invalid"
+_EXPLAINED = {
+    Refusal.UNKNOWN: "the invite is unknown to this broker (mistyped, or made for another "
+                     "broker or store); ask the operator for a new one",
+    Refusal.REVOKED: "the invite was revoked; ask the operator for a new one",
+    Refusal.EXPIRED: "the invite has expired; ask the operator for a new one "
+                     "(`tidemesh broker invite create --expires …`)",
+    Refusal.USED_UP: "the invite is used up: all its uses were redeemed; ask the operator for "
+                     "a new one (`tidemesh broker invite create --uses N`)",
+}
+
+
+def refusal(row: tuple[int, int, int | None, int | None] | None, now_ms: int) -> Refusal:
+    """Why an invite row (uses, max_uses, expires_at, revoked_at), or None when no invite has
+    the token, cannot be redeemed at ``now_ms``."""
+    if row is None:
+        return Refusal.UNKNOWN
+    uses, max_uses, expires_at, revoked_at = row
+    if revoked_at is not None:
+        return Refusal.REVOKED
+    if expires_at is not None and expires_at <= now_ms:
+        return Refusal.EXPIRED
+    if uses >= max_uses:
+        return Refusal.USED_UP
+    raise ValueError("the invite is redeemable")
+
+
+def refusal_reason(why: Refusal) -> str:
+    """The close reason for a refused join: ``invite_invalid:<why>``."""
+    return f"{REFUSED}:{why.value}"
+
+
+def explain_refusal(reason: str) -> str | None:
+    """The sentence for a close reason made by ``refusal_reason``, else None."""
+    kind, _, why = reason.partition(":")
+    if kind != REFUSED or why not in Refusal.__members__.values():
+        return None
+    return _EXPLAINED[Refusal(why)]
 
 
 def new_token() -> str:

@@ -29,6 +29,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
 from tidemesh.core import features, handshake
 from tidemesh.core.features import CloseReason
+from tidemesh.core.invite import explain_refusal
 from tidemesh.core.wire import CloseCode, InvalidFrame, decode, encode
 
 log = structlog.get_logger(__name__)
@@ -45,7 +46,9 @@ class HandshakeRejected(LinkError):
     """The broker closed during the handshake (unknown or revoked member, bad signature …)."""
 
     def __init__(self, code: int | None, reason: str) -> None:
-        super().__init__(f"the broker refused this member (close {code}: {reason})")
+        why = explain_refusal(reason)
+        super().__init__(f"the broker refused this member (close {code}: {reason})"
+                         + (f": {why}" if why else ""))
         self.code = code
         self.reason = reason
         # Revocation or an unknown key will not fix itself; a transient close might. A hello

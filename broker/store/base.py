@@ -13,12 +13,23 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from tidemesh.broker.accept import AcceptInput, AcceptResult
+from tidemesh.core import invite as invites
+from tidemesh.core.errors import NotFound
 
 TABLES = (
     "mesh", "member", "invite", "topic", "topic_subscription", "queue_consumer",
     "client_message_dedupe", "topic_message", "message_queue", "message_history",
     "recipient_cursor", "delivery_queue",
 )
+
+
+def invite_refused(row: Sequence[Any] | None, now_ms: int) -> NotFound:
+    """The error for an invite that could not be redeemed, saying why; ``row`` is the
+    invite's (uses, max_uses, expires_at, revoked_at), or None when no invite has the token."""
+    state = None if row is None else (int(row[0]), int(row[1]), row[2], row[3])
+    why = invites.refusal(state, now_ms)
+    return NotFound(invites.explain_refusal(invites.refusal_reason(why)) or why.value,
+                    reason=invites.refusal_reason(why))
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,7 +44,15 @@ from tidemesh.broker.accept import (
     recipients_for,
 )
 from tidemesh.broker.store import migrate
-from tidemesh.broker.store.base import TABLES, Cursor, DeliveryRow, Member, Mesh, Reassigned
+from tidemesh.broker.store.base import (
+    TABLES,
+    Cursor,
+    DeliveryRow,
+    Member,
+    Mesh,
+    Reassigned,
+    invite_refused,
+)
 from tidemesh.core.errors import (
     Conflict,
     NotFound,
@@ -231,7 +239,8 @@ class PostgresStore:
                 " AND (expires_at IS NULL OR expires_at > $3) RETURNING id",
                 mesh_id, token_sha256, now_ms)
             if invite_id is None:
-                raise NotFound("the invite is unknown, expired or used up", reason="invite_invalid")
+                state = await conn.fetchrow(INVITE_STATE_SQL, mesh_id, token_sha256)
+                raise invite_refused(state, now_ms)
             await conn.execute(
                 "INSERT INTO mesh.member (mesh_id, pubkey, display_name, invite_id, joined_at)"
                 " VALUES ($1, $2, $3, $4, $5)", mesh_id, pubkey, display_name, invite_id, now_ms)
@@ -389,6 +398,10 @@ class PostgresStore:
         for t in TABLES:
             out[t] = int(await self.pool.fetchval(f"SELECT count(*) FROM mesh.{t}"))  # noqa: S608
         return out
+
+
+INVITE_STATE_SQL = ("SELECT uses, max_uses, expires_at, revoked_at FROM mesh.invite"
+                    " WHERE mesh_id = $1 AND token_sha256 = $2")
 
 
 async def _member(conn: Any, mesh_id: str, pubkey: str) -> Member | None:

@@ -35,7 +35,15 @@ from tidemesh.broker.accept import (
     recipients_for,
 )
 from tidemesh.broker.store import migrate
-from tidemesh.broker.store.base import TABLES, Cursor, DeliveryRow, Member, Mesh, Reassigned
+from tidemesh.broker.store.base import (
+    TABLES,
+    Cursor,
+    DeliveryRow,
+    Member,
+    Mesh,
+    Reassigned,
+    invite_refused,
+)
 from tidemesh.core.errors import Conflict, NotFound, TidemeshError, Unavailable, UnknownDestination
 from tidemesh.core.ids import new_ulid
 
@@ -238,7 +246,8 @@ class SqliteStore:
                 " AND (expires_at IS NULL OR expires_at > ?) RETURNING id",
                 (mesh_id, token_sha256, now_ms)).fetchone()
             if row is None:
-                raise NotFound("the invite is unknown, expired or used up", reason="invite_invalid")
+                state = conn.execute(INVITE_STATE_SQL, (mesh_id, token_sha256)).fetchone()
+                raise invite_refused(state, now_ms)
             conn.execute(
                 "INSERT INTO member (mesh_id, pubkey, display_name, invite_id, joined_at)"
                 " VALUES (?, ?, ?, ?, ?)", (mesh_id, pubkey, display_name, row[0], now_ms))
@@ -375,6 +384,9 @@ def _member(conn: sqlite3.Connection, mesh_id: str, pubkey: str) -> Member | Non
                        " WHERE mesh_id = ? AND pubkey = ?", (mesh_id, pubkey)).fetchone()
     return Member(*row) if row else None
 
+
+INVITE_STATE_SQL = ("SELECT uses, max_uses, expires_at, revoked_at FROM invite"
+                    " WHERE mesh_id = ? AND token_sha256 = ?")
 
 CLAIM_SQL = """
 INSERT INTO client_message_dedupe (mesh_id, sender_pubkey, client_message_id, broker_message_id,

@@ -7,10 +7,12 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from tidemesh.core import invite as invites
 from tidemesh.core.paths import daemon_paths
 
 
@@ -48,3 +50,37 @@ def test_invite_then_join_then_list(tmp_path: Path) -> None:
     members = json.loads(_tm(ops, "broker", "member", "list", "--mesh", "team", "--json").stdout)
     assert [(m["pubkey"], m["display_name"]) for m in members] == [
         (config["member_pubkey"], "laptop")]
+
+
+@pytest.mark.slow
+def test_join_says_why_an_invite_is_refused(tmp_path: Path) -> None:
+    ops = tmp_path / "ops"
+    assert _tm(ops, "broker", "mesh", "create", "team").returncode == 0
+    env = {**os.environ, "TIDEMESH_HOME": str(ops), "TIDEMESH_LOG_FORMAT": "json"}
+    broker = subprocess.Popen([sys.executable, "-m", "tidemesh", "broker", "up", "--listen",
+                               "127.0.0.1:0"], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert broker.stdout is not None
+        url = json.loads(broker.stdout.readline())["url"]
+
+        def invite(*args: str) -> str:
+            made = _tm(ops, "broker", "invite", "create", "--mesh", "team", "--url", url, *args)
+            assert made.returncode == 0, made.stderr
+            return made.stdout.strip()
+
+        once, short = invite("--uses", "1"), invite("--expires", "1s")
+        real = invites.decode(once)
+        forged = invites.Invite(real.url, real.mesh_id, real.mesh, invites.new_token()).encode()
+        assert _tm(tmp_path / "first", "daemon", "join", once).returncode == 0
+        time.sleep(1.2)
+        for label, text, words in [("used", once, "used up"), ("late", short, "expired"),
+                                   ("forged", forged, "unknown")]:
+            res = _tm(tmp_path / label, "daemon", "join", text)
+            assert res.returncode == 8, res.stderr
+            assert "invite_invalid" in res.stderr and words in res.stderr, res.stderr
+    finally:
+        broker.send_signal(signal.SIGTERM)
+        assert broker.wait(20) == 0
+        assert broker.stdout is not None
+        broker.stdout.close()

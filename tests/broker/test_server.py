@@ -296,7 +296,7 @@ async def test_join_registers_the_key_and_saves_mesh_config(
     other = daemon_paths("team", {"TIDEMESH_HOME": str(tmp_path / "home2")})
     with pytest.raises(HandshakeRejected) as info:
         await join(inv.text, other)  # single-use invite
-    assert info.value.reason == "invite_invalid"
+    assert info.value.reason == "invite_invalid:used_up"
 
 
 async def test_peers_and_presence_events(broker: Broker) -> None:

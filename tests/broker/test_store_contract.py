@@ -11,6 +11,7 @@ from tests.broker.conftest import LIMITS, accept_input, new_pubkey, now_ms
 from tidemesh.broker.accept import Limits, pick_queue_consumer
 from tidemesh.broker.store import open_store
 from tidemesh.broker.store.base import Store
+from tidemesh.core.errors import NotFound
 from tidemesh.core.fingerprint import prefix
 
 
@@ -223,6 +224,20 @@ async def test_invites_are_single_use_and_revocation_sticks(store: Store) -> Non
     assert member is not None and member.revoked_at == t
     assert [m.pubkey for m in await store.list_members(mesh.id)] == [a]
 
+
+
+async def test_invite_refusals_say_whether_unknown_expired_or_used_up(store: Store) -> None:
+    t = now_ms()
+    mesh = await store.create_mesh("refusals", t)
+    await store.create_invite(mesh.id, b"u" * 32, 1, None, t)
+    await store.create_invite(mesh.id, b"e" * 32, 5, t - 1, t - 10)
+    await store.redeem_invite(mesh.id, b"u" * 32, new_pubkey(), None, t)
+    for token, reason, words in [(b"u" * 32, "invite_invalid:used_up", "used up"),
+                                 (b"e" * 32, "invite_invalid:expired", "expired"),
+                                 (b"x" * 32, "invite_invalid:unknown", "unknown")]:
+        with pytest.raises(NotFound, match=words) as info:
+            await store.redeem_invite(mesh.id, token, new_pubkey(), None, t)
+        assert info.value.details["reason"] == reason
 
 async def test_queue_pick_is_the_same_on_every_store(store: Store) -> None:
     w = await _world(store)
