@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sqlite3
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -51,8 +52,30 @@ T = TypeVar("T")
 log = structlog.get_logger(__name__)
 
 
+def _private_folder(folder: Path) -> None:
+    """Create the store's folder 0700. A folder that already exists is the operator's choice
+    (``sqlite:///srv/shared/broker.db``) and keeps its mode."""
+    if folder.exists():
+        return
+    folder.mkdir(parents=True, mode=0o700)
+    os.chmod(folder, 0o700)  # mkdir's mode is narrowed by the umask, never widened
+
+
+def _private_file(path: Path) -> None:
+    """Make the database file 0600 before SQLite opens it: SQLite would create it with the
+    umask's mode (usually 0644), and it gives its -wal and -shm files the database file's
+    mode. An existing file is narrowed too, so older stores become private."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
+
+
 def connect(path: Path, *, readonly: bool = False) -> sqlite3.Connection:
     """Open a connection with the PRAGMAs of every broker connection, set here only."""
+    if not readonly:
+        _private_file(path)
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     conn.execute("PRAGMA busy_timeout = 10000")
     conn.execute("PRAGMA foreign_keys = ON")
@@ -95,7 +118,7 @@ class SqliteStore:
     ) -> SqliteStore:
         store = cls(path, batch_max)
         loop = asyncio.get_running_loop()
-        path.parent.mkdir(parents=True, exist_ok=True)
+        _private_folder(path.parent)
 
         def _open() -> None:
             store._wconn = connect(path)

@@ -10,6 +10,7 @@ Later items in a batch see the rows earlier items wrote, so decisions stay seria
 from __future__ import annotations
 
 import asyncio
+import os
 import sqlite3
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -39,7 +40,20 @@ def configure(conn: sqlite3.Connection, *, readonly: bool = False) -> None:
     conn.execute("PRAGMA synchronous = FULL")
 
 
+def create_private(path: Path) -> None:
+    """Make the database file 0600 before SQLite opens it: SQLite would create it with the
+    umask's mode (usually 0644), and it gives the -wal and -shm files it creates the database
+    file's mode. An existing file is narrowed too, so older stores become private."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
+
+
 def connect(path: Path, *, readonly: bool = False) -> sqlite3.Connection:
+    if not readonly:
+        create_private(path)
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     conn.row_factory = sqlite3.Row
     configure(conn, readonly=readonly)

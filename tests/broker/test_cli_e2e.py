@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -79,6 +80,29 @@ def test_join_says_why_an_invite_is_refused(tmp_path: Path) -> None:
             res = _tm(tmp_path / label, "daemon", "join", text)
             assert res.returncode == 8, res.stderr
             assert "invite_invalid" in res.stderr and words in res.stderr, res.stderr
+    finally:
+        broker.send_signal(signal.SIGTERM)
+        assert broker.wait(20) == 0
+        assert broker.stdout is not None
+        broker.stdout.close()
+
+
+@pytest.mark.slow
+def test_the_embedded_store_folder_and_files_are_private(tmp_path: Path) -> None:
+    ops = tmp_path / "ops"
+    assert _tm(ops, "broker", "mesh", "create", "team").returncode == 0
+    env = {**os.environ, "TIDEMESH_HOME": str(ops), "TIDEMESH_LOG_FORMAT": "json"}
+    broker = subprocess.Popen([sys.executable, "-m", "tidemesh", "broker", "up", "--listen",
+                               "127.0.0.1:0"], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert broker.stdout is not None
+        json.loads(broker.stdout.readline())
+        folder = ops / "broker"
+        assert oct(stat.S_IMODE(folder.stat().st_mode)) == oct(0o700)
+        files = {p.name: oct(stat.S_IMODE(p.stat().st_mode)) for p in folder.glob("broker.db*")}
+        assert {"broker.db", "broker.db-wal"} <= files.keys()
+        assert files == {name: oct(0o600) for name in files}
     finally:
         broker.send_signal(signal.SIGTERM)
         assert broker.wait(20) == 0
