@@ -29,6 +29,20 @@ class CreatedInvite:
     expires_at: int | None
 
 
+# The broker_info key under which a starting broker records the address it serves.
+PUBLIC_URL = "public_url"
+
+
+async def record_public_url(store: Store, url: str) -> None:
+    await store.set_info(PUBLIC_URL, url, now_ms())
+
+
+async def invite_url(store: Store, configured: str | None, default: str) -> str:
+    """The address an invite carries: one given (``--url``, ``broker.public_url``), else the
+    one the broker recorded when it last started, else the configured listen address."""
+    return configured or await store.get_info(PUBLIC_URL) or default
+
+
 async def create_invite(store: Store, mesh_name: str, url: str, uses: int,
                         expires: str | None) -> CreatedInvite:
     mesh = await mesh_by_name(store, mesh_name)

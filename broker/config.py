@@ -21,7 +21,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("broker.store", str, None, "sqlite:///PATH or postgresql://…; default embedded SQLite.",
             optional=True),
     Setting("broker.public_url", str, None, "ws(s):// address printed into invites; default "
-            "ws://LISTEN.", optional=True),
+            "ws://LISTEN with the port really bound, recorded in the store at start.",
+            optional=True),
     Setting("store.pool_size", int, 4, "PostgreSQL pool for everything but accepts."),
     Setting("store.batch_max", int, 512, "Most sends group-committed in one transaction."),
     Setting("store.writers", int, 2, "PostgreSQL accept writers (batches committing at once)."),

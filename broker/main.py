@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 import structlog
 
+from tidemesh.broker import admin
 from tidemesh.broker import log as broker_log
 from tidemesh.broker.accept import Limits
 from tidemesh.broker.config import BrokerSettings, config_file, load, read_file, store_url
@@ -49,8 +50,12 @@ async def with_store(settings: BrokerSettings, fn: Callable[[Store], Awaitable[T
 
 
 def public_url(settings: BrokerSettings) -> str:
-    host, port = settings.host_port
-    return settings.broker_public_url or f"ws://{host}:{port}"
+    return served_url(settings, settings.host_port[1])
+
+
+def served_url(settings: BrokerSettings, port: int) -> str:
+    """``broker.public_url`` if set, else the address listened on (``port`` once bound)."""
+    return settings.broker_public_url or f"ws://{settings.host_port[0]}:{port}"
 
 
 async def _every(interval_s: float, name: str, fn: Callable[[], Awaitable[Any]]) -> None:
@@ -94,6 +99,8 @@ async def run(settings: BrokerSettings, stop: asyncio.Event,
     failed: WriterStopped | None = None
     try:
         await server.start(*settings.host_port)
+        # Invites made from the CLI read this, so they name the port really listened on.
+        await admin.record_public_url(store, served_url(settings, server.port))
         if ready is not None:
             ready(server.port)
         try:

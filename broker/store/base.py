@@ -19,7 +19,7 @@ from tidemesh.core.errors import NotFound
 TABLES = (
     "mesh", "member", "invite", "topic", "topic_subscription", "queue_consumer",
     "client_message_dedupe", "topic_message", "message_queue", "message_history",
-    "recipient_cursor", "delivery_queue",
+    "recipient_cursor", "delivery_queue", "broker_info",
 )
 
 
@@ -135,6 +135,10 @@ class Store(Protocol):
     # retention (spec §17.5-6)
     async def delete_expired_dedupe(self, now_ms: int) -> int: ...
     async def prune_messages(self, created_before: int, stall_before: int) -> int: ...
+
+    # what the running broker says about itself (``broker_info``)
+    async def set_info(self, key: str, value: str, now_ms: int) -> None: ...
+    async def get_info(self, key: str) -> str | None: ...
 
     # operators and tests
     async def counts(self) -> dict[str, int]: ...

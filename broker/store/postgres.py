@@ -393,6 +393,16 @@ class PostgresStore:
                                " WHERE broker_message_id = ANY($1)", ids)
             return len(ids)
 
+    async def set_info(self, key: str, value: str, now_ms: int) -> None:
+        await self.pool.execute(
+            "INSERT INTO mesh.broker_info (key, value, updated_at) VALUES ($1, $2, $3)"
+            " ON CONFLICT (key) DO UPDATE SET value = excluded.value,"
+            " updated_at = excluded.updated_at", key, value, now_ms)
+
+    async def get_info(self, key: str) -> str | None:
+        value = await self.pool.fetchval("SELECT value FROM mesh.broker_info WHERE key = $1", key)
+        return None if value is None else str(value)
+
     async def counts(self) -> dict[str, int]:
         out = {}
         for t in TABLES:

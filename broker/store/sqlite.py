@@ -394,6 +394,19 @@ class SqliteStore:
     async def prune_messages(self, created_before: int, stall_before: int) -> int:
         return await self._write(lambda c: _prune(c, created_before, stall_before))
 
+    async def set_info(self, key: str, value: str, now_ms: int) -> None:
+        await self._write(lambda c: c.execute(
+            "INSERT INTO broker_info (key, value, updated_at) VALUES (?, ?, ?) ON CONFLICT (key)"
+            " DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at",
+            (key, value, now_ms)))
+
+    async def get_info(self, key: str) -> str | None:
+        def fn(conn: sqlite3.Connection) -> str | None:
+            row = conn.execute("SELECT value FROM broker_info WHERE key = ?", (key,)).fetchone()
+            return None if row is None else str(row[0])
+
+        return await self._read(fn)
+
     async def counts(self) -> dict[str, int]:
         def fn(conn: sqlite3.Connection) -> dict[str, int]:
             return {t: conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0]  # noqa: S608

@@ -105,13 +105,18 @@ def invite_group() -> None:
 @click.option("--mesh", required=True, help="Mesh name.")
 @click.option("--uses", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--expires", default="7d", show_default=True, help="30m, 12h, 7d, 2w.")
-@click.option("--url", default=None, help="Broker address in the invite; default public_url.")
+@click.option("--url", default=None, help="Broker address in the invite; default "
+              "broker.public_url, else the address the broker serves (recorded when it starts).")
 def invite_create(store: str | None, mesh: str, uses: int, expires: str, url: str | None) -> None:
     """Print an invite string for `tidemesh daemon join`."""
     settings = _settings({"broker.store": store})
-    broker_url = url or broker_main.public_url(settings)
-    made = _run(store, lambda s: admin.create_invite(s, mesh, broker_url, uses, expires))
-    click.echo(made.text)
+
+    async def make(s: Store) -> admin.CreatedInvite:
+        broker_url = await admin.invite_url(s, url or settings.broker_public_url,
+                                            broker_main.public_url(settings))
+        return await admin.create_invite(s, mesh, broker_url, uses, expires)
+
+    click.echo(_run(store, make).text)
 
 
 @broker_group.group("member")

@@ -9,6 +9,8 @@ import stat
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,23 @@ def _tm(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "TIDEMESH_HOME": str(home), "TIDEMESH_LOG_FORMAT": "json"}
     return subprocess.run([sys.executable, "-m", "tidemesh", *args], env=env, text=True,
                           capture_output=True, timeout=60, check=False)
+
+
+@contextmanager
+def _broker_up(home: Path, *args: str) -> Iterator[str]:
+    """``broker up`` on a free port until the block ends; yields the URL it says it serves."""
+    env = {**os.environ, "TIDEMESH_HOME": str(home), "TIDEMESH_LOG_FORMAT": "json"}
+    broker = subprocess.Popen([sys.executable, "-m", "tidemesh", "broker", "up", "--listen",
+                               "127.0.0.1:0", *args], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert broker.stdout is not None
+        yield str(json.loads(broker.stdout.readline())["url"])
+    finally:
+        broker.send_signal(signal.SIGTERM)
+        assert broker.wait(20) == 0
+        assert broker.stdout is not None
+        broker.stdout.close()
 
 
 @pytest.mark.slow
@@ -53,17 +72,12 @@ def test_invite_then_join_then_list(tmp_path: Path) -> None:
         (config["member_pubkey"], "laptop")]
 
 
+
 @pytest.mark.slow
 def test_join_says_why_an_invite_is_refused(tmp_path: Path) -> None:
     ops = tmp_path / "ops"
     assert _tm(ops, "broker", "mesh", "create", "team").returncode == 0
-    env = {**os.environ, "TIDEMESH_HOME": str(ops), "TIDEMESH_LOG_FORMAT": "json"}
-    broker = subprocess.Popen([sys.executable, "-m", "tidemesh", "broker", "up", "--listen",
-                               "127.0.0.1:0"], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.DEVNULL, text=True)
-    try:
-        assert broker.stdout is not None
-        url = json.loads(broker.stdout.readline())["url"]
+    with _broker_up(ops) as url:
 
         def invite(*args: str) -> str:
             made = _tm(ops, "broker", "invite", "create", "--mesh", "team", "--url", url, *args)
@@ -80,31 +94,34 @@ def test_join_says_why_an_invite_is_refused(tmp_path: Path) -> None:
             res = _tm(tmp_path / label, "daemon", "join", text)
             assert res.returncode == 8, res.stderr
             assert "invite_invalid" in res.stderr and words in res.stderr, res.stderr
-    finally:
-        broker.send_signal(signal.SIGTERM)
-        assert broker.wait(20) == 0
-        assert broker.stdout is not None
-        broker.stdout.close()
 
 
 @pytest.mark.slow
 def test_the_embedded_store_folder_and_files_are_private(tmp_path: Path) -> None:
     ops = tmp_path / "ops"
     assert _tm(ops, "broker", "mesh", "create", "team").returncode == 0
-    env = {**os.environ, "TIDEMESH_HOME": str(ops), "TIDEMESH_LOG_FORMAT": "json"}
-    broker = subprocess.Popen([sys.executable, "-m", "tidemesh", "broker", "up", "--listen",
-                               "127.0.0.1:0"], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.DEVNULL, text=True)
-    try:
-        assert broker.stdout is not None
-        json.loads(broker.stdout.readline())
+    with _broker_up(ops):
         folder = ops / "broker"
         assert oct(stat.S_IMODE(folder.stat().st_mode)) == oct(0o700)
         files = {p.name: oct(stat.S_IMODE(p.stat().st_mode)) for p in folder.glob("broker.db*")}
         assert {"broker.db", "broker.db-wal"} <= files.keys()
         assert files == {name: oct(0o600) for name in files}
-    finally:
-        broker.send_signal(signal.SIGTERM)
-        assert broker.wait(20) == 0
-        assert broker.stdout is not None
-        broker.stdout.close()
+
+
+@pytest.mark.slow
+def test_invites_carry_the_address_the_running_broker_serves(tmp_path: Path) -> None:
+    ops = tmp_path / "ops"
+    assert _tm(ops, "broker", "mesh", "create", "team").returncode == 0
+    with _broker_up(ops) as url:
+        assert not url.endswith(":7800")
+        made = _tm(ops, "broker", "invite", "create", "--mesh", "team")
+        assert made.returncode == 0, made.stderr
+        assert invites.decode(made.stdout).url == url
+        joined = _tm(tmp_path / "host", "daemon", "join", made.stdout.strip())
+        assert joined.returncode == 0, joined.stderr
+        override = _tm(ops, "broker", "invite", "create", "--mesh", "team",
+                       "--url", "wss://override.example")
+        assert invites.decode(override.stdout).url == "wss://override.example"
+    with _broker_up(ops, "--public-url", "wss://broker.example:7443"):
+        made = _tm(ops, "broker", "invite", "create", "--mesh", "team")
+        assert invites.decode(made.stdout).url == "wss://broker.example:7443"
