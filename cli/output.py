@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
 import click
@@ -27,6 +27,33 @@ def table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> None:
     click.echo("  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True)))
     for row in cells:
         click.echo("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)))
+
+
+def text_value(value: Any) -> str:
+    """One value as a person reads it: ``-`` for nothing, yes/no, ``kind:ref`` for a
+    destination, ``k=v, …`` for a mapping, ``a, b`` for a list; never a Python repr."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, Mapping):
+        if value.keys() == {"kind", "ref"}:
+            return f"{value['kind']}:{value['ref']}"
+        return ", ".join(f"{k}={_nested(v)}" for k, v in value.items()) or "-"
+    if isinstance(value, list | tuple):
+        return ", ".join(text_value(v) for v in value) or "-"
+    return str(value)
+
+
+def _nested(value: Any) -> str:
+    return f"({text_value(value)})" if isinstance(value, Mapping) else text_value(value)
+
+
+def fields(data: Mapping[str, Any]) -> None:
+    """Print ``key value`` lines, the values aligned, for the human form of one record."""
+    width = max((len(k) for k in data), default=0)
+    for key, value in data.items():
+        click.echo(f"{key:{width}}  {text_value(value)}")
 
 
 def exit_code_for(err: TidemeshError) -> Exit:

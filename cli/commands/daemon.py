@@ -14,7 +14,7 @@ import click
 import tidemesh
 from tidemesh.cli.client import DaemonClient, DaemonNotRunning
 from tidemesh.cli.commands.common import client_for, json_option, mesh_option, paths_for
-from tidemesh.cli.output import emit_json, fail
+from tidemesh.cli.output import emit_json, fail, fields
 from tidemesh.core.errors import TidemeshError
 from tidemesh.core.exitcodes import Exit
 from tidemesh.core.paths import DaemonPaths
@@ -179,8 +179,7 @@ def status(mesh: str, as_json: bool) -> None:
     if as_json:
         emit_json(report)
     else:
-        for key, value in report.items():
-            click.echo(f"{key:14} {value}")
+        fields(report)
     sys.exit(int(code))
 
 

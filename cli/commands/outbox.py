@@ -12,7 +12,7 @@ import click
 
 from tidemesh.cli.client import DaemonNotRunning
 from tidemesh.cli.commands.common import client_for, json_option, mesh_option, paths_for
-from tidemesh.cli.output import emit_json, fail, table
+from tidemesh.cli.output import emit_json, fail, fields, table
 from tidemesh.core.errors import InvalidRequest, TidemeshError
 from tidemesh.daemon import main as daemon_main
 from tidemesh.daemon import offline
@@ -76,11 +76,12 @@ def inspect_cmd(mesh: str, row_id: str, as_json: bool) -> None:
     if as_json:
         emit_json(row)
         return
-    for key, value in row.items():
-        if key != "chain":
-            click.echo(f"{key:27} {value}")
-    click.echo("chain                       " + " → ".join(
-        f"[{i}]" if i == row_id else i for i in row["chain"]))
+    request = row.get("request") or {}
+    fields({**{k: v for k, v in row.items() if k not in ("chain", "request")},
+            "chain": " → ".join(f"[{i}]" if i == row_id else i for i in row["chain"])})
+    click.echo("request (as sent to the broker; a DM's body is sealed):")
+    click.echo("\n".join("  " + line for line in json.dumps(
+        request, indent=2, ensure_ascii=False).splitlines()))
 
 
 def _patch(path: Path | None) -> dict[str, Any] | None:

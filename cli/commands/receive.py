@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from tidemesh.cli.commands.common import client_for, json_option, mesh_option
-from tidemesh.cli.output import emit_json, fail, table
+from tidemesh.cli.output import emit_json, fail, fields, table
 from tidemesh.core.errors import TidemeshError
 
 
@@ -170,7 +170,6 @@ def profile_cmd(mesh: str, summary: str | None, status: str | None, visible: boo
     if as_json:
         emit_json(data)
         return
-    for key, value in data["profile"].items():
-        click.echo(f"{key:13} {value}")
+    fields(data["profile"])
     if patch and not data.get("published"):
         click.echo("(saved; published to the broker when the daemon reconnects)")

@@ -157,8 +157,11 @@ class OutboxService:
         return counts, 0 if oldest is None else max(0, self._now_ms() - oldest)
 
     async def inspect(self, row_id: str) -> dict[str, Any]:
+        """One row, its requeue chain, and the request it sends (the stored payload)."""
         def _read(conn: sqlite3.Connection) -> dict[str, Any]:
-            return row_view(outbox.get(conn, row_id), outbox.chain(conn, row_id))
+            row = outbox.get(conn, row_id)
+            return {**row_view(row, outbox.chain(conn, row_id)),
+                    "request": orjson.loads(row["payload"])}
 
         return await self.db.read(_read)
 

@@ -167,3 +167,34 @@ def test_send_refuses_empty_stdin_and_untrimmed_ids_and_sends_nothing(short_tmp:
         assert d.outbox_rows() == []
     finally:
         assert d.stop() == 0
+
+
+def _no_python_reprs(text: str) -> None:
+    assert "{'" not in text and "['" not in text, text
+    assert not any(w in text.split() for w in ("None", "True", "False")), text
+
+
+def test_status_and_inspect_read_as_text_and_inspect_shows_the_request(short_tmp: Path) -> None:
+    down = run_cli(short_tmp, "daemon", "status", "--mesh", "t")
+    assert down.returncode == Exit.NOT_RUNNING
+    _no_python_reprs(down.stdout)
+    d = start_daemon(short_tmp)
+    try:
+        run_cli(short_tmp, "send", "--mesh", "t", "--to", "topic:ops", "--id", "look-1",
+                "--meta", '{"job": 7}', "the body to look at")
+        up = run_cli(short_tmp, "daemon", "status", "--mesh", "t")
+        _no_python_reprs(up.stdout)
+        assert "pending=1" in up.stdout, up.stdout
+        row_id = str(d.outbox_rows()[0]["id"])
+        shown = run_cli(short_tmp, "daemon", "outbox", "inspect", row_id, "--mesh", "t")
+        assert shown.returncode == 0, shown.stderr
+        _no_python_reprs(shown.stdout)
+        assert "topic:ops" in shown.stdout and "the body to look at" in shown.stdout
+        raw = _json(run_cli(short_tmp, "daemon", "outbox", "inspect", row_id, "--mesh", "t",
+                            "--json"))
+        assert raw["request"] == {"to": {"kind": "topic", "ref": "ops"},  # type: ignore[index]
+                                  "body": "the body to look at", "body_encoding": "utf8",
+                                  "priority": "next", "meta": {"job": 7}, "reply_to": None}
+        assert raw["to"] == {"kind": "topic", "ref": "ops"}, "--json stays as it was"
+    finally:
+        assert d.stop() == 0
