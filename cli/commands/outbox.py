@@ -127,7 +127,8 @@ def requeue_cmd(mesh: str, row_id: str, new_client_id: str | None, auto: bool,
 
 def prune_command(which: str) -> click.Command:
     """``outbox prune`` and ``inbox prune``: retention now, over IPC or on the files."""
-    @click.command("prune")
+    @click.command("prune", help=f"Delete what {which} retention lets go now (docs/daemon.md, "
+                                  "'What the daemon keeps'); works with the daemon down too.")
     @mesh_option
     @click.option("--dry-run", is_flag=True, help="Count what would be deleted; delete nothing.")
     @json_option
@@ -152,8 +153,6 @@ def prune_command(which: str) -> click.Command:
                  else "")
         click.echo(f"{which}: {verb} {result['deleted']} rows{extra}")
 
-    prune_cmd.__doc__ = (f"Delete what {which} retention lets go now (docs/daemon.md, "
-                         "'What the daemon keeps').")
     return prune_cmd
 
 
