@@ -4,14 +4,19 @@ afresh, the broker's dedupe answers it duplicate, and the recipient still has it
 from __future__ import annotations
 
 import asyncio
+import os
 import sqlite3
+import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.daemon.harness import RunningDaemon
+from tests.daemon.harness import RunningDaemon, start_daemon
 from tests.e2e.harness import Mesh, connected, inbox, wait_for
+from tidemesh.cli.client import DaemonClient
 from tidemesh.core.retention import HOUR_MS
 from tidemesh.daemon.service.retention import RetentionService, RetentionSettings
 from tidemesh.daemon.stores import open_outbox
@@ -19,7 +24,7 @@ from tidemesh.daemon.stores import open_outbox
 pytestmark = pytest.mark.slow
 
 
-async def _send(d: RunningDaemon, cid: str, body: str) -> tuple[int, dict[str, object]]:
+async def _send(d: RunningDaemon, cid: str, body: str) -> tuple[int, dict[str, Any]]:
     async with d.session() as s, s.post("/v1/send", json={"to": "topic:ops", "body": body},
                                         headers={"Idempotency-Key": cid}) as r:
         return r.status, await r.json()
@@ -80,3 +85,47 @@ async def test_a_pruned_id_retried_is_answered_duplicate_and_delivered_once(
 
 async def _count(d: RunningDaemon, cid: str) -> int:
     return sum(1 for e in await inbox(d) if e["client_message_id"] == cid)
+
+
+@pytest.fixture
+def small_fs() -> Iterator[Path]:
+    """A 48 MiB tmpfs, so that the floor can be crossed for real."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
+    target = Path(f"/tmp/tm-fs-e{os.getpid()}")
+    target.mkdir(exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(target)], check=True)
+    try:
+        yield target
+    finally:
+        subprocess.run(["umount", "-l", str(target)], check=False)
+        target.rmdir()
+
+
+async def test_under_the_floor_a_daemon_refuses_sends_and_keeps_receiving(
+        mesh: Mesh, short_tmp: Path, small_fs: Path) -> None:
+    floor = 16 << 20
+    a = mesh.add("a", short_tmp)
+    b = mesh.add("b", small_fs)
+    b.stop()
+    b = mesh.daemons["b"] = start_daemon(
+        b.home, "m", extra_env={"TIDEMESH_DISK_RESERVED_BYTES": str(floor)})
+    await wait_for(lambda: connected(a))
+    await wait_for(lambda: connected(b))
+    async with b.session() as s, s.post("/v1/topics/subscribe",
+                                        json={"name": "ops", "create": True}) as r:
+        assert r.status == 200
+    free = DaemonClient(b.paths.socket).health()["disk"]["free_bytes"]
+    (small_fs / "filler").write_bytes(b"\0" * (free - floor + (2 << 20)))
+    await asyncio.sleep(0.3)
+    assert (await _send(b, "from-b", "refused"))[0] == 507
+    for i in range(20):
+        assert (await _send(a, f"to-b-{i}", "still arriving"))[0] == 202
+    await wait_for(lambda: _all_there(b, 20))
+    (small_fs / "filler").unlink()
+    await asyncio.sleep(0.3)
+    assert (await _send(b, "from-b", "accepted"))[0] == 202
+
+
+async def _all_there(d: RunningDaemon, n: int) -> bool:
+    return sum(1 for e in await inbox(d) if e["client_message_id"].startswith("to-b-")) == n
