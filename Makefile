@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 
-.PHONY: setup setup-full system-deps demo test check lint typecheck bench-accept bench-retention clean
+.PHONY: setup setup-full system-deps demo test check lint typecheck bench-accept bench-retention fuzz clean
 
 $(VENV)/.base: pyproject.toml
 	python3 -m venv $(VENV)
@@ -35,6 +35,12 @@ typecheck: $(VENV)/.full
 	$(VENV)/bin/mypy
 
 check: lint typecheck
+
+# The long fuzz run (>100,000 cases; not part of `make test`): schemathesis against a real
+# daemon, then the WebSocket frame fuzzer. FUZZ_ARGS='--max-examples 50 --ws-examples 500'
+# shortens it.
+fuzz: setup
+	$(PY) scripts/fuzz.py $(FUZZ_ARGS)
 
 bench-accept: setup
 	$(PY) bench/accept.py

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
+from functools import cache
+from importlib import resources
 from typing import Any
 
 import orjson
@@ -121,6 +124,17 @@ async def post_outbox_prune(request: web.Request) -> web.Response:
 
 async def post_inbox_prune(request: web.Request) -> web.Response:
     return _json(await request.app[RETENTION].prune_inbox(await _dry_run(request)))
+
+
+@cache
+def _openapi_body() -> bytes:
+    return (resources.files("tidemesh") / "schemas" / "openapi.json").read_bytes()
+
+
+async def get_openapi(request: web.Request) -> web.Response:
+    # The committed document, which a test keeps equal to the route table and schemas/.
+    body = await asyncio.to_thread(_openapi_body)
+    return web.Response(body=body, content_type="application/json")
 
 
 async def get_metrics(request: web.Request) -> web.Response:

@@ -96,6 +96,9 @@ TABLE: tuple[Route, ...] = (
           "Change fields of this member's profile (null removes one); published to the broker",
           request="profile.schema.json",
           responses={200: "profile_response.schema.json", 400: ERROR, 503: ERROR}),
+    Route("GET", "/v1/openapi.json", handlers.get_openapi,
+          "This OpenAPI document, self-contained (schemas under components)",
+          responses={200: None}),
     Route("GET", "/v1/metrics", handlers.get_metrics, "Prometheus text",
           responses={200: None}, content_type="text/plain"),
 )

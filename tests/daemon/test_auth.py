@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import stat
+from importlib import resources
 
 import aiohttp
 
@@ -76,3 +78,16 @@ async def test_any_origin_is_403(daemon: RunningDaemon) -> None:
 async def test_unix_socket_needs_no_token(daemon: RunningDaemon) -> None:
     async with daemon.session() as s, s.post("/v1/send", json=BODY) as r:
         assert r.status == 202
+
+
+async def test_openapi_document_is_served_like_every_route(daemon: RunningDaemon) -> None:
+    committed = json.loads((resources.files("tidemesh") / "schemas" / "openapi.json")
+                           .read_text("utf-8"))
+    async with daemon.session() as s, s.get("/v1/openapi.json") as r:
+        assert r.status == 200 and r.content_type == "application/json"
+        assert await r.json() == committed
+    status, _ = await _tcp(daemon, "GET", "/v1/openapi.json", {})
+    assert status == 401
+    status, body = await _tcp(daemon, "GET", "/v1/openapi.json",
+                              {"Authorization": f"Bearer {daemon.token}"})
+    assert status == 200 and body == committed

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import sqlite3
 from collections import Counter
 from collections.abc import Iterator
@@ -150,8 +151,12 @@ def _dedupe_rows(db: Path) -> int:
         conn.close()
 
 
+# `make fuzz` raises this for the long run (scripts/fuzz.py); the suite keeps it short.
+EXAMPLES = int(os.environ.get("TIDEMESH_FUZZ_EXAMPLES", "120"))
+
+
 @given(batch=frames)
-@settings(max_examples=120, deadline=None,
+@settings(max_examples=EXAMPLES, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 def test_the_broker_survives_any_frame_and_stores_only_what_it_accepted(
     target: Target, batch: list[Any],
