@@ -1,0 +1,51 @@
+"""Where each broker delivery stands against the receive cursor (DESIGN §6). Pure: no I/O.
+
+The receiver stores deliveries strictly in ``(epoch, seq)`` order and acks cumulatively. For
+each delivery this decides whether it is the next one (store it and advance), one already
+stored (drop it), or past a gap (resume from the cursor). After a resume the broker re-sends
+from cursor+1, but frames it sent before the resume may still be queued ahead of those: until
+the next in-order delivery arrives, out-of-order frames are dropped rather than read as new
+gaps.
+
+Imports nothing from the daemon; ``relay.py`` does the storing, acking and resuming.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+Position = tuple[int, int]  # (epoch, seq)
+
+
+class Placement(StrEnum):
+    NEXT = "next"          # the delivery after the cursor: store it; the cursor moved to it
+    STORED = "stored"      # at or before the cursor: a redelivery, already stored
+    STALE = "stale"        # out of order, sent before the last resume: drop it
+    GAP = "gap"            # out of order: resume from the cursor
+
+
+@dataclass(slots=True)
+class ReceiveOrder:
+    cursor: Position
+    resynced: bool = False
+
+    def resumed(self, cursor: Position) -> None:
+        """The broker accepted a resume and will deliver from ``cursor``'s next seq."""
+        self.cursor = cursor
+        self.resynced = True
+
+    def place(self, epoch: int, seq: int) -> Placement:
+        """Place one delivery; on ``NEXT`` the cursor is now ``(epoch, seq)``."""
+        pos = (epoch, seq)
+        if pos <= self.cursor:
+            return Placement.STORED
+        if pos != (self.cursor[0], self.cursor[1] + 1):
+            return Placement.STALE if self.resynced else Placement.GAP
+        self.resynced = False
+        self.cursor = pos
+        return Placement.NEXT
+
+    def ack_position(self) -> Position | None:
+        """What to ack after a batch: the cursor, unless nothing was ever received."""
+        return self.cursor if self.cursor[1] > 0 else None
