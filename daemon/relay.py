@@ -6,7 +6,8 @@ WebSocket, and settles each answer (done | dead | pending with backoff) through 
 commits. A row that turns dead raises an ``outbox_dead`` event.
 
 Receiver: ``resume`` from the last stored (epoch, seq); each ``deliver`` is written to the
-inbox (deduped, DMs opened) and only then acked, cumulatively. A gap triggers a resume;
+inbox (deduped, DMs opened) and only then acked, cumulatively. Where a delivery stands
+against the cursor is decided in ``receive_order.py``; a gap triggers a resume;
 STALE_SEQUENCE and INVALID_SEQUENCE are reported and resynced as DESIGN §6 says.
 
 Imports services and the link; no SQL and no HTTP here.
@@ -38,6 +39,7 @@ from tidemesh.core.sealing import UnsealError, unseal
 from tidemesh.daemon import race
 from tidemesh.daemon.join import MeshConfig
 from tidemesh.daemon.link import BrokerLink, FeatureUnavailable, HandshakeRejected, LinkError
+from tidemesh.daemon.receive_order import Placement, ReceiveOrder
 from tidemesh.daemon.service.inbox import InboxService
 from tidemesh.daemon.service.outbox import OutboxService
 from tidemesh.daemon.store.inbox import Delivery
@@ -310,49 +312,47 @@ class Receiver:
     def __init__(self, relay: Relay, link: BrokerLink) -> None:
         self.relay = relay
         self.link = link
-        # After a resume the broker re-sends from cursor+1; frames it sent before the resume
-        # may still be queued ahead of that, and are dropped rather than read as new gaps.
-        self.resynced = False
 
     async def run(self) -> None:
         inbox = self.relay.inbox
-        cursor = await self._resume(await inbox.receive_cursor() or (0, 0))
+        order = ReceiveOrder(await inbox.receive_cursor() or (0, 0))
+        order.resumed(await self._resume(order.cursor))
         while True:
             frames = await self._next_frames()
             if not frames:
                 return
             stores: list[Awaitable[Any]] = []
             for f in frames:
-                pos = (f["epoch"], f["seq"])
-                if pos <= cursor:
-                    continue  # a redelivery of something already stored
-                if pos != (cursor[0], cursor[1] + 1):
-                    if self.resynced:
-                        continue
-                    log.warning("delivery_gap_detected", expected=cursor[1] + 1, got=f["seq"])
+                placement = order.place(f["epoch"], f["seq"])
+                if placement in (Placement.STORED, Placement.STALE):
+                    continue
+                if placement is Placement.GAP:
+                    log.warning("delivery_gap_detected", expected=order.cursor[1] + 1,
+                                got=f["seq"])
                     await asyncio.gather(*stores)
                     stores = []
-                    cursor = await self._resume(cursor)
+                    order.resumed(await self._resume(order.cursor))
                     break
-                self.resynced = False
                 if f.get("reassigned"):
                     # A queue lease that lapsed here went to another consumer: skip it, but
                     # move the cursor past it so the stream stays gapless.
-                    stores.append(inbox.skip(*pos))
+                    stores.append(inbox.skip(f["epoch"], f["seq"]))
                 else:
                     stores.append(inbox.store(self._delivery(f)))
-                cursor = pos
-            results = await asyncio.gather(*stores)
-            m = self.relay.metrics
-            for res in results:
-                if res is None:
-                    continue
-                if res.inbox_seq is None:
-                    m.dedupe.inc(mesh=m.mesh, direction="inbound")
-                else:
-                    m.received.inc(mesh=m.mesh)
-            if cursor[1] > 0:
-                await self.link.ack(*cursor)
+            self._account(await asyncio.gather(*stores))
+            ack = order.ack_position()
+            if ack is not None:
+                await self.link.ack(*ack)
+
+    def _account(self, results: list[Any]) -> None:
+        m = self.relay.metrics
+        for res in results:
+            if res is None:
+                continue
+            if res.inbox_seq is None:
+                m.dedupe.inc(mesh=m.mesh, direction="inbound")
+            else:
+                m.received.inc(mesh=m.mesh)
 
     async def _next_frames(self) -> list[dict[str, Any]]:
         q = self.link.deliveries
@@ -370,7 +370,6 @@ class Receiver:
             ans = await self.link.resume(*cursor)
             result = ans["result"]
             if result == "OK":
-                self.resynced = True
                 return (ans["epoch"], ans.get("last_seq", cursor[1]))
             target = (ans["epoch"], ans["compacted_seq"] if result == "STALE_SEQUENCE"
                       else ans["broker_last_seq"])
