@@ -63,7 +63,7 @@ class InvalidFrame(InvalidRequest):
 
 
 def load_schema(frame_type: str) -> dict[str, Any]:
-    path = resources.files("tidemesh") / "schemas" / "ws" / f"{frame_type}.schema.json"
+    path = resources.files("tidemesh.schemas") / "ws" / f"{frame_type}.schema.json"
     return cast(dict[str, Any], json.loads(path.read_text(encoding="utf-8")))
 
 

@@ -36,7 +36,7 @@ class Migration:
 
 
 def load(flavour: str) -> list[Migration]:
-    folder = resources.files("tidemesh") / "migrations" / "broker" / flavour
+    folder = resources.files("tidemesh.migrations") / "broker" / flavour
     found = []
     for entry in folder.iterdir():
         m = _NAME.fullmatch(entry.name)

@@ -128,7 +128,7 @@ async def post_inbox_prune(request: web.Request) -> web.Response:
 
 @cache
 def _openapi_body() -> bytes:
-    return (resources.files("tidemesh") / "schemas" / "openapi.json").read_bytes()
+    return (resources.files("tidemesh.schemas") / "openapi.json").read_bytes()
 
 
 async def get_openapi(request: web.Request) -> web.Response:

@@ -42,7 +42,7 @@ def _localised(node: Any) -> Any:
 
 
 def _components() -> dict[str, Any]:
-    folder = resources.files("tidemesh") / "schemas"
+    folder = resources.files("tidemesh.schemas")
     files = sorted((p for p in folder.iterdir() if p.name.endswith(_SUFFIX)), key=lambda p: p.name)
     return {_component(p.name): _localised(json.loads(p.read_text("utf-8"))) for p in files}
 
@@ -96,7 +96,7 @@ def document() -> dict[str, Any]:
 
 
 if __name__ == "__main__":  # regenerate schemas/openapi.json
-    target = resources.files("tidemesh") / "schemas" / "openapi.json"
+    target = resources.files("tidemesh.schemas") / "openapi.json"
     with resources.as_file(target) as path:
         path.write_text(json.dumps(document(), indent=2) + "\n", encoding="utf-8")
         print(f"wrote {path.name}")

@@ -16,7 +16,7 @@ _BASE = "https://tidemesh.dev/schemas/"
 
 
 def load_schema(name: str) -> dict[str, Any]:
-    text = (resources.files("tidemesh") / "schemas" / name).read_text(encoding="utf-8")
+    text = (resources.files("tidemesh.schemas") / name).read_text(encoding="utf-8")
     return cast(dict[str, Any], json.loads(text))
 
 

@@ -30,7 +30,7 @@ class Migration:
 
 def load(target: str) -> list[Migration]:
     """Migrations under ``migrations/daemon/<target>/`` in version order."""
-    folder: Traversable = resources.files("tidemesh") / "migrations" / "daemon" / target
+    folder: Traversable = resources.files("tidemesh.migrations") / "daemon" / target
     found = []
     for entry in folder.iterdir():
         m = _NAME.fullmatch(entry.name)

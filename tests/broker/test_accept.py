@@ -23,7 +23,7 @@ from tidemesh.core.errors import InvalidRequest, PayloadTooLarge
 from tidemesh.core.wire import check
 
 VECTORS: list[dict[str, Any]] = json.loads(
-    (resources.files("tidemesh") / "schemas" / "vectors" / "fingerprint.json").read_text("utf-8")
+    (resources.files("tidemesh.schemas") / "vectors" / "fingerprint.json").read_text("utf-8")
 )["vectors"]
 
 

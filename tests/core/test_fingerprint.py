@@ -12,7 +12,7 @@ from tidemesh.core.fingerprint import meta_canonical, prefix, request_fingerprin
 from tidemesh.core.send import parse_send_request
 
 VECTORS: list[dict[str, Any]] = json.loads(
-    (resources.files("tidemesh") / "schemas" / "vectors" / "fingerprint.json").read_text("utf-8")
+    (resources.files("tidemesh.schemas") / "vectors" / "fingerprint.json").read_text("utf-8")
 )["vectors"]
 
 

@@ -16,7 +16,7 @@ from tidemesh.core.wire import decode as decode_frame
 
 def test_every_frame_type_has_a_schema_and_back() -> None:
     files = {p.name.removesuffix(".schema.json")
-             for p in (resources.files("tidemesh") / "schemas" / "ws").iterdir()}
+             for p in (resources.files("tidemesh.schemas") / "ws").iterdir()}
     assert files == {t.value for t in FrameType}
 
 

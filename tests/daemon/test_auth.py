@@ -81,7 +81,7 @@ async def test_unix_socket_needs_no_token(daemon: RunningDaemon) -> None:
 
 
 async def test_openapi_document_is_served_like_every_route(daemon: RunningDaemon) -> None:
-    committed = json.loads((resources.files("tidemesh") / "schemas" / "openapi.json")
+    committed = json.loads((resources.files("tidemesh.schemas") / "openapi.json")
                            .read_text("utf-8"))
     async with daemon.session() as s, s.get("/v1/openapi.json") as r:
         assert r.status == 200 and r.content_type == "application/json"

@@ -13,7 +13,7 @@ from tidemesh.daemon.api.openapi import document
 from tidemesh.daemon.api.routes import TABLE
 from tidemesh.daemon.api.validation import load_schema
 
-SCHEMAS = resources.files("tidemesh") / "schemas"
+SCHEMAS = resources.files("tidemesh.schemas")
 
 
 def test_no_two_routes_share_method_and_path() -> None:
