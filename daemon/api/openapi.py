@@ -63,7 +63,7 @@ def _operation(route: Any, operation_id: str) -> dict[str, Any]:
                                  {"pattern": f"^{route.params[p]}$"} if p in route.params
                                  else {})}} for p in params]
     if route.request:
-        op["requestBody"] = {"required": True,
+        op["requestBody"] = {"required": route.request_required,
                              "content": {"application/json": {"schema": _ref(route.request)}}}
     return op
 

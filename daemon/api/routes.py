@@ -23,6 +23,8 @@ class Route:
     handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     summary: str
     request: str | None = None
+    # False when the handler also accepts no body at all (the prune routes: {} by default).
+    request_required: bool = True
     responses: dict[int, str | None] = field(default_factory=dict)
     content_type: str = "application/json"
     # Path parameter -> the regex its segment must match (else the default: any segment).
@@ -57,7 +59,7 @@ TABLE: tuple[Route, ...] = (
           responses={200: "requeue_response.schema.json", 400: ERROR, 404: ERROR, 409: ERROR}),
     Route("POST", "/v1/outbox/prune", handlers.post_outbox_prune,
           "Delete the done, aborted and dead rows retention lets go now (dry_run: count only)",
-          request="prune_request.schema.json",
+          request="prune_request.schema.json", request_required=False,
           responses={200: "prune_response.schema.json", 400: ERROR, 503: ERROR, 507: ERROR}),
     Route("GET", "/v1/inbox", handlers.get_inbox,
           "Inbox page (after/limit/topic/from), or a named consumer's entries (?consumer=)",
@@ -68,7 +70,7 @@ TABLE: tuple[Route, ...] = (
           responses={200: "inbox_ack_response.schema.json", 400: ERROR}),
     Route("POST", "/v1/inbox/prune", handlers.post_inbox_prune,
           "Delete the inbox entries and events retention lets go now (dry_run: count only)",
-          request="prune_request.schema.json",
+          request="prune_request.schema.json", request_required=False,
           responses={200: "prune_response.schema.json", 400: ERROR, 503: ERROR, 507: ERROR}),
     Route("GET", "/v1/events", events.get_events,
           "Server-Sent Events, resumable with Last-Event-ID or ?since=",
