@@ -7,11 +7,12 @@ The policy is core.retention; the SQL is store.retention; this module runs them 
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 
@@ -23,6 +24,7 @@ from tidemesh.daemon.store.db import Database
 
 log = structlog.get_logger(__name__)
 Clock = Callable[[], float]
+T = TypeVar("T")
 
 VACUUM_PAGES = 1024          # pages returned per transaction (4 MiB at the default page size)
 
@@ -34,6 +36,7 @@ class RetentionSettings:
     inbox: InboxPolicy = field(
         default_factory=lambda: InboxPolicy(30 * DAY_MS, 90 * DAY_MS, 30 * DAY_MS))
     batch_rows: int = 500
+    max_pause_s: float = 0.25
 
 
 class RetentionService:
@@ -67,7 +70,7 @@ class RetentionService:
         while not finished:
             step = partial(retention.outbox_step, cur=cur, policy=policy, now_ms=now,
                            limit=self.settings.batch_rows, dry_run=dry_run)
-            n, finished = await (db.read(step) if dry_run else db.write(step))
+            n, finished = await self._step(db, step, dry_run)
             total += n
         if not dry_run:
             self.deleted.inc(total, kind="outbox")
@@ -86,13 +89,13 @@ class RetentionService:
         while not finished:
             ev_step = partial(retention.events_step, after_id=after, policy=policy, now_ms=now,
                               limit=size, dry_run=dry_run)
-            n, after, finished = await (db.read(ev_step) if dry_run else db.write(ev_step))
+            n, after, finished = await self._step(db, ev_step, dry_run)
             events += n
         cur, entries, finished = retention.InboxCursor(), 0, False
         while not finished:
             step = partial(retention.inbox_step, cur=cur, policy=policy, now_ms=now,
                            limit=size, dry_run=dry_run)
-            n, finished = await (db.read(step) if dry_run else db.write(step))
+            n, finished = await self._step(db, step, dry_run)
             entries += n
         if not dry_run:
             self.deleted.inc(events, kind="events")
@@ -101,6 +104,15 @@ class RetentionService:
         return {"dry_run": dry_run, "deleted": entries, "events_deleted": events,
                 "before_ms": policy.cutoff(now), "held_until_ms": policy.hold_cutoff(now),
                 "events_before_ms": policy.events_cutoff(now)}
+
+    async def _step(self, db: Database, step: Callable[[sqlite3.Connection], T],
+                    dry_run: bool) -> T:
+        """One batch; then rest as long as it took, so that a long sweep takes at most about
+        half of the writer's time and accepts queued behind it wait one batch at most."""
+        started = time.monotonic()
+        result = await (db.read(step) if dry_run else db.write(step))
+        await asyncio.sleep(min(time.monotonic() - started, self.settings.max_pause_s))
+        return result
 
     @staticmethod
     async def _vacuum(db: Database) -> None:
