@@ -15,5 +15,12 @@ class Backoff:
 
     def delay(self, attempt: int, rng: random.Random) -> float:
         """Delay before retry number ``attempt`` (1-based), jittered by ±jitter."""
-        base = min(self.maximum_s, self.initial_s * self.multiplier ** max(0, attempt - 1))
+        base = self.initial_s
+        # Grow step by step and stop at the cap: multiplier ** attempt overflows a float
+        # after about a thousand attempts, which a long outage reaches.
+        for _ in range(max(0, attempt - 1)):
+            if base >= self.maximum_s:
+                break
+            base *= self.multiplier
+        base = min(self.maximum_s, base)
         return base * (1 + rng.uniform(-self.jitter, self.jitter))
