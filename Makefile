@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 
-.PHONY: setup setup-full system-deps demo test check lint typecheck bench-accept bench-retention fuzz clean
+.PHONY: setup setup-full system-deps demo test check lint typecheck importcheck bench-accept bench-retention fuzz clean
 
 $(VENV)/.base: pyproject.toml
 	python3 -m venv $(VENV)
@@ -35,7 +35,11 @@ lint: setup
 typecheck: $(VENV)/.full
 	$(PY) scripts/typecheck.py
 
-check: lint typecheck
+# The import boundaries of pyproject.toml [tool.importlinter], on tidemesh as it installs.
+importcheck: setup
+	$(PY) scripts/importcheck.py
+
+check: lint typecheck importcheck
 
 # The long fuzz run (>100,000 cases; not part of `make test`): schemathesis against a real
 # daemon, then the WebSocket frame fuzzer. FUZZ_ARGS='--max-examples 50 --ws-examples 500'

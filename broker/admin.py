@@ -5,9 +5,16 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from tidemesh.broker import config as settings
+from tidemesh.broker.config import BrokerSettings, broker_home
+from tidemesh.broker.store import migrate
 from tidemesh.broker.store.base import Member, Mesh, Store
 from tidemesh.core.errors import NotFound
 from tidemesh.core.invite import Invite, new_token, parse_duration_ms, token_hash
+
+# What the CLI uses besides the functions below (the import contract allows it this module
+# and broker.main only).
+__all__ = ["BrokerSettings", "Store", "broker_home", "migrate", "settings"]
 
 
 def now_ms() -> int:

@@ -58,7 +58,7 @@ def main() -> None:
     # Commands print results on stdout; library logs go to stderr, warnings and up only,
     # so `--json` output stays parseable. Daemon and broker processes reconfigure for
     # themselves when they start.
-    from tidemesh.daemon.log import configure
+    from tidemesh.daemon.admin import configure_logging
 
-    configure(os.environ.get("TIDEMESH_CLI_LOG_LEVEL", "warning"), "console", sys.stderr)
+    configure_logging(os.environ.get("TIDEMESH_CLI_LOG_LEVEL", "warning"), "console", sys.stderr)
     cli()

@@ -15,16 +15,14 @@ import click
 
 from tidemesh.broker import admin
 from tidemesh.broker import main as broker_main
-from tidemesh.broker.config import BrokerSettings
-from tidemesh.broker.store import migrate as store_migrate
-from tidemesh.broker.store.base import Store
+from tidemesh.broker.admin import BrokerSettings, Store
+from tidemesh.broker.admin import migrate as store_migrate
 from tidemesh.cli.commands.common import json_option, paths_for
 from tidemesh.cli.output import emit_json, fail, table
 from tidemesh.core import invite as invites
 from tidemesh.core.errors import NotFound, TidemeshError
 from tidemesh.core.exitcodes import Exit
-from tidemesh.daemon.join import join
-from tidemesh.daemon.link import LinkError
+from tidemesh.daemon.admin import LinkError, join
 
 T = TypeVar("T")
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from tidemesh.broker import config as broker_config
+from tidemesh.broker.admin import settings as broker_config
 from tidemesh.cli.output import emit_json, table
 from tidemesh.core.exitcodes import Exit
 from tidemesh.core.paths import daemon_paths
@@ -27,7 +27,7 @@ from tidemesh.core.settings import (
     redact,
     toml_value,
 )
-from tidemesh.daemon import config as daemon_config
+from tidemesh.daemon.admin import settings as daemon_config
 from tidemesh.daemon.main import resolve_mesh
 
 TABLES: dict[str, tuple[Setting, ...]] = {

@@ -19,10 +19,8 @@ from tidemesh.core.errors import TidemeshError
 from tidemesh.core.exitcodes import Exit
 from tidemesh.core.paths import DaemonPaths
 from tidemesh.core.settings import ConfigError
-from tidemesh.daemon import identity
+from tidemesh.daemon import admin
 from tidemesh.daemon import main as daemon_main
-from tidemesh.daemon.lock import holder_pid, is_held
-from tidemesh.daemon.log import under_service_manager
 
 START_TIMEOUT_S = 20.0
 
@@ -46,7 +44,7 @@ def up(mesh: str, foreground: bool, no_tcp: bool, http_port: int | None,
              "log.file": log_file}
     # A child detached from a service manager's process would escape its supervision: the
     # manager sees its main process exit and stops the service.
-    if foreground or under_service_manager(os.environ):
+    if foreground or admin.under_service_manager(os.environ):
         sys.exit(daemon_main.run(mesh, os.environ, flags))
     sys.exit(int(_start_detached(mesh, no_tcp, http_port, log_file)))
 
@@ -54,9 +52,9 @@ def up(mesh: str, foreground: bool, no_tcp: bool, http_port: int | None,
 def _start_detached(mesh: str, no_tcp: bool, http_port: int | None,
                     log_file: str | None) -> Exit:
     paths = paths_for(mesh)
-    if is_held(paths.lock_file):
+    if admin.is_held(paths.lock_file):
         click.echo(f"a daemon for mesh {mesh} is already running "
-                   f"(pid {holder_pid(paths.lock_file)})", err=True)
+                   f"(pid {admin.holder_pid(paths.lock_file)})", err=True)
         return Exit.ALREADY_RUNNING
     for d in paths.folders:
         d.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -117,8 +115,8 @@ def _tail(paths: DaemonPaths, lines: int = 5) -> None:
 def down(mesh: str, timeout: float | None) -> None:
     """Stop the daemon gracefully: finish in-flight work, remove the socket, exit 0."""
     paths = paths_for(mesh)
-    pid = holder_pid(paths.lock_file)
-    if not is_held(paths.lock_file) or pid is None:
+    pid = admin.holder_pid(paths.lock_file)
+    if not admin.is_held(paths.lock_file) or pid is None:
         click.echo(f"no daemon is running for mesh {mesh}")
         sys.exit(int(Exit.NOT_RUNNING))
     if timeout is None:
@@ -126,7 +124,7 @@ def down(mesh: str, timeout: float | None) -> None:
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if not is_held(paths.lock_file):
+        if not admin.is_held(paths.lock_file):
             click.echo(f"daemon stopped (pid {pid})")
             return
         time.sleep(0.05)
@@ -159,9 +157,9 @@ def status(mesh: str, as_json: bool) -> None:
         health = client_for(mesh, timeout=3.0).health()
     except DaemonNotRunning:
         health = None
-        if is_held(paths.lock_file):
+        if admin.is_held(paths.lock_file):
             # The process lives (it holds the lock) but does not answer: hung, not stopped.
-            report.update(running=True, pid=holder_pid(paths.lock_file), healthy=False,
+            report.update(running=True, pid=admin.holder_pid(paths.lock_file), healthy=False,
                           error={"code": "not_answering",
                                  "message": "the daemon holds its lock but its socket does "
                                             "not answer"})
@@ -216,6 +214,6 @@ def accept_host(mesh: str) -> None:
     paths = paths_for(mesh)
     if not paths.data_dir.exists():
         fail(TidemeshError(f"no daemon data for mesh {mesh} at {paths.data_dir}"))
-    current = identity.current_host_fingerprint()
-    identity.accept_host(paths.host_fingerprint, current)
+    current = admin.current_host_fingerprint()
+    admin.accept_host(paths.host_fingerprint, current)
     click.echo(f"host fingerprint for mesh {mesh} set to {current[:16]}…; `daemon up` will start")

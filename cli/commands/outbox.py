@@ -15,7 +15,7 @@ from tidemesh.cli.commands.common import client_for, json_option, mesh_option, p
 from tidemesh.cli.output import emit_json, fail, fields, table
 from tidemesh.core.errors import InvalidRequest, TidemeshError
 from tidemesh.daemon import main as daemon_main
-from tidemesh.daemon import offline
+from tidemesh.daemon.admin import offline
 
 _FILTERS = {"failed": "dead", "pending": "pending", "inflight": "inflight", "done": "done",
             "aborted": "aborted"}

@@ -16,7 +16,7 @@ from tidemesh.cli.output import emit_json, fail
 from tidemesh.core.errors import InvalidRequest, TidemeshError
 from tidemesh.core.ids import client_message_id_problem
 from tidemesh.core.send import Destination
-from tidemesh.daemon import coldpath
+from tidemesh.daemon.admin import coldpath
 
 PROBE_TIMEOUT_S = 0.5
 

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 import click
 
-from tidemesh.broker.config import broker_home
+from tidemesh.broker.admin import broker_home
 from tidemesh.broker.main import settings_from as broker_settings
 from tidemesh.cli.output import fail
 from tidemesh.core.errors import TidemeshError

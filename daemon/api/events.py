@@ -17,9 +17,9 @@ from aiohttp import web
 from tidemesh.core.errors import InvalidRequest
 from tidemesh.daemon import race
 from tidemesh.daemon.api.keys import BUS, INBOX, STATE
+from tidemesh.daemon.records import Event
 from tidemesh.daemon.service.events import Subscriber
 from tidemesh.daemon.service.inbox import InboxService
-from tidemesh.daemon.store.inbox import Event
 
 log = structlog.get_logger(__name__)
 BACKLOG_PAGE = 500

@@ -24,7 +24,7 @@ from tidemesh.daemon.api.keys import (
     STATE,
 )
 from tidemesh.daemon.api.validation import checked, parse_json
-from tidemesh.daemon.store.inbox import Page
+from tidemesh.daemon.records import Page
 
 _STATUSES = ("pending", "inflight", "done", "dead", "aborted")
 

@@ -12,6 +12,8 @@ from typing import Any
 import orjson
 
 from tidemesh.core.errors import InvalidRequest
+from tidemesh.daemon.records import Event as Event
+from tidemesh.daemon.records import Page as Page
 from tidemesh.daemon.store.db import BatchOp
 
 INBOX_COLUMNS = (
@@ -42,14 +44,6 @@ class Delivery:
     seq: int
     sent_at: int
     received_at: int
-
-
-@dataclass(frozen=True, slots=True)
-class Event:
-    id: int
-    type: str
-    data: dict[str, Any]
-    created_at: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,14 +168,6 @@ def last_event_id(conn: sqlite3.Connection) -> int:
     row = conn.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()
     seq = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'events'").fetchone()
     return max(int(row[0]), 0 if seq is None else int(seq[0]))
-
-
-@dataclass(frozen=True, slots=True)
-class Page:
-    after: int | None = None
-    limit: int = 100
-    topic: str | None = None
-    sender: str | None = None
 
 
 def page(conn: sqlite3.Connection, p: Page) -> list[dict[str, Any]]:
