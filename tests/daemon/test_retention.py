@@ -181,13 +181,15 @@ def _seqs(w: World) -> list[int]:
 async def test_inbox_and_events_go_after_their_retention(world: World) -> None:
     w = world
     await _deliver(w, 20, 1)
-    w.clock.advance(7 * DAY_MS + 1)
+    w.clock.advance(7 * DAY_MS)
+    assert (await w.retention.prune_inbox())["events_deleted"] == 0
+    w.clock.advance(1)
     result = await w.retention.prune_inbox()
     assert (result["deleted"], result["events_deleted"]) == (0, 20)
     assert len(_seqs(w)) == 20
     assert await w.inbox.event_bounds() == (20, 20)
     w.clock.advance(23 * DAY_MS - 1)
-    assert (await w.retention.prune_inbox())["deleted"] == 0
+    assert (await w.retention.prune_inbox())["deleted"] == 0, "30 days exactly: still kept"
     w.clock.advance(1)
     assert (await w.retention.prune_inbox())["deleted"] == 20
     assert _seqs(w) == []
