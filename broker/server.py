@@ -21,7 +21,7 @@ from websockets.http11 import Request, Response
 
 from tidemesh.broker.service import BrokerService, Conn
 from tidemesh.broker.session import Authenticate, Close, Dispatch, Send, Session
-from tidemesh.core import handshake
+from tidemesh.core import handshake, metrics
 from tidemesh.core.wire import CloseCode, InvalidFrame, check, encode
 
 log = structlog.get_logger(__name__)
@@ -70,9 +70,10 @@ class BrokerServer:
     def http(self, connection: ServerConnection, request: Request) -> Response | None:
         """Plain HTTP on the WebSocket port: ``/metrics`` and ``/healthz``."""
         if request.path == "/metrics":
-            resp = connection.respond(HTTPStatus.OK, self.service.metrics.registry.render())
+            resp = connection.respond(
+                HTTPStatus.OK, metrics.render(self.service.metrics.registry).decode())
             del resp.headers["Content-Type"]
-            resp.headers["Content-Type"] = "text/plain; version=0.0.4; charset=utf-8"
+            resp.headers["Content-Type"] = metrics.CONTENT_TYPE_LATEST
             return resp
         if request.path == "/healthz":
             return connection.respond(HTTPStatus.OK, "ok\n")

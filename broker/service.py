@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import structlog
+from prometheus_client import Counter, Histogram
 
 from tidemesh.broker.accept import AcceptResult, Limits, prepare
 from tidemesh.broker.session import ResumeResult, decide_resume
@@ -25,7 +26,7 @@ from tidemesh.core import features
 from tidemesh.core.errors import InvalidRequest, NotFound, TidemeshError
 from tidemesh.core.ids import new_ulid
 from tidemesh.core.invite import token_hash
-from tidemesh.core.metrics import Registry
+from tidemesh.core.metrics import BATCH_BUCKETS, CallbackGauge, CollectorRegistry, Samples
 from tidemesh.core.wire import CloseCode, error_frame
 
 log = structlog.get_logger(__name__)
@@ -69,27 +70,44 @@ class AuthOutcome:
 class Metrics:
     """The broker's Prometheus series (spec names where the spec gives them)."""
 
-    def __init__(self, active: Any, store: Store) -> None:
-        r = self.registry = Registry()
-        self.accepts = r.counter("cm_broker_accept_total", "Sends answered, by status.")
-        self.duplicates = r.counter("cm_broker_dedupe_duplicate_total",
-                                    "Sends answered 200 duplicate (fingerprint matched).")
-        self.mismatch = r.counter("cm_broker_dedupe_fingerprint_mismatch_total",
-                                  "Sends answered 409 idempotency_key_reused (spec §4.4).")
-        self.expired = r.counter("cm_broker_dedupe_expired_deleted_total",
-                                 "Dedupe rows deleted after expires_at (spec §17.5).")
-        self.pruned = r.counter("cm_broker_history_pruned_total",
-                                "Messages pruned by retention; their dedupe rows flip "
-                                "history_available to false (spec §17.6).")
-        self.rejected = r.counter("cm_broker_handshake_rejected_total",
-                                  "Connections closed during the handshake, by reason.")
-        self.bad_frames = r.counter("cm_broker_bad_frames_total", "Frames that failed a schema.")
-        self.delivered = r.counter("cm_broker_deliveries_sent_total", "deliver frames sent.")
-        r.gauge("cm_broker_connections_active", "Authenticated connections.", active)
-        r.gauge("cm_broker_group_commit_batches", "Accept transactions since start.",
-                lambda: [({}, float(store.batches))])
-        r.gauge("cm_broker_group_commit_sends", "Sends in those transactions since start.",
-                lambda: [({}, float(store.items))])
+    def __init__(self, active: Samples, store: Store) -> None:
+        r = self.registry = CollectorRegistry()
+        self.accepts = Counter("cm_broker_accept_total", "Sends answered, by status.",
+                               ["status"], registry=r)
+        self.duplicates = Counter("cm_broker_dedupe_duplicate_total",
+                                  "Sends answered 200 duplicate (fingerprint matched).",
+                                  ["mesh_id"], registry=r)
+        self.mismatch = Counter("cm_broker_dedupe_fingerprint_mismatch_total",
+                                "Sends answered 409 idempotency_key_reused (spec §4.4).",
+                                ["client_id", "mesh_id"], registry=r)
+        self.expired = Counter("cm_broker_dedupe_expired_deleted_total",
+                               "Dedupe rows deleted after expires_at (spec §17.5).", registry=r)
+        self.pruned = Counter("cm_broker_history_pruned_total",
+                              "Messages pruned by retention; their dedupe rows flip "
+                              "history_available to false (spec §17.6).", registry=r)
+        self.rejected = Counter("cm_broker_handshake_rejected_total",
+                                "Connections closed during the handshake, by reason.",
+                                ["reason"], registry=r)
+        self.bad_frames = Counter("cm_broker_bad_frames_total", "Frames that failed a schema.",
+                                  registry=r)
+        self.delivered = Counter("cm_broker_deliveries_sent_total", "deliver frames sent.",
+                                 registry=r)
+        self.accept_duration = Histogram("cm_broker_accept_duration_seconds",
+                                         "Duration of each group-commit accept transaction.",
+                                         registry=r)
+        self.accept_batch = Histogram("cm_broker_accept_batch_size",
+                                      "Sends in each group-commit accept transaction.",
+                                      registry=r, buckets=BATCH_BUCKETS)
+        CallbackGauge("cm_broker_connections_active", "Authenticated connections.", [], active, r)
+        CallbackGauge("cm_broker_group_commit_batches", "Accept transactions since start.", [],
+                      lambda: [({}, float(store.batches))], r)
+        CallbackGauge("cm_broker_group_commit_sends", "Sends in those transactions since start.",
+                      [], lambda: [({}, float(store.items))], r)
+        store.on_batch = self.observe_accept
+
+    def observe_accept(self, sends: int, seconds: float) -> None:
+        self.accept_batch.observe(sends)
+        self.accept_duration.observe(seconds)
 
 
 class BrokerService:
@@ -132,12 +150,12 @@ class BrokerService:
         return AuthOutcome(mesh_id, mesh.name, pubkey, None, display_name=member.display_name)
 
     def _rejected(self, mesh_id: str, pubkey: str, reason: str) -> AuthOutcome:
-        self.metrics.rejected.inc(reason=reason)
+        self.metrics.rejected.labels(reason=reason).inc()
         log.warning("broker_handshake_rejected", mesh_id=mesh_id, pubkey=pubkey, reason=reason)
         return AuthOutcome(mesh_id, "", pubkey, reason)
 
     def handshake_closed(self, reason: str) -> None:
-        self.metrics.rejected.inc(reason=reason)
+        self.metrics.rejected.labels(reason=reason).inc()
         log.warning("broker_handshake_rejected", reason=reason)
 
     def register(self, peer: Peer, mesh_id: str, pubkey: str,
@@ -228,11 +246,11 @@ class BrokerService:
         return result.to_frame(frame["id"])
 
     def _count(self, conn: Conn, result: AcceptResult) -> None:
-        self.metrics.accepts.inc(status=str(result.status))
+        self.metrics.accepts.labels(status=str(result.status)).inc()
         if result.status == 200:
-            self.metrics.duplicates.inc(mesh_id=conn.mesh_id)
+            self.metrics.duplicates.labels(mesh_id=conn.mesh_id).inc()
         elif result.status == 409:
-            self.metrics.mismatch.inc(mesh_id=conn.mesh_id, client_id=conn.pubkey)
+            self.metrics.mismatch.labels(client_id=conn.pubkey, mesh_id=conn.mesh_id).inc()
             log.warning("broker_fingerprint_mismatched", mesh_id=conn.mesh_id,
                         sender=conn.pubkey, client_message_id=result.client_message_id)
 

@@ -1,75 +1,57 @@
-"""A small Prometheus registry: counters, gauges, and the text exposition format."""
+"""Prometheus metrics through prometheus_client, one ``CollectorRegistry`` per process.
+
+Never the library's global default registry: tests run several daemons and brokers in one
+process. Counters and histograms are prometheus_client's own; a gauge read when scraped
+(``CallbackGauge``) is a small collector, since its label values are only known then.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator
 
-Labels = tuple[tuple[str, str], ...]
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
+__all__ = ["BATCH_BUCKETS", "CONTENT_TYPE_LATEST", "CallbackCounter", "CallbackGauge",
+           "CollectorRegistry",
+           "Samples", "render"]
 
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+Samples = Callable[[], Iterable[tuple[dict[str, str], float]]]
 
-
-def _labels(labels: Labels) -> str:
-    if not labels:
-        return ""
-    return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in labels) + "}"
-
-
-@dataclass(slots=True)
-class Counter:
-    name: str
-    help: str
-    values: dict[Labels, float] = field(default_factory=dict)
-
-    def inc(self, amount: float = 1.0, **labels: str) -> None:
-        key = tuple(sorted(labels.items()))
-        self.values[key] = self.values.get(key, 0.0) + amount
-
-    def get(self, **labels: str) -> float:
-        return self.values.get(tuple(sorted(labels.items())), 0.0)
+# Rows or sends per batch: powers of two up to the largest group commit (512) and beyond.
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 
-@dataclass(slots=True)
-class Gauge:
-    """A gauge read when scraped: ``collect`` returns (labels, value) pairs."""
+class CallbackGauge(Collector):
+    """A gauge whose ``collect`` callback returns (labels, value) pairs when scraped."""
 
-    name: str
-    help: str
-    collect: Callable[[], Iterable[tuple[dict[str, str], float]]]
+    family: type[GaugeMetricFamily] | type[CounterMetricFamily] = GaugeMetricFamily
 
+    def __init__(self, name: str, help: str, labelnames: Iterable[str], samples: Samples,
+                 registry: CollectorRegistry) -> None:
+        self.name = name
+        self.help = help
+        self.labelnames = sorted(labelnames)  # the order the hand-written renderer used
+        self.samples = samples
+        registry.register(self)
 
-class Registry:
-    def __init__(self) -> None:
-        self._counters: dict[str, Counter] = {}
-        self._gauges: dict[str, Gauge] = {}
+    def describe(self) -> list[Metric]:
+        return [self.family(self.name, self.help, labels=self.labelnames)]
 
-    def counter(self, name: str, help: str) -> Counter:
-        if name in self._counters or name in self._gauges:
-            raise ValueError(f"metric {name} registered twice")
-        c = self._counters[name] = Counter(name, help)
-        return c
-
-    def gauge(
-        self, name: str, help: str, collect: Callable[[], Iterable[tuple[dict[str, str], float]]]
-    ) -> None:
-        if name in self._counters or name in self._gauges:
-            raise ValueError(f"metric {name} registered twice")
-        self._gauges[name] = Gauge(name, help, collect)
-
-    def render(self) -> str:
-        lines: list[str] = []
-        for c in self._counters.values():
-            lines += [f"# HELP {c.name} {c.help}", f"# TYPE {c.name} counter"]
-            lines += [f"{c.name}{_labels(k)} {_num(v)}" for k, v in sorted(c.values.items())]
-        for g in self._gauges.values():
-            lines += [f"# HELP {g.name} {g.help}", f"# TYPE {g.name} gauge"]
-            for labels, value in g.collect():
-                lines.append(f"{g.name}{_labels(tuple(sorted(labels.items())))} {_num(value)}")
-        return "\n".join(lines) + "\n"
+    def collect(self) -> Iterator[Metric]:
+        family = self.family(self.name, self.help, labels=self.labelnames)
+        for labels, value in self.samples():
+            family.add_metric([labels[k] for k in self.labelnames], value)
+        yield family
 
 
-def _num(v: float) -> str:
-    return str(int(v)) if float(v).is_integer() else repr(float(v))
+class CallbackCounter(CallbackGauge):
+    """A counter kept elsewhere (a state file carried from run to run), read when rendered."""
+
+    family = CounterMetricFamily
+
+
+def render(registry: CollectorRegistry) -> bytes:
+    """The text exposition format, served with ``CONTENT_TYPE_LATEST``."""
+    return generate_latest(registry)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
@@ -87,6 +88,8 @@ class BrokerLink:
         self._writer: asyncio.Task[None] | None = None
         self._outgoing: list[dict[str, Any]] = []
         self._wake_writer = asyncio.Event()
+        # Called with the number of sends in each frame written (a metric, set by the relay).
+        self.on_batch: Callable[[int], None] | None = None
 
     @classmethod
     async def connect(cls, url: str, mesh_id: str, key: SigningKey, *,
@@ -223,6 +226,8 @@ class BrokerLink:
                 continue
             frame = ({"type": "send", **batch[0]} if len(batch) == 1 else
                      {"type": "send_batch", "id": f"b{next(self._ids)}", "sends": batch})
+            if self.on_batch is not None:
+                self.on_batch(len(batch))
             try:
                 await self._send(frame)
             except LinkClosed as exc:

@@ -19,11 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import structlog
+from prometheus_client import Counter, Histogram
 
 import tidemesh
 from tidemesh.core.backoff import Backoff
 from tidemesh.core.exitcodes import Exit
-from tidemesh.core.metrics import Registry
+from tidemesh.core.metrics import BATCH_BUCKETS, CallbackGauge, CollectorRegistry
 from tidemesh.core.paths import DaemonPaths, daemon_paths, socket_path_problem
 from tidemesh.core.retention import DAY_MS, HOUR_MS, InboxPolicy
 from tidemesh.core.sealing import seal
@@ -40,6 +41,7 @@ from tidemesh.daemon.api.keys import (
     PRESENCE,
     RETENTION,
     STATE,
+    IpcMetrics,
     IpcState,
 )
 from tidemesh.daemon.join import MeshConfig
@@ -180,17 +182,26 @@ def _run_locked(start: Startup) -> int:
     return int(runner(Daemon(start, keypair).serve()))
 
 
-def _disk_gauges(registry: Registry, disk: DiskMonitor, mesh: str) -> None:
-    registry.gauge(
+def _disk_gauges(registry: CollectorRegistry, disk: DiskMonitor, mesh: str) -> None:
+    CallbackGauge(
         "cm_daemon_disk_pct", "Used percent of the file system holding each database",
-        lambda: [({"mesh": mesh, "kind": kind}, disk.state().used_pct)
-                 for kind in disk.databases])
-    registry.gauge(
-        "cm_daemon_db_bytes", "Size of each database on disk, its WAL included",
-        lambda: [({"mesh": mesh, "db": k}, float(v)) for k, v in disk.sizes().items()])
-    registry.gauge(
+        ["mesh", "kind"], lambda: [({"mesh": mesh, "kind": kind}, disk.state().used_pct)
+                                   for kind in disk.databases], registry)
+    CallbackGauge(
+        "cm_daemon_db_bytes", "Size of each database on disk, its WAL included", ["mesh", "db"],
+        lambda: [({"mesh": mesh, "db": k}, float(v)) for k, v in disk.sizes().items()], registry)
+    CallbackGauge(
         "cm_daemon_disk_free_bytes", "Free bytes of the file system holding the databases",
-        lambda: [({"mesh": mesh}, float(disk.state().free_bytes))])
+        ["mesh"], lambda: [({"mesh": mesh}, float(disk.state().free_bytes))], registry)
+
+
+def _db_batches(registry: CollectorRegistry, dbs: dict[str, Database]) -> None:
+    """Rows in each SQLite group commit, per database (the store only calls back)."""
+    rows = Histogram("cm_daemon_db_batch_rows", "Writes committed together in one SQLite "
+                     "transaction, per database", ["db"], registry=registry,
+                     buckets=BATCH_BUCKETS)
+    for name, db in dbs.items():
+        db.on_batch = rows.labels(db=name).observe
 
 
 def _loop_runner() -> Any:
@@ -225,7 +236,7 @@ class Daemon:
 
     def _state(self) -> IpcState:
         s = self.start.settings
-        registry = Registry()
+        registry = CollectorRegistry()
         state = IpcState(
             token=ensure_token(self.start.paths.token_file),
             max_inflight=s.ipc_max_inflight,
@@ -242,23 +253,22 @@ class Daemon:
                 "outbox_counts": {},
             },
             registry=registry,
-            requests=registry.counter(
-                "cm_daemon_ipc_request_total", "IPC requests by endpoint, status and transport"
-            ),
+            metrics=IpcMetrics.register(registry),
         )
-        registry.gauge(
-            "cm_daemon_connected", "1 while the broker WebSocket is open",
-            lambda: [({"mesh": s.daemon_mesh}, float(bool(state.info["connected"])))],
-        )
-        registry.gauge(
-            "cm_daemon_lag_ms", "How long the oldest unsent outbox row has waited",
-            lambda: [({"mesh": s.daemon_mesh}, float(state.info.get("lag_ms") or 0))],
-        )
-        registry.gauge(
-            "cm_daemon_outbox_depth", "Outbox rows by status",
-            lambda: [({"mesh": s.daemon_mesh, "status": k}, float(v))
-                     for k, v in state.info["outbox_counts"].items()],
-        )
+        mesh = s.daemon_mesh
+        CallbackGauge(
+            "cm_daemon_connected", "1 while the broker WebSocket is open", ["mesh"],
+            lambda: [({"mesh": mesh}, float(bool(state.info["connected"])))], registry)
+        CallbackGauge(
+            "cm_daemon_lag_ms", "How long the oldest unsent outbox row has waited", ["mesh"],
+            lambda: [({"mesh": mesh}, float(state.info.get("lag_ms") or 0))], registry)
+        CallbackGauge(
+            "cm_daemon_outbox_age_seconds", "Age of the oldest unsent outbox row", ["mesh"],
+            lambda: [({"mesh": mesh}, float(state.info.get("lag_ms") or 0) / 1000)], registry)
+        CallbackGauge(
+            "cm_daemon_outbox_depth", "Outbox rows by status", ["mesh", "status"],
+            lambda: [({"mesh": mesh, "status": k}, float(v))
+                     for k, v in state.info["outbox_counts"].items()], registry)
         return state
 
     async def _serve_with(self, outbox_db: Database, inbox_db: Database) -> int:
@@ -274,10 +284,12 @@ class Daemon:
             admit=disk.check_send)
         app[STATE] = self._state()
         app[RETENTION] = RetentionService(outbox_db, inbox_db, self.start.retention,
-                                          deleted=app[STATE].registry.counter(
+                                          deleted=Counter(
                                               "cm_daemon_retention_deleted_total",
-                                              "Rows retention deleted, by kind"))
+                                              "Rows retention deleted, by kind", ["kind"],
+                                              registry=app[STATE].registry))
         _disk_gauges(app[STATE].registry, disk, s.daemon_mesh)
+        _db_batches(app[STATE].registry, {"outbox": outbox_db, "inbox": inbox_db})
         app[INBOX] = InboxService(inbox_db, bus)
         app[BUS] = bus
         relay = self._relay(app[OUTBOX], app[INBOX], app[STATE])

@@ -26,6 +26,7 @@ from typing import Any
 import orjson
 import structlog
 from nacl.signing import SigningKey
+from prometheus_client import Counter, Histogram
 
 from tidemesh.core.backoff import Backoff
 from tidemesh.core.errors import InvalidRequest, TidemeshError, Unavailable, from_body
@@ -33,7 +34,7 @@ from tidemesh.core.exitcodes import Exit
 from tidemesh.core.features import DEDUPE
 from tidemesh.core.ids import new_ulid
 from tidemesh.core.maxage import DedupeWindow, MaxAgeError, max_age_hours
-from tidemesh.core.metrics import Counter, Registry
+from tidemesh.core.metrics import BATCH_BUCKETS, CollectorRegistry
 from tidemesh.core.outcome import Kind, Settlement, classify
 from tidemesh.core.sealing import UnsealError, unseal
 from tidemesh.daemon import race
@@ -80,19 +81,27 @@ class RelayMetrics:
     dedupe: Counter
     reconnects: Counter
     history_pruned: Counter
+    send_batch: Histogram
 
     @classmethod
-    def register(cls, registry: Registry, mesh: str) -> RelayMetrics:
+    def register(cls, registry: CollectorRegistry, mesh: str) -> RelayMetrics:
         return cls(
             mesh,
-            registry.counter("cm_daemon_send_total", "Outbox rows settled, by outcome"),
-            registry.counter("cm_daemon_recv_total", "Deliveries stored in the inbox, by kind"),
-            registry.counter("cm_daemon_dedupe_total",
-                             "Duplicates absorbed: outbound (broker said duplicate) and "
-                             "inbound (a redelivery already stored)"),
-            registry.counter("cm_daemon_reconnects_total", "Broker connections lost or failed"),
-            registry.counter("cm_daemon_dedupe_history_pruned_total",
-                             "Duplicates whose original's history was already pruned"),
+            Counter("cm_daemon_send_total", "Outbox rows settled, by outcome",
+                    ["mesh", "status"], registry=registry),
+            Counter("cm_daemon_recv_total", "Deliveries stored in the inbox, by kind",
+                    ["mesh"], registry=registry),
+            Counter("cm_daemon_dedupe_total",
+                    "Duplicates absorbed: outbound (broker said duplicate) and "
+                    "inbound (a redelivery already stored)", ["direction", "mesh"],
+                    registry=registry),
+            Counter("cm_daemon_reconnects_total", "Broker connections lost or failed",
+                    ["mesh"], registry=registry),
+            Counter("cm_daemon_dedupe_history_pruned_total",
+                    "Duplicates whose original's history was already pruned", ["mesh"],
+                    registry=registry),
+            Histogram("cm_daemon_send_batch_size", "Sends in each frame written to the broker",
+                      ["mesh"], registry=registry, buckets=BATCH_BUCKETS),
         )
 
 
@@ -118,7 +127,7 @@ class Relay:
         self.on_status = on_status
         self.rng = rng or random.Random()  # noqa: S311 - jitter, not secrets
         self.link: BrokerLink | None = None
-        self.metrics = metrics or RelayMetrics.register(Registry(), mesh.mesh)
+        self.metrics = metrics or RelayMetrics.register(CollectorRegistry(), mesh.mesh)
 
     async def run(self) -> None:
         """Connect, serve, reconnect, forever; raises RelayFatal for what cannot heal."""
@@ -145,7 +154,7 @@ class Relay:
 
     async def _pause(self, attempt: int, reason: str) -> int:
         attempt += 1
-        self.metrics.reconnects.inc(mesh=self.mesh.mesh)
+        self.metrics.reconnects.labels(mesh=self.mesh.mesh).inc()
         delay = self.settings.backoff.delay(attempt, self.rng)
         log.info("broker_connect_failed", attempt=attempt, retry_in_s=round(delay, 2),
                  reason=reason)
@@ -154,6 +163,7 @@ class Relay:
         return attempt
 
     async def _serve(self, link: BrokerLink) -> None:
+        link.on_batch = self.metrics.send_batch.labels(mesh=self.metrics.mesh).observe
         max_age_ms = negotiated_max_age(link.supported, self.settings) * 3_600_000
         try:
             # A session that ended with a batch on the wire (its sender cancelled) leaves those
@@ -297,13 +307,13 @@ class Sender:
     def _account(self, settled: list[Settlement], answers: list[dict[str, Any] | None]) -> None:
         m = self.relay.metrics
         for st, answer in zip(settled, answers, strict=True):
-            m.sends.inc(mesh=m.mesh, status=st.kind.value)
+            m.sends.labels(mesh=m.mesh, status=st.kind.value).inc()
             if st.history_pruned:
-                m.history_pruned.inc(mesh=m.mesh)
+                m.history_pruned.labels(mesh=m.mesh).inc()
                 log.warning("outbox_duplicate_history_pruned", outbox_id=st.row_id,
                             broker_message_id=st.broker_message_id)
             elif answer is not None and answer.get("duplicate"):
-                m.dedupe.inc(mesh=m.mesh, direction="outbound")
+                m.dedupe.labels(direction="outbound", mesh=m.mesh).inc()
                 log.info("outbox_duplicate_acknowledged", outbox_id=st.row_id,
                          broker_message_id=st.broker_message_id)
 
@@ -350,9 +360,9 @@ class Receiver:
             if res is None:
                 continue
             if res.inbox_seq is None:
-                m.dedupe.inc(mesh=m.mesh, direction="inbound")
+                m.dedupe.labels(direction="inbound", mesh=m.mesh).inc()
             else:
-                m.received.inc(mesh=m.mesh)
+                m.received.labels(mesh=m.mesh).inc()
 
     async def _next_frames(self) -> list[dict[str, Any]]:
         q = self.link.deliveries

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tidemesh.core.metrics import Registry
+from tidemesh.core.metrics import CallbackCounter, CallbackGauge, CollectorRegistry, render
 
 TEXTFILE_NAME = "tidemesh_orphan_audit.prom"
 RESULTS = ("clean", "orphans_found", "failed")
@@ -107,28 +107,29 @@ def render_textfile(
     watermark_ms: int | None,
 ) -> str:
     """The Prometheus textfile; ``counts`` (mesh -> kind -> found) is None after a failure."""
-    reg = Registry()
-    total = reg.counter("cm_broker_dedupe_orphan_check_total",
-                        "Orphan audit runs, by result (clean, orphans_found, failed).")
-    for result, n in check_total.items():
-        total.inc(float(n), result=result)
-    reg.gauge("cm_broker_dedupe_orphan_check_last_run_timestamp_seconds",
-              "When the last orphan audit run ended.",
-              lambda: [({}, finished_at_ms / 1000)])
+    reg = CollectorRegistry()
+    CallbackCounter("cm_broker_dedupe_orphan_check_total",
+                    "Orphan audit runs, by result (clean, orphans_found, failed).", ["result"],
+                    lambda: [({"result": r}, float(n)) for r, n in check_total.items()], reg)
+    CallbackGauge("cm_broker_dedupe_orphan_check_last_run_timestamp_seconds",
+                  "When the last orphan audit run ended.", [],
+                  lambda: [({}, finished_at_ms / 1000)], reg)
     if counts is None or watermark_ms is None:
-        return reg.render()
+        return render(reg).decode()
     kind_list = list(kinds)
-    reg.gauge("cm_broker_dedupe_orphan_check_watermark_seconds",
-              "Input watermark of the last good run: rows before it were judged.",
-              lambda: [({}, watermark_ms / 1000)])
-    reg.gauge("cm_broker_dedupe_orphan_found",
-              "Orphaned rows of any kind found per mesh by the last good run.",
-              lambda: [({"mesh_id": m}, float(sum(k.values()))) for m, k in sorted(counts.items())])
-    reg.gauge("cm_broker_dedupe_orphan_found_by_kind",
-              "Orphaned rows per mesh and kind found by the last good run.",
-              lambda: [({"mesh_id": m, "kind": kind}, float(by_kind.get(kind, 0)))
-                       for m, by_kind in sorted(counts.items()) for kind in kind_list])
-    return reg.render()
+    CallbackGauge("cm_broker_dedupe_orphan_check_watermark_seconds",
+                  "Input watermark of the last good run: rows before it were judged.", [],
+                  lambda: [({}, watermark_ms / 1000)], reg)
+    CallbackGauge("cm_broker_dedupe_orphan_found",
+                  "Orphaned rows of any kind found per mesh by the last good run.", ["mesh_id"],
+                  lambda: [({"mesh_id": m}, float(sum(k.values())))
+                           for m, k in sorted(counts.items())], reg)
+    CallbackGauge("cm_broker_dedupe_orphan_found_by_kind",
+                  "Orphaned rows per mesh and kind found by the last good run.",
+                  ["mesh_id", "kind"],
+                  lambda: [({"mesh_id": m, "kind": kind}, float(by_kind.get(kind, 0)))
+                           for m, by_kind in sorted(counts.items()) for kind in kind_list], reg)
+    return render(reg).decode()
 
 
 def _dumps(obj: Mapping[str, Any]) -> str:

@@ -8,7 +8,7 @@ send), and each answer leaves only after COMMIT. Must not import websockets or t
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -90,6 +90,8 @@ class Store(Protocol):
 
     batches: int   # group commits of accepts since the store opened
     items: int     # sends in them
+    # Called with (sends, seconds) after each group commit of accepts: the broker's metrics.
+    on_batch: Callable[[int, float], None] | None
     # What the database raises while it is down or restarting: a connection that fails on
     # one of these is closed "try again later", not as a broker fault.
     outage_errors: tuple[type[Exception], ...]

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,6 +90,7 @@ class PostgresStore:
         self._tasks: list[asyncio.Task[None]] = []
         self.batches = 0
         self.items = 0
+        self.on_batch: Callable[[int, float], None] | None = None
 
     @classmethod
     async def open(cls, dsn: str, *, pool_size: int = 4, batch_max: int = 512,
@@ -148,9 +150,12 @@ class PostgresStore:
                     else:
                         seen.add(p.item.key)
                         leaders.append(p)
+                started = time.perf_counter()
                 conn, results = await self._commit(conn, [p.item for p in leaders])
                 self.batches += 1
                 self.items += len(leaders)
+                if self.on_batch is not None:
+                    self.on_batch(len(leaders), time.perf_counter() - started)
                 for p, r in zip(leaders, results, strict=True):
                     if not p.future.done():
                         p.future.set_result(r)

@@ -14,6 +14,7 @@ import asyncio
 import json
 import os
 import sqlite3
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -111,6 +112,7 @@ class SqliteStore:
         self._task: asyncio.Task[None] | None = None
         self.batches = 0
         self.items = 0
+        self.on_batch: Callable[[int, float], None] | None = None
 
     @classmethod
     async def open(
@@ -189,9 +191,12 @@ class SqliteStore:
                     stopping = True
                     break
                 batch.append(nxt)
+            started = time.perf_counter()
             await loop.run_in_executor(self._wpool, self._commit, batch)
             self.batches += 1
             self.items += len(batch)
+            if self.on_batch is not None:
+                self.on_batch(len(batch), time.perf_counter() - started)
             for item in batch:
                 if item.future.done():
                     continue

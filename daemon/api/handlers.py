@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from tidemesh.core import metrics
 from tidemesh.core.errors import InvalidRequest
 from tidemesh.core.send import parse_send_request
 from tidemesh.daemon.api.keys import (
@@ -140,10 +141,8 @@ async def get_openapi(request: web.Request) -> web.Response:
 async def get_metrics(request: web.Request) -> web.Response:
     state = request.app[STATE]
     state.info["outbox_counts"], state.info["lag_ms"] = await request.app[OUTBOX].snapshot()
-    text = state.registry.render()
-    return web.Response(
-        body=text.encode(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
-    )
+    return web.Response(body=metrics.render(state.registry),
+                        headers={"Content-Type": metrics.CONTENT_TYPE_LATEST})
 
 
 async def get_inbox(request: web.Request) -> web.Response:

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from tidemesh.core.metrics import Counter, Registry
 from tidemesh.daemon.service.disk import DiskMonitor
 from tidemesh.daemon.service.events import EventBus
 from tidemesh.daemon.service.inbox import InboxService
@@ -15,6 +15,23 @@ from tidemesh.daemon.service.membership import MembershipService
 from tidemesh.daemon.service.outbox import OutboxService
 from tidemesh.daemon.service.presence import PresenceService
 from tidemesh.daemon.service.retention import RetentionService
+
+
+@dataclass(frozen=True, slots=True)
+class IpcMetrics:
+    """The request series the middleware keeps (spec §10 names)."""
+
+    requests: Counter
+    duration: Histogram
+
+    @classmethod
+    def register(cls, registry: CollectorRegistry) -> IpcMetrics:
+        return cls(
+            Counter("cm_daemon_ipc_request_total", "IPC requests by endpoint, status and transport",
+                    ["endpoint", "status", "transport"], registry=registry),
+            Histogram("cm_daemon_ipc_duration_seconds",
+                      "IPC request duration by route template", ["endpoint"], registry=registry),
+        )
 
 
 @dataclass(slots=True)
@@ -25,8 +42,8 @@ class IpcState:
     max_inflight: int
     public_health_check: bool
     info: dict[str, Any]          # mesh, pubkey, version, started_at, pid, paths ...
-    registry: Registry
-    requests: Counter
+    registry: CollectorRegistry
+    metrics: IpcMetrics
     sse_keepalive_s: float = 15.0
     sse_write_timeout_s: float = 10.0
     inflight: int = 0

@@ -9,6 +9,7 @@ Host must be loopback and no Origin may be present (403), and a bearer token is 
 from __future__ import annotations
 
 import hmac
+import time
 
 import structlog
 from aiohttp import web
@@ -67,6 +68,7 @@ async def ipc(request: web.Request, handler: Handler) -> web.StreamResponse:
     state = request.app[STATE]
     transport = transport_of(request)
     status = 500
+    started = time.perf_counter()
     try:
         resp = await _guarded(request, handler, transport)
         status = resp.status
@@ -88,8 +90,10 @@ async def ipc(request: web.Request, handler: Handler) -> web.StreamResponse:
         return render(TidemeshError("internal error; see the daemon log"))
     finally:
         route = request.match_info.route.resource
-        state.requests.inc(endpoint=route.canonical if route is not None else "unmatched",
-                           status=str(status), transport=transport)
+        endpoint = route.canonical if route is not None else "unmatched"
+        state.metrics.requests.labels(endpoint=endpoint, status=str(status),
+                                      transport=transport).inc()
+        state.metrics.duration.labels(endpoint=endpoint).observe(time.perf_counter() - started)
 
 
 async def _guarded(request: web.Request, handler: Handler, transport: str) -> web.StreamResponse:

@@ -15,9 +15,9 @@ from functools import partial
 from typing import Any, TypeVar
 
 import structlog
+from prometheus_client import Counter
 
 from tidemesh.core.errors import InsufficientStorage, Unavailable
-from tidemesh.core.metrics import Counter
 from tidemesh.core.retention import DAY_MS, HOUR_MS, InboxPolicy, OutboxPolicy
 from tidemesh.daemon.store import outbox, retention
 from tidemesh.daemon.store.db import Database
@@ -47,7 +47,9 @@ class RetentionService:
         self.inbox_db = inbox_db
         self.settings = settings
         self.clock = clock
-        self.deleted = deleted or Counter("cm_daemon_retention_deleted_total", "")
+        self.deleted = deleted if deleted is not None else Counter(
+            "cm_daemon_retention_deleted_total", "",
+            ["kind"], registry=None)
 
     def _now_ms(self) -> int:
         return int(self.clock() * 1000)
@@ -73,7 +75,7 @@ class RetentionService:
             n, finished = await self._step(db, step, dry_run)
             total += n
         if not dry_run:
-            self.deleted.inc(total, kind="outbox")
+            self.deleted.labels(kind="outbox").inc(total)
             await self._vacuum(db)
         return {"dry_run": dry_run, "deleted": total,
                 "max_age_hours": round(policy.max_age_ms / HOUR_MS, 3),
@@ -98,8 +100,8 @@ class RetentionService:
             n, finished = await self._step(db, step, dry_run)
             entries += n
         if not dry_run:
-            self.deleted.inc(events, kind="events")
-            self.deleted.inc(entries, kind="inbox")
+            self.deleted.labels(kind="events").inc(events)
+            self.deleted.labels(kind="inbox").inc(entries)
             await self._vacuum(db)
         return {"dry_run": dry_run, "deleted": entries, "events_deleted": events,
                 "before_ms": policy.cutoff(now), "held_until_ms": policy.hold_cutoff(now),

@@ -103,6 +103,8 @@ class Database:
         self._task: asyncio.Task[None] | None = None
         self.batches = 0
         self.items = 0
+        # Called with the size of each group commit (a metric; the store imports none).
+        self.on_batch: Callable[[int], None] | None = None
 
     @classmethod
     async def open(
@@ -195,6 +197,8 @@ class Database:
             await loop.run_in_executor(self._writer_pool, self._commit, batch)
             self.batches += 1
             self.items += len(batch)
+            if self.on_batch is not None:
+                self.on_batch(len(batch))
             for item in batch:
                 if item.future.done():
                     continue

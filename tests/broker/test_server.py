@@ -271,7 +271,7 @@ async def test_metrics_are_served_on_the_same_port(broker: Broker) -> None:
 
     ctype, text = await asyncio.to_thread(fetch)
     assert ctype.startswith("text/plain")
-    assert 'cm_broker_accept_total{status="201"} 1' in text
+    assert 'cm_broker_accept_total{status="201"} 1.0' in text
     assert "cm_broker_dedupe_fingerprint_mismatch_total{" in text
     assert "cm_broker_connections_active" in text
 

@@ -6,6 +6,7 @@ from tests.broker.conftest import LIMITS, accept_input, new_pubkey, now_ms
 from tidemesh.broker.accept import Limits
 from tidemesh.broker.service import BrokerService
 from tidemesh.broker.store.base import Store
+from tidemesh.core.metrics import render
 
 DAY = 86_400_000
 
@@ -33,6 +34,6 @@ async def test_sweep_deletes_expired_keys_and_prunes_old_messages(store: Store) 
     assert (again.status, again.history_available) == (200, False)
     counts = await store.counts()
     assert (counts["client_message_dedupe"], counts["topic_message"]) == (2, 1)
-    text = service.metrics.registry.render()
-    assert "cm_broker_dedupe_expired_deleted_total 1" in text
-    assert "cm_broker_history_pruned_total 2" in text
+    text = render(service.metrics.registry).decode()
+    assert "cm_broker_dedupe_expired_deleted_total 1.0" in text
+    assert "cm_broker_history_pruned_total 2.0" in text

@@ -13,8 +13,8 @@ from typing import Any
 import aiohttp
 
 from tidemesh.core.ids import new_ulid
-from tidemesh.core.metrics import Registry
-from tidemesh.daemon.api.keys import BUS, INBOX, OUTBOX, STATE, IpcState
+from tidemesh.core.metrics import CollectorRegistry
+from tidemesh.daemon.api.keys import BUS, INBOX, OUTBOX, STATE, IpcMetrics, IpcState
 from tidemesh.daemon.server import IpcServer, build_app
 from tidemesh.daemon.service.events import EventBus
 from tidemesh.daemon.service.inbox import InboxService
@@ -53,13 +53,13 @@ async def local_app(folder: Path, **state: Any) -> AsyncIterator[LocalApp]:
     inbox_db = await open_inbox(folder / "inbox.db")
     bus = EventBus(state.pop("max_streams", 32), state.pop("sse_buffer", 1000))
     app = build_app(1 << 20)
-    registry = Registry()
+    registry = CollectorRegistry()
     app[OUTBOX] = OutboxService(outbox_db)
     app[INBOX] = InboxService(inbox_db, bus)
     app[BUS] = bus
     app[STATE] = IpcState(token="t", max_inflight=256, public_health_check=False,
                           info={"mesh": "t"}, registry=registry,
-                          requests=registry.counter("r", "r"), **state)
+                          metrics=IpcMetrics.register(registry), **state)
     server = IpcServer(app, folder / "sock", None, 2.0)
     await server.start()
     try:

@@ -86,5 +86,5 @@ def test_audit_orphans_cli_failure_exits_1_without_leaking_password(tmp_path: Pa
     assert "audit_failed" in proc.stderr
     assert "s3cret-pw" not in proc.stderr + proc.stdout
     assert not (tmp_path / "report.json").exists()
-    assert 'cm_broker_dedupe_orphan_check_total{result="failed"} 1' in (
+    assert 'cm_broker_dedupe_orphan_check_total{result="failed"} 1.0' in (
         tmp_path / "tidemesh_orphan_audit.prom").read_text()

@@ -85,8 +85,8 @@ def test_audit_planted_orphans_found_exactly_per_mesh(
     prom = (out / "tidemesh_orphan_audit.prom").read_text()
     alpha = filled.meshes["alpha"]
     alpha_total = sum(n for (mesh, _), n in per_mesh.items() if mesh == alpha)
-    assert f'cm_broker_dedupe_orphan_found{{mesh_id="{alpha}"}} {alpha_total}\n' in prom
-    assert 'cm_broker_dedupe_orphan_check_total{result="orphans_found"} 1\n' in prom
+    assert f'cm_broker_dedupe_orphan_found{{mesh_id="{alpha}"}} {float(alpha_total)}\n' in prom
+    assert 'cm_broker_dedupe_orphan_check_total{result="orphans_found"} 1.0\n' in prom
 
 
 def test_audit_clean_store_with_retention_reports_nothing(
@@ -111,7 +111,7 @@ def test_audit_clean_store_with_retention_reports_nothing(
     assert _found(spark, out) == []
     prom = (out / "tidemesh_orphan_audit.prom").read_text()
     for mesh in filled.meshes.values():
-        assert f'cm_broker_dedupe_orphan_found{{mesh_id="{mesh}"}} 0\n' in prom
+        assert f'cm_broker_dedupe_orphan_found{{mesh_id="{mesh}"}} 0.0\n' in prom
 
 
 def _stable(report: dict[str, object]) -> dict[str, object]:
@@ -143,6 +143,6 @@ def test_audit_rerun_replaces_outputs_and_failure_keeps_them(
     assert json.loads((out / "report.json").read_text()) == second_report
     assert sorted(_found(spark, out)) == sorted(expected)
     prom = (out / "tidemesh_orphan_audit.prom").read_text()
-    assert 'cm_broker_dedupe_orphan_check_total{result="failed"} 1\n' in prom
-    assert 'cm_broker_dedupe_orphan_check_total{result="orphans_found"} 2\n' in prom
+    assert 'cm_broker_dedupe_orphan_check_total{result="failed"} 1.0\n' in prom
+    assert 'cm_broker_dedupe_orphan_check_total{result="orphans_found"} 2.0\n' in prom
     assert "cm_broker_dedupe_orphan_found{" in prom      # the last good counts stay visible
