@@ -117,12 +117,23 @@ def _created(frame: dict[str, Any]) -> int:
     return 0
 
 
+def _strict_json(frame: dict[str, Any]) -> bool:
+    """json.dumps writes an infinite float as `Infinity`, which is not JSON: the broker cannot
+    read such a frame, so it cannot echo its id either (it answers an error without one)."""
+    try:
+        json.dumps(frame, allow_nan=False)
+    except ValueError:
+        return False
+    return True
+
+
 def _awaited(batch: list[Any]) -> Counter[str]:
     """The ids of the send frames the broker will answer (one answer per id)."""
     ids: Counter[str] = Counter()
     for frame in batch:
         if (isinstance(frame, dict) and frame.get("type") in ("send", "send_batch")
-                and isinstance(frame.get("id"), str) and 0 < len(frame["id"]) <= 64):
+                and isinstance(frame.get("id"), str) and 0 < len(frame["id"]) <= 64
+                and _strict_json(frame)):
             ids[frame["id"]] += 1
     return ids
 
