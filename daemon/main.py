@@ -13,7 +13,7 @@ import secrets
 import signal
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +41,7 @@ from tidemesh.daemon.api.keys import (
     PRESENCE,
     RETENTION,
     STATE,
+    DaemonInfo,
     IpcMetrics,
     IpcState,
 )
@@ -217,6 +218,8 @@ class Daemon:
         self.start = start
         self.keypair = keypair
         self.stop = asyncio.Event()
+        # The one clock of the process: every service and the relay take it from here.
+        self.clock: Callable[[], float] = time.time
 
     async def serve(self) -> int:
         s, paths = self.start.settings, self.start.paths
@@ -243,32 +246,25 @@ class Daemon:
             public_health_check=s.ipc_public_health_check,
             sse_keepalive_s=s.ipc_sse_keepalive_s,
             sse_write_timeout_s=s.ipc_sse_write_timeout_s,
-            info={
-                "version": tidemesh.__version__,
-                "mesh": s.daemon_mesh,
-                "member_pubkey": self.keypair.public_hex,
-                "schema_version": len(load_migrations("outbox")),
-                "started_monotonic": time.monotonic(),
-                "connected": False,
-                "outbox_counts": {},
-            },
+            info=DaemonInfo(s.daemon_mesh, tidemesh.__version__, self.keypair.public_hex,
+                            len(load_migrations("outbox")), time.monotonic()),
             registry=registry,
             metrics=IpcMetrics.register(registry),
         )
         mesh = s.daemon_mesh
         CallbackGauge(
             "cm_daemon_connected", "1 while the broker WebSocket is open", ["mesh"],
-            lambda: [({"mesh": mesh}, float(bool(state.info["connected"])))], registry)
+            lambda: [({"mesh": mesh}, float(state.link.connected))], registry)
         CallbackGauge(
             "cm_daemon_lag_ms", "How long the oldest unsent outbox row has waited", ["mesh"],
-            lambda: [({"mesh": mesh}, float(state.info.get("lag_ms") or 0))], registry)
+            lambda: [({"mesh": mesh}, float(state.outbox.lag_ms))], registry)
         CallbackGauge(
             "cm_daemon_outbox_age_seconds", "Age of the oldest unsent outbox row", ["mesh"],
-            lambda: [({"mesh": mesh}, float(state.info.get("lag_ms") or 0) / 1000)], registry)
+            lambda: [({"mesh": mesh}, state.outbox.lag_ms / 1000)], registry)
         CallbackGauge(
             "cm_daemon_outbox_depth", "Outbox rows by status", ["mesh", "status"],
             lambda: [({"mesh": mesh, "status": k}, float(v))
-                     for k, v in state.info["outbox_counts"].items()], registry)
+                     for k, v in state.outbox.counts.items()], registry)
         return state
 
     async def _serve_with(self, outbox_db: Database, inbox_db: Database) -> int:
@@ -280,17 +276,17 @@ class Daemon:
                            s.disk_reserved_bytes)
         app[DISK] = disk
         app[OUTBOX] = OutboxService(
-            outbox_db, sealer=lambda to, cmid, body, enc: seal(key, to, cmid, body, enc),
-            admit=disk.check_send)
+            outbox_db, clock=self.clock, admit=disk.check_send,
+            sealer=lambda to, cmid, body, enc: seal(key, to, cmid, body, enc))
         app[STATE] = self._state()
-        app[RETENTION] = RetentionService(outbox_db, inbox_db, self.start.retention,
+        app[RETENTION] = RetentionService(outbox_db, inbox_db, self.start.retention, self.clock,
                                           deleted=Counter(
                                               "cm_daemon_retention_deleted_total",
                                               "Rows retention deleted, by kind", ["kind"],
                                               registry=app[STATE].registry))
         _disk_gauges(app[STATE].registry, disk, s.daemon_mesh)
         _db_batches(app[STATE].registry, {"outbox": outbox_db, "inbox": inbox_db})
-        app[INBOX] = InboxService(inbox_db, bus)
+        app[INBOX] = InboxService(inbox_db, bus, self.clock)
         app[BUS] = bus
         relay = self._relay(app[OUTBOX], app[INBOX], app[STATE])
         live = lambda: relay if relay is not None and relay.link is not None else None  # noqa: E731
@@ -349,11 +345,11 @@ class Daemon:
         mesh = MeshConfig.load(paths.mesh_file)
 
         async def on_status(connected: bool, detail: dict[str, Any]) -> None:
-            was = state.info.get("connected")
-            state.info["connected"] = connected
-            state.info["broker_state"] = detail.get("state")
+            was = state.link.connected
+            state.link.connected = connected
+            state.link.broker_state = detail.get("state")
             if relay.link is not None:
-                state.info["broker_features"] = relay.link.supported
+                state.link.broker_features = relay.link.supported
             if was != connected or not connected:
                 await inbox.record_event("broker_status", {"mesh": mesh.mesh, **detail})
 
@@ -362,7 +358,8 @@ class Daemon:
         relay = Relay(mesh, self.keypair.signing_key, outbox, inbox,
                       RelaySettings(backoff, s.outbox_max_age_hours,
                                     s.outbox_max_age_hours_override), on_status,
-                      metrics=RelayMetrics.register(state.registry, s.daemon_mesh))
+                      metrics=RelayMetrics.register(state.registry, s.daemon_mesh),
+                      clock=self.clock)
         return relay
 
     async def _supervise(self, dbs: list[Database], relay: asyncio.Task[None] | None,

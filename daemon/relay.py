@@ -118,8 +118,10 @@ def negotiated_max_age(supported: dict[str, Any], s: RelaySettings) -> int:
 class Relay:
     def __init__(self, mesh: MeshConfig, key: SigningKey, outbox: OutboxService,
                  inbox: InboxService, settings: RelaySettings, on_status: StatusHook,
-                 rng: random.Random | None = None, metrics: RelayMetrics | None = None) -> None:
+                 rng: random.Random | None = None, metrics: RelayMetrics | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
         self.mesh = mesh
+        self.clock = clock
         self.key = key
         self.outbox = outbox
         self.inbox = inbox
@@ -279,7 +281,7 @@ class Sender:
         if has_room:
             due = await self.relay.outbox.next_due()
             if due is not None:
-                timeout = min(timeout, max(0.0, due / 1000 - time.time()))
+                timeout = min(timeout, max(0.0, due / 1000 - self.relay.clock()))
         more = self.relay.outbox.accepted if has_room else self.slot_freed
         await race.first(self.link.wait_closed(), more.wait(), within=timeout)
 
@@ -293,7 +295,7 @@ class Sender:
             answers = [None] * len(rows)
         error = ("LinkClosed: the broker link closed before the answer" if self.link.closed
                  else f"TimeoutError: no answer within {limit:.0f} s")
-        now = int(time.time() * 1000)
+        now = int(relay.clock() * 1000)
         settled = [classify(r.id, r.attempts, a, None if a else error, now,
                             relay.settings.backoff, relay.rng) for r, a in zip(rows, answers,
                                                                                 strict=True)]
@@ -404,7 +406,7 @@ class Receiver:
                 log.error("dm_unseal_failed", broker_message_id=f["broker_message_id"],
                           error=str(exc))
                 meta = {**(meta or {}), "tidemesh_undecryptable": str(exc)}
-        now = int(time.time() * 1000)
+        now = int(self.relay.clock() * 1000)
         return Delivery(
             id=new_ulid(now), mesh=self.relay.mesh.mesh, sender_pubkey=f["sender_pubkey"],
             sender_name=None,

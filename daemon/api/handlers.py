@@ -44,15 +44,16 @@ def _int_param(request: web.Request, name: str, default: int, lo: int, hi: int) 
 
 
 async def get_version(request: web.Request) -> web.Response:
-    info = request.app[STATE].info
+    state = request.app[STATE]
+    info = state.info
     return _json({
-        "daemon_version": info["version"],
+        "daemon_version": info.version,
         "ipc_api": "v1",
         "ipc_features": ["version", "health", "send", "outbox", "inbox", "consumers",
                          "events", "metrics"],
-        "schema_version": info["schema_version"],
-        "mesh": info["mesh"],
-        "broker_features": info.get("broker_features", {}),
+        "schema_version": info.schema_version,
+        "mesh": info.mesh,
+        "broker_features": state.link.broker_features,
     })
 
 
@@ -62,16 +63,16 @@ async def get_health(request: web.Request) -> web.Response:
     info = state.info
     return _json({
         "healthy": state.healthy,
-        "connected": info.get("connected", False),
+        "connected": state.link.connected,
         "lag_ms": lag_ms,
         "queue_depth": counts,
         "inflight": counts.get("inflight", 0),
-        "mesh": info["mesh"],
-        "member_pubkey": info["member_pubkey"],
-        "uptime_s": round(time.monotonic() - info["started_monotonic"], 3),
-        "schema_version": info["schema_version"],
-        "daemon_version": info["version"],
-        "broker_version": info.get("broker_version"),
+        "mesh": info.mesh,
+        "member_pubkey": info.member_pubkey,
+        "uptime_s": round(time.monotonic() - info.started_monotonic, 3),
+        "schema_version": info.schema_version,
+        "daemon_version": info.version,
+        "broker_version": state.link.broker_version,
         "pid": os.getpid(),
         "disk": request.app[DISK].view(),
     })
@@ -140,7 +141,7 @@ async def get_openapi(request: web.Request) -> web.Response:
 
 async def get_metrics(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    state.info["outbox_counts"], state.info["lag_ms"] = await request.app[OUTBOX].snapshot()
+    state.outbox.counts, state.outbox.lag_ms = await request.app[OUTBOX].snapshot()
     return web.Response(body=metrics.render(state.registry),
                         headers={"Content-Type": metrics.CONTENT_TYPE_LATEST})
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
@@ -34,6 +34,36 @@ class IpcMetrics:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class DaemonInfo:
+    """What a daemon is, fixed at start-up."""
+
+    mesh: str
+    version: str = ""
+    member_pubkey: str = ""
+    schema_version: int = 0
+    started_monotonic: float = 0.0
+
+
+@dataclass(slots=True)
+class LinkState:
+    """The broker link as last reported by the relay."""
+
+    connected: bool = False
+    broker_state: str | None = None
+    broker_features: dict[str, Any] = field(default_factory=dict)
+    broker_version: str | None = None
+
+
+@dataclass(slots=True)
+class OutboxGauges:
+    """The outbox figures the gauges show, read from the outbox before each scrape (a
+    gauge callback cannot wait for the database)."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+    lag_ms: int = 0
+
+
 @dataclass(slots=True)
 class IpcState:
     """What handlers and middleware need besides the services."""
@@ -41,13 +71,15 @@ class IpcState:
     token: str
     max_inflight: int
     public_health_check: bool
-    info: dict[str, Any]          # mesh, pubkey, version, started_at, pid, paths ...
+    info: DaemonInfo
     registry: CollectorRegistry
     metrics: IpcMetrics
     sse_keepalive_s: float = 15.0
     sse_write_timeout_s: float = 10.0
     inflight: int = 0
     healthy: bool = True
+    link: LinkState = field(default_factory=LinkState)
+    outbox: OutboxGauges = field(default_factory=OutboxGauges)
 
 
 OUTBOX = web.AppKey("outbox", OutboxService)

@@ -14,7 +14,15 @@ import aiohttp
 
 from tidemesh.core.ids import new_ulid
 from tidemesh.core.metrics import CollectorRegistry
-from tidemesh.daemon.api.keys import BUS, INBOX, OUTBOX, STATE, IpcMetrics, IpcState
+from tidemesh.daemon.api.keys import (
+    BUS,
+    INBOX,
+    OUTBOX,
+    STATE,
+    DaemonInfo,
+    IpcMetrics,
+    IpcState,
+)
 from tidemesh.daemon.server import IpcServer, build_app
 from tidemesh.daemon.service.events import EventBus
 from tidemesh.daemon.service.inbox import InboxService
@@ -58,7 +66,7 @@ async def local_app(folder: Path, **state: Any) -> AsyncIterator[LocalApp]:
     app[INBOX] = InboxService(inbox_db, bus)
     app[BUS] = bus
     app[STATE] = IpcState(token="t", max_inflight=256, public_health_check=False,
-                          info={"mesh": "t"}, registry=registry,
+                          info=DaemonInfo("t"), registry=registry,
                           metrics=IpcMetrics.register(registry), **state)
     server = IpcServer(app, folder / "sock", None, 2.0)
     await server.start()
