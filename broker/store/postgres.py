@@ -64,7 +64,13 @@ from tidemesh.core.errors import (
 from tidemesh.core.ids import new_ulid
 
 log = structlog.get_logger(__name__)
-_DB_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError)
+# InternalClientError: a connection left mid-operation by a server that went away (e.g. a
+# shutdown during a statement) refuses the next one; it is an outage of that connection.
+_DB_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError,
+              OSError)
+# Errors of the server or the connection, not of one send: a savepoint retry cannot help.
+_CONNECTION_ERRORS = (asyncpg.exceptions.OperatorInterventionError,
+                      asyncpg.exceptions.PostgresConnectionError)
 
 
 @dataclass(slots=True)
@@ -193,6 +199,8 @@ class PostgresStore:
                     results = await _accept_many(conn, items)
                 return conn, results
             except asyncpg.PostgresError as exc:
+                if isinstance(exc, _CONNECTION_ERRORS):
+                    raise
                 # The batch rolled back whole; redo it with a savepoint per send so that
                 # only the send that fails again gets the 5xx.
                 log.warning("broker_batch_split", error=str(exc), items=len(items))

@@ -78,3 +78,43 @@ async def test_a_member_arriving_while_postgresql_is_down_is_told_to_come_back(
     finally:
         await server.stop()
         await b.store.close()
+
+
+async def test_the_accept_writers_survive_postgresql_restarting_under_load(
+    cluster: PgCluster,
+) -> None:
+    """Found by a long fault run: a fast shutdown during a batch left the writer's connection
+    mid-operation; the savepoint retry on it raised InternalClientError, which killed the
+    writer and so the broker. Such a batch is answered 5xx (the daemon retries) and the
+    writer goes on with a new connection."""
+    b, server = await _start(await asyncio.to_thread(cluster.create_database, "tm"))
+    statuses: list[int] = []
+    stop = asyncio.Event()
+
+    async def sender(n: int) -> None:
+        i = 0
+        while not stop.is_set():
+            try:
+                async with await b.link(b.alice) as link:
+                    while not stop.is_set():
+                        answer = await link.send(f"w{n}-{i}", payload())
+                        statuses.append(int(answer["status"]))
+                        i += 1
+            except Exception:  # noqa: BLE001 - refused while the database is down; go on
+                await asyncio.sleep(0.05)
+
+    try:
+        tasks = [asyncio.create_task(sender(n)) for n in range(8)]
+        for _ in range(5):
+            await asyncio.sleep(0.3)
+            await asyncio.to_thread(cluster.restart, "fast")
+        await asyncio.sleep(1.0)
+        stop.set()
+        await asyncio.gather(*tasks)
+        assert all(not t.done() for t in b.store.writer_tasks), "a writer died"
+        async with await b.link(b.alice) as link:
+            assert (await link.send("after", payload()))["status"] == 201
+        assert 201 in statuses
+    finally:
+        await server.stop()
+        await b.store.close()
