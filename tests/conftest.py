@@ -11,6 +11,7 @@ import os
 import secrets
 import shutil
 import socket
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -82,3 +83,17 @@ def pg_database(pg_dsn: str) -> Iterator[str]:
         yield f"{base}/{name}"
     finally:
         asyncio.run(_admin(pg_dsn, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+@pytest.fixture
+def small_fs() -> Iterator[Path]:
+    """A real 48 MiB file system (tmpfs), so that a disk floor can be crossed for real."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
+    target = Path(tempfile.mkdtemp(prefix="tm-fs-", dir="/tmp"))
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(target)], check=True)
+    try:
+        yield target
+    finally:
+        subprocess.run(["umount", "-l", str(target)], check=False)
+        target.rmdir()

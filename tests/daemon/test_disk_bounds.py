@@ -5,11 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sqlite3
-import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
@@ -88,20 +85,6 @@ async def test_a_sweep_of_200k_rows_under_64_senders_keeps_every_202(short_tmp: 
     finally:
         assert d.stop() == 0
 
-
-@pytest.fixture
-def small_fs() -> Iterator[Path]:
-    """A 48 MiB tmpfs, so that the floor can be crossed for real."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
-    target = Path(f"/tmp/tm-fs-{os.getpid()}")
-    target.mkdir(exist_ok=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(target)], check=True)
-    try:
-        yield target
-    finally:
-        subprocess.run(["umount", "-l", str(target)], check=False)
-        target.rmdir()
 
 
 async def _send(d: RunningDaemon, cid: str) -> tuple[int, dict[str, object]]:

@@ -4,11 +4,8 @@ afresh, the broker's dedupe answers it duplicate, and the recipient still has it
 from __future__ import annotations
 
 import asyncio
-import os
 import sqlite3
-import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -86,20 +83,6 @@ async def test_a_pruned_id_retried_is_answered_duplicate_and_delivered_once(
 async def _count(d: RunningDaemon, cid: str) -> int:
     return sum(1 for e in await inbox(d) if e["client_message_id"] == cid)
 
-
-@pytest.fixture
-def small_fs() -> Iterator[Path]:
-    """A 48 MiB tmpfs, so that the floor can be crossed for real."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
-    target = Path(f"/tmp/tm-fs-e{os.getpid()}")
-    target.mkdir(exist_ok=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(target)], check=True)
-    try:
-        yield target
-    finally:
-        subprocess.run(["umount", "-l", str(target)], check=False)
-        target.rmdir()
 
 
 async def test_under_the_floor_a_daemon_refuses_sends_and_keeps_receiving(
