@@ -19,10 +19,10 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
-from tidemesh.broker.service import BrokerService, Conn
+from tidemesh.broker.service import BrokerService, Conn, routes
 from tidemesh.broker.session import Authenticate, Close, Dispatch, Send, Session
 from tidemesh.core import handshake, metrics
-from tidemesh.core.wire import CloseCode, InvalidFrame, check, encode
+from tidemesh.core.wire import CloseCode, FrameType, encode
 
 log = structlog.get_logger(__name__)
 
@@ -108,13 +108,13 @@ class BrokerServer:
         except ConnectionClosed:
             pass
         except TimeoutError:  # no good hello in time: a socket squatter, not a member
-            self.service.handshake_closed("hello_timeout")
+            self.service.auth.handshake_closed("hello_timeout")
             await ws.close(CloseCode.POLICY, "hello_timeout")
         except Exception as exc:  # one broken connection must not take the server down
             await self._failed(ws, exc)
         finally:
-            if conn is not None and self.service.unregister(conn):
-                await self.service.announce(conn, "peer_leave")
+            if conn is not None and self.service.connections.unregister(conn):
+                await self.service.connections.announce(conn, "peer_leave")
 
     async def _failed(self, ws: ServerConnection, exc: Exception) -> None:
         rest = exc.split(ConnectionClosed)[1] if isinstance(exc, ExceptionGroup) else exc
@@ -133,19 +133,20 @@ class BrokerServer:
     async def _pump(self, conn: Conn) -> None:
         # Undelivered rows stay in delivery_queue; the next resume sends them.
         with contextlib.suppress(ConnectionClosed):
-            await self.service.pump(conn)
+            await self.service.deliveries.pump(conn)
 
     async def _authenticate(self, peer: WsPeer, session: Session,
                             action: Authenticate) -> Conn | None:
-        out = await self.service.authenticate(action.frame)
+        out = await self.service.auth.authenticate(action.frame)
         conn, first = None, False
         if out.problem is None:
-            conn, first = self.service.register(peer, out.mesh_id, out.pubkey, out.display_name)
+            conn, first = self.service.connections.register(peer, out.mesh_id, out.pubkey,
+                                                            out.display_name)
         for a in session.on_member(out.mesh_id, out.mesh_name, out.pubkey,
                                    conn.session_id if conn else "", out.problem, out.joined):
             await self._carry_out(peer, a)
         if conn is not None and first:
-            await self.service.announce(conn, "peer_join")
+            await self.service.connections.announce(conn, "peer_join")
         return conn
 
     async def _carry_out(self, peer: WsPeer, action: Send | Close | Authenticate | Dispatch
@@ -156,58 +157,37 @@ class BrokerServer:
             await peer.send_frame(action.frame)
         elif isinstance(action, Close):
             if action.reason in ("hello_required", "nonce_replayed", "bad_signature"):
-                self.service.handshake_closed(action.reason)
+                self.service.auth.handshake_closed(action.reason)
             await peer.close(action.code, action.reason)
 
     async def _dispatch(self, tg: asyncio.TaskGroup, inflight: asyncio.Semaphore, conn: Conn,
                         frame: dict[str, Any]) -> None:
+        route = self.service.routes[FrameType(frame["type"])]
+        if route.pipelined is None:
+            answer = await routes.handle(route, conn, frame)
+            if answer is not None:
+                await conn.peer.send_frame(answer)
+            return
         # Every accept is started here, one task per send in frame order, and reaches the
         # store's queue on its first step: so one connection's sends are accepted in the order
         # they arrived, whether they came alone or in a send_batch.
-        if frame["type"] == "send":
+        sends = route.pipelined.split(frame)
+        # One permit per send, capped so that one batch can always get its permits.
+        permits = min(len(sends), self.max_inflight)
+        for _ in range(permits):
             await inflight.acquire()
-            tg.create_task(self._send(inflight, conn, frame))
-        elif frame["type"] == "send_batch":
-            # One permit per send, capped so that one batch can always get its permits.
-            permits = min(len(frame["sends"]), self.max_inflight)
-            for _ in range(permits):
-                await inflight.acquire()
-            accepts = [tg.create_task(self._one_of_batch(conn, item)) for item in frame["sends"]]
-            tg.create_task(self._send_batch(inflight, permits, conn, frame["id"], accepts))
-        else:
-            answer = await self.service.dispatch(conn, frame)
-            if answer is not None:
-                await conn.peer.send_frame(answer)
+        accepts = [tg.create_task(route.handle(conn, send)) for send in sends]
+        tg.create_task(self._answer(inflight, permits, conn, frame, route.pipelined, accepts))
 
-    async def _send(self, inflight: asyncio.Semaphore, conn: Conn, frame: dict[str, Any]) -> None:
+    async def _answer(self, inflight: asyncio.Semaphore, permits: int, conn: Conn,
+                      frame: dict[str, Any], pipelined: routes.Pipelined,
+                      accepts: list[asyncio.Task[dict[str, Any] | None]]) -> None:
         try:
-            result = await self.service.send(conn, frame)
-            await conn.peer.send_frame(result)
+            results = [r for r in await asyncio.gather(*accepts) if r is not None]
+            await conn.peer.send_frame(pipelined.join(frame, results))
         except ConnectionClosed:
             # Committed (or not) all the same; the daemon's retry gets 200 duplicate.
-            log.info("broker_result_undelivered", client_message_id=frame["client_message_id"])
-        finally:
-            inflight.release()
-
-    async def _send_batch(self, inflight: asyncio.Semaphore, permits: int, conn: Conn,
-                          batch_id: str, accepts: list[asyncio.Task[dict[str, Any]]]) -> None:
-        try:
-            results = await asyncio.gather(*accepts)
-            await conn.peer.send_frame({"type": "send_results", "id": batch_id,
-                                        "results": results})
-        except ConnectionClosed:
-            log.info("broker_result_undelivered", sends=len(accepts))
+            log.info("broker_result_undelivered", id=frame["id"], sends=len(accepts))
         finally:
             for _ in range(permits):
                 inflight.release()
-
-    async def _one_of_batch(self, conn: Conn, item: dict[str, Any]) -> dict[str, Any]:
-        try:
-            send = check({**item, "type": "send"})
-        except InvalidFrame as exc:
-            self.service.metrics.bad_frames.inc()
-            details = {k: v for k, v in exc.details.items() if k != "id"}
-            return {"type": "send_result", "id": str(item["id"]), "status": 400,
-                    "client_message_id": str(item.get("client_message_id", "")),
-                    "error": {"code": exc.code, "message": exc.message, **details}}
-        return await self.service.send(conn, send)

@@ -51,15 +51,18 @@ class Authenticate:
 
 @dataclass(frozen=True, slots=True)
 class Dispatch:
-    """A READY-phase request (send, request, ack, resume, feature negotiation)."""
+    """A READY-phase frame, for the route table (``broker/service/routes.py``) to handle."""
 
     frame: dict[str, Any]
 
 
 Action = Send | Close | Authenticate | Dispatch
 
-_READY_TYPES = {FrameType.SEND, FrameType.SEND_BATCH, FrameType.REQUEST, FrameType.ACK,
-                FrameType.RESUME, FrameType.FEATURE_REQUEST, FrameType.PEERS, FrameType.PROFILE}
+# The frames legal once READY; who handles each is the route table's business.
+READY_TYPES = frozenset({
+    FrameType.SEND, FrameType.SEND_BATCH, FrameType.REQUEST, FrameType.ACK, FrameType.RESUME,
+    FrameType.FEATURE_REQUEST, FrameType.PEERS, FrameType.PROFILE,
+})
 
 
 @dataclass(slots=True)
@@ -90,7 +93,7 @@ class Session:
             return self._close(CloseCode.POLICY, "wait_for_hello_ack")
         if kind in (FrameType.HELLO, FrameType.JOIN):
             return self._close(CloseCode.POLICY, "nonce_replayed")
-        if kind not in _READY_TYPES:
+        if kind not in READY_TYPES:
             return self._bad_frame(InvalidFrame(f"{kind} is not a daemon frame", field="type",
                                                 id=frame.get("id")), now)
         return [Dispatch(frame)]

@@ -8,13 +8,17 @@ send), and each answer leaves only after COMMIT. Must not import websockets or t
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+import json
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 from tidemesh.broker.accept import AcceptInput, AcceptResult
 from tidemesh.core import invite as invites
 from tidemesh.core.errors import NotFound
+from tidemesh.storage.postgres import Database as PostgresDatabase
+from tidemesh.storage.sqlite import Database as SqliteDatabase
+from tidemesh.storage.stats import BatchCounters
 
 TABLES = (
     "mesh", "member", "invite", "topic", "topic_subscription", "queue_consumer",
@@ -73,6 +77,14 @@ class DeliveryRow:
     reply_to: str | None
     created_at: int
     reassigned: bool = False     # a lapsed queue lease: sent void, acked, never stored
+    sender_name: str | None = None  # the sender's display name as the broker knows it now
+
+    @classmethod
+    def of_record(cls, r: Sequence[Any]) -> DeliveryRow:
+        """A row of either store's DELIVERIES_SQL (same columns, same order)."""
+        meta = json.loads(r[11]) if r[11] is not None else None
+        return cls(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], bytes(r[8]), r[9], r[10],
+                   meta, r[12], r[13], bool(r[14]), r[15])
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,16 +97,38 @@ class Reassigned:
     to_pubkey: str
 
 
+E = TypeVar("E", SqliteDatabase, PostgresDatabase)
+
+
+class OnEngine(Generic[E]):
+    """What both adapters delegate to their write engine (``tidemesh.storage``)."""
+
+    db: E
+
+    @property
+    def stats(self) -> BatchCounters:
+        return self.db
+
+    @property
+    def writer_tasks(self) -> Sequence[asyncio.Task[None]]:
+        return self.db.writer_tasks
+
+    async def close(self) -> None:
+        await self.db.close()
+
+
 class Store(Protocol):
     """What the broker needs from its database."""
 
-    batches: int   # group commits of accepts since the store opened
-    items: int     # sends in them
-    # Called with (sends, seconds) after each group commit of accepts: the broker's metrics.
-    on_batch: Callable[[int, float], None] | None
     # What the database raises while it is down or restarting: a connection that fails on
     # one of these is closed "try again later", not as a broker fault.
     outage_errors: tuple[type[Exception], ...]
+
+    @property
+    def stats(self) -> BatchCounters:
+        """The write engine's group commits (on SQLite every write's, on PostgreSQL the
+        accepts'); its ``on_batch(items, seconds)`` feeds the broker's metrics."""
+        ...
 
     @property
     def writer_tasks(self) -> Sequence[asyncio.Task[None]]:

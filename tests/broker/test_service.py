@@ -1,10 +1,12 @@
-"""Retention through the service (spec §17.5-6) and its metrics, on a real store."""
+"""Retention through the service (spec §17.5-6), its metrics and its route table, on a real
+store."""
 
 from __future__ import annotations
 
 from tests.broker.conftest import LIMITS, accept_input, new_pubkey, now_ms
 from tidemesh.broker.accept import Limits
 from tidemesh.broker.service import BrokerService
+from tidemesh.broker.session import READY_TYPES
 from tidemesh.broker.store.base import Store
 from tidemesh.core.metrics import render
 
@@ -37,3 +39,9 @@ async def test_sweep_deletes_expired_keys_and_prunes_old_messages(store: Store) 
     text = render(service.metrics.registry).decode()
     assert "cm_broker_dedupe_expired_deleted_total 1.0" in text
     assert "cm_broker_history_pruned_total 2.0" in text
+
+
+async def test_every_frame_legal_when_ready_has_exactly_one_route(store: Store) -> None:
+    service = BrokerService(store, LIMITS)
+
+    assert set(service.routes) == READY_TYPES

@@ -1,0 +1,61 @@
+"""Broker use cases, one job per module, and the table that routes a frame to them.
+
+``auth`` (who may connect), ``connections`` (the registry and presence), ``send`` (B1, then
+the store's accept), ``delivery`` (resume, the pump, acks, queue leases), ``destinations``
+(topic and queue requests), ``negotiation`` (features), ``retention`` (the sweep),
+``metrics`` (the Prometheus series) and ``routes`` (frame type → handler). Independent of
+websockets: a connection is reached through the ``Peer`` protocol. Never awaits the network
+inside a transaction: the store commits first, then frames go out.
+"""
+
+from __future__ import annotations
+
+from tidemesh.broker.accept import Limits
+from tidemesh.broker.service.auth import Auth, AuthOutcome
+from tidemesh.broker.service.connections import Conn, Connections, Peer
+from tidemesh.broker.service.delivery import Deliveries, deliver_frame
+from tidemesh.broker.service.destinations import Destinations
+from tidemesh.broker.service.metrics import Metrics
+from tidemesh.broker.service.negotiation import Negotiation
+from tidemesh.broker.service.retention import Retention
+from tidemesh.broker.service.routes import Route, route_table
+from tidemesh.broker.service.send import Sends
+from tidemesh.broker.store.base import Store
+from tidemesh.core.wire import FrameType
+
+__all__ = ["AuthOutcome", "BrokerService", "Conn", "Peer", "deliver_frame"]
+
+
+class BrokerService:
+    """Builds the broker's use cases over one store; the server and the composition root
+    reach them through its attributes and ``routes``."""
+
+    def __init__(self, store: Store, limits: Limits, *, retention_days: int = 30,
+                 stall_window_hours: int = 24) -> None:
+        self.store = store
+        self.limits = limits
+        self.connections = Connections()
+        self.metrics = Metrics(self.connections.active, store)
+        self.auth = Auth(store, self.metrics, self.connections)
+        self.sends = Sends(store, limits, self.metrics, self.connections)
+        self.deliveries = Deliveries(store, self.metrics, self.connections)
+        self.destinations = Destinations(store)
+        self.negotiation = Negotiation(limits)
+        self.retention = Retention(store, self.metrics, retention_days=retention_days,
+                                   stall_window_hours=stall_window_hours)
+        self.routes: dict[FrameType, Route] = route_table(self)
+
+    @property
+    def conns(self) -> dict[tuple[str, str], set[Conn]]:
+        return self.connections.conns
+
+    # The background jobs the composition root supervises.
+
+    async def sweep(self) -> tuple[int, int]:
+        return await self.retention.sweep()
+
+    async def recheck_members(self) -> None:
+        await self.auth.recheck_members()
+
+    async def reassign_lapsed(self, lease_s: float) -> int:
+        return await self.deliveries.reassign_lapsed(lease_s)

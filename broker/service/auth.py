@@ -1,0 +1,74 @@
+"""Who may connect: the hello / join handshake against the store, and closing the
+connections of members revoked since they connected."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from tidemesh.broker.service.connections import Connections, now_ms
+from tidemesh.broker.service.metrics import Metrics
+from tidemesh.broker.store.base import Store
+from tidemesh.core.errors import NotFound
+from tidemesh.core.invite import token_hash
+from tidemesh.core.wire import CloseCode
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class AuthOutcome:
+    mesh_id: str
+    mesh_name: str
+    pubkey: str
+    problem: str | None
+    joined: bool = False
+    display_name: str | None = None
+
+
+class Auth:
+    def __init__(self, store: Store, metrics: Metrics, connections: Connections) -> None:
+        self.store = store
+        self.metrics = metrics
+        self.connections = connections
+
+    async def authenticate(self, frame: dict[str, Any]) -> AuthOutcome:
+        mesh_id, pubkey = frame["mesh_id"], frame["pubkey"]
+        mesh = await self.store.find_mesh(mesh_id)
+        if mesh is None or mesh.id != mesh_id:
+            return self._rejected(mesh_id, pubkey, "unknown_mesh")
+        if frame["type"] == "join":
+            try:
+                await self.store.redeem_invite(mesh_id, token_hash(frame["invite_token"]), pubkey,
+                                               frame.get("display_name"), now_ms())
+            except NotFound as exc:
+                return self._rejected(mesh_id, pubkey, str(exc.details.get("reason", "invite")))
+            log.info("broker_member_joined", mesh_id=mesh_id, pubkey=pubkey)
+            return AuthOutcome(mesh_id, mesh.name, pubkey, None, joined=True,
+                               display_name=frame.get("display_name"))
+        member = await self.store.get_member(mesh_id, pubkey)
+        if member is None:
+            return self._rejected(mesh_id, pubkey, "unknown_member")
+        if member.revoked_at is not None:
+            return self._rejected(mesh_id, pubkey, "member_revoked")
+        return AuthOutcome(mesh_id, mesh.name, pubkey, None, display_name=member.display_name)
+
+    def _rejected(self, mesh_id: str, pubkey: str, reason: str) -> AuthOutcome:
+        self.metrics.rejected.labels(reason=reason).inc()
+        log.warning("broker_handshake_rejected", mesh_id=mesh_id, pubkey=pubkey, reason=reason)
+        return AuthOutcome(mesh_id, "", pubkey, reason)
+
+    def handshake_closed(self, reason: str) -> None:
+        self.metrics.rejected.labels(reason=reason).inc()
+        log.warning("broker_handshake_rejected", reason=reason)
+
+    async def recheck_members(self) -> None:
+        """Close the connections of members revoked since they connected."""
+        for (mesh_id, pubkey), conns in list(self.connections.conns.items()):
+            member = await self.store.get_member(mesh_id, pubkey)
+            if member is None or member.revoked_at is not None:
+                for c in list(conns):
+                    log.warning("broker_revoked_member_closed", mesh_id=mesh_id, pubkey=pubkey)
+                    await c.peer.close(CloseCode.AUTH, "member_revoked")

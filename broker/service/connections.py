@@ -1,0 +1,131 @@
+"""Who is connected (the registry) and what the others hear about it (presence).
+
+A member may hold several connections; the first announces a ``peer_join``, the last a
+``peer_leave``. Presence metadata (profiles) lives in memory like presence itself: each daemon
+holds the authoritative copy and sends it again after every connect. Presence is best effort.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import structlog
+
+from tidemesh.core.ids import new_ulid
+
+log = structlog.get_logger(__name__)
+PRESENCE_SEND_TIMEOUT_S = 1.0
+
+
+class Peer(Protocol):
+    async def send_frame(self, frame: dict[str, Any]) -> None: ...
+    async def close(self, code: int, reason: str) -> None: ...
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass(slots=True, eq=False)  # identity, so a set can hold several per member
+class Conn:
+    peer: Peer
+    mesh_id: str
+    pubkey: str
+    session_id: str
+    display_name: str | None = None
+    epoch: int = 0
+    sent_seq: int = 0
+    pumping: bool = False
+    connected_at: int = field(default_factory=now_ms)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class Connections:
+    def __init__(self) -> None:
+        self.conns: dict[tuple[str, str], set[Conn]] = {}
+        self.profiles: dict[tuple[str, str], dict[str, Any]] = {}
+
+    def active(self) -> list[tuple[dict[str, str], float]]:
+        return [({}, float(sum(len(c) for c in self.conns.values())))]
+
+    def register(self, peer: Peer, mesh_id: str, pubkey: str,
+                 display_name: str | None = None) -> tuple[Conn, bool]:
+        """Track a new connection; the bool says it is the member's first (a peer_join)."""
+        conn = Conn(peer, mesh_id, pubkey, new_ulid(), display_name=display_name)
+        conns = self.conns.setdefault((mesh_id, pubkey), set())
+        conns.add(conn)
+        log.info("broker_member_connected", mesh_id=mesh_id, pubkey=pubkey,
+                 session_id=conn.session_id)
+        return conn, len(conns) == 1
+
+    def unregister(self, conn: Conn) -> bool:
+        """Forget a connection; the bool says it was the member's last (a peer_leave)."""
+        peers = self.conns.get((conn.mesh_id, conn.pubkey), set())
+        peers.discard(conn)
+        if not peers:
+            self.conns.pop((conn.mesh_id, conn.pubkey), None)
+        log.info("broker_member_disconnected", mesh_id=conn.mesh_id, pubkey=conn.pubkey,
+                 session_id=conn.session_id)
+        return not peers
+
+    def wake(self, keys: Iterable[tuple[str, str]]) -> None:
+        """Wake the delivery pumps of these (mesh, member) pairs' connections."""
+        for key in keys:
+            for c in self.conns.get(key, ()):
+                c.wake.set()
+
+    async def announce(self, conn: Conn, kind: str) -> None:
+        """peer_join / peer_leave to the mesh's other members; presence is best effort.
+        A member whose profile says ``visible: false`` is not announced."""
+        profile = self.profiles.get((conn.mesh_id, conn.pubkey), {})
+        if profile.get("visible") is False:
+            return
+        frame: dict[str, Any] = {"type": kind, "mesh_id": conn.mesh_id, "pubkey": conn.pubkey,
+                                 "at": now_ms()}
+        if kind == "peer_join":
+            frame["display_name"] = conn.display_name
+            if profile:
+                frame["profile"] = profile
+        for (mesh_id, pubkey), conns in list(self.conns.items()):
+            if mesh_id != conn.mesh_id or pubkey == conn.pubkey:
+                continue
+            for other in list(conns):
+                try:
+                    async with asyncio.timeout(PRESENCE_SEND_TIMEOUT_S):
+                        await other.peer.send_frame(frame)
+                except Exception as exc:  # a slow or closing peer misses one presence event
+                    log.info("broker_presence_undelivered", pubkey=pubkey, error=repr(exc))
+
+    async def peers(self, conn: Conn, frame: dict[str, Any]) -> dict[str, Any]:
+        """Who is connected, with their profiles; hidden members only see themselves."""
+        peers = []
+        for (mesh_id, pubkey), conns in sorted(self.conns.items()):
+            if mesh_id != conn.mesh_id or not conns:
+                continue
+            profile = self.profiles.get((mesh_id, pubkey), {})
+            if profile.get("visible") is False and pubkey != conn.pubkey:
+                continue
+            newest = max(conns, key=lambda c: c.connected_at)
+            peers.append({"pubkey": pubkey, "connections": len(conns),
+                          "connected_at": min(c.connected_at for c in conns),
+                          "display_name": newest.display_name, "profile": profile})
+        return {"type": "peers", "id": frame["id"], "peers": peers}
+
+    async def set_profile(self, conn: Conn, frame: dict[str, Any]) -> dict[str, Any]:
+        """Replace the member's profile; becoming hidden or visible is announced as a
+        peer_leave or peer_join to the others."""
+        key = (conn.mesh_id, conn.pubkey)
+        was_hidden = self.profiles.get(key, {}).get("visible") is False
+        self.profiles[key] = dict(frame["profile"])
+        hidden = self.profiles[key].get("visible") is False
+        if was_hidden and not hidden:
+            await self.announce(conn, "peer_join")
+        elif hidden and not was_hidden:
+            self.profiles[key]["visible"] = True
+            await self.announce(conn, "peer_leave")
+            self.profiles[key]["visible"] = False
+        return {"type": "result", "id": frame["id"], "ok": True}

@@ -1,0 +1,49 @@
+"""The broker's Prometheus series (spec names where the spec gives them)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Histogram
+
+from tidemesh.broker.store.base import Store
+from tidemesh.core.metrics import BATCH_BUCKETS, CallbackGauge, CollectorRegistry, Samples
+
+
+class Metrics:
+    def __init__(self, active: Samples, store: Store) -> None:
+        r = self.registry = CollectorRegistry()
+        self.accepts = Counter("cm_broker_accept_total", "Sends answered, by status.",
+                               ["status"], registry=r)
+        self.duplicates = Counter("cm_broker_dedupe_duplicate_total",
+                                  "Sends answered 200 duplicate (fingerprint matched).",
+                                  ["mesh_id"], registry=r)
+        self.mismatch = Counter("cm_broker_dedupe_fingerprint_mismatch_total",
+                                "Sends answered 409 idempotency_key_reused (spec §4.4).",
+                                ["client_id", "mesh_id"], registry=r)
+        self.expired = Counter("cm_broker_dedupe_expired_deleted_total",
+                               "Dedupe rows deleted after expires_at (spec §17.5).", registry=r)
+        self.pruned = Counter("cm_broker_history_pruned_total",
+                              "Messages pruned by retention; their dedupe rows flip "
+                              "history_available to false (spec §17.6).", registry=r)
+        self.rejected = Counter("cm_broker_handshake_rejected_total",
+                                "Connections closed during the handshake, by reason.",
+                                ["reason"], registry=r)
+        self.bad_frames = Counter("cm_broker_bad_frames_total", "Frames that failed a schema.",
+                                  registry=r)
+        self.delivered = Counter("cm_broker_deliveries_sent_total", "deliver frames sent.",
+                                 registry=r)
+        self.accept_duration = Histogram("cm_broker_accept_duration_seconds",
+                                         "Duration of each group-commit accept transaction.",
+                                         registry=r)
+        self.accept_batch = Histogram("cm_broker_accept_batch_size",
+                                      "Sends in each group-commit accept transaction.",
+                                      registry=r, buckets=BATCH_BUCKETS)
+        CallbackGauge("cm_broker_connections_active", "Authenticated connections.", [], active, r)
+        CallbackGauge("cm_broker_group_commit_batches", "Accept transactions since start.", [],
+                      lambda: [({}, float(store.stats.batches))], r)
+        CallbackGauge("cm_broker_group_commit_sends", "Sends in those transactions since start.",
+                      [], lambda: [({}, float(store.stats.items))], r)
+        store.stats.on_batch = self.observe_accept
+
+    def observe_accept(self, sends: int, seconds: float) -> None:
+        self.accept_batch.observe(sends)
+        self.accept_duration.observe(seconds)

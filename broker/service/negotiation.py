@@ -1,0 +1,21 @@
+"""``feature_negotiation_request``: what this broker supports, and what it lacks of what the
+daemon requires."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tidemesh.broker.accept import Limits
+from tidemesh.broker.service.connections import Conn
+from tidemesh.core import features
+
+
+class Negotiation:
+    def __init__(self, limits: Limits) -> None:
+        self.supported = features.advertise(limits.dedupe_mode, limits.dedupe_retention_days,
+                                            limits.inline_bytes)
+
+    async def negotiate(self, conn: Conn, frame: dict[str, Any]) -> dict[str, Any]:
+        missing = [f for f in frame["require"] if f not in self.supported]
+        return {"type": "feature_negotiation_response", "id": frame["id"],
+                "supported": self.supported, "missing_required": missing}

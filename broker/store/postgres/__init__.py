@@ -1,0 +1,61 @@
+"""PostgreSQL adapter (asyncpg): tables in schema ``mesh``, on the shared PostgreSQL engine
+(``tidemesh.storage.postgres``: a pool, and writer loops that group-commit accepts).
+
+One module per group of tables: ``membership`` (meshes, invites, members, topics, queues),
+``accept`` (the accept transaction, through ``broker/store/accept.py``), ``delivery`` (the
+receive path) and ``retention``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tidemesh.broker.store import migrate
+from tidemesh.broker.store.base import TABLES, OnEngine
+from tidemesh.broker.store.postgres.accept import Accept
+from tidemesh.broker.store.postgres.delivery import Delivery
+from tidemesh.broker.store.postgres.membership import Membership
+from tidemesh.broker.store.postgres.retention import Retention
+from tidemesh.storage.postgres import Database
+
+
+class PostgresStore(OnEngine[Database], Membership, Accept, Delivery, Retention):
+    """The ``Store`` on PostgreSQL; construct with ``PostgresStore.open``."""
+
+    outage_errors: tuple[type[Exception], ...] = Database.outage_errors
+
+    def __init__(self, dsn: str, db: Database) -> None:
+        self.dsn = dsn
+        self.db = db
+        self.pool = db.pool
+
+    @classmethod
+    async def open(cls, dsn: str, *, pool_size: int = 4, batch_max: int = 512,
+                   writers: int = 2, migrate_now: bool = True) -> PostgresStore:
+        async def setup(conn: Any) -> None:
+            if migrate_now:
+                await migrate.apply_postgres(conn)
+            else:
+                await migrate.require_current_postgres(conn)
+
+        # Several writers overlap one batch's statements with others' COMMITs; PostgreSQL
+        # flushes concurrent commits together, so the fsync is shared too.
+        db = await Database.open(dsn, setup, name="broker", pool_size=pool_size,
+                                 batch_max=batch_max, writers=writers)
+        return cls(dsn, db)
+
+    async def set_info(self, key: str, value: str, now_ms: int) -> None:
+        await self.pool.execute(
+            "INSERT INTO mesh.broker_info (key, value, updated_at) VALUES ($1, $2, $3)"
+            " ON CONFLICT (key) DO UPDATE SET value = excluded.value,"
+            " updated_at = excluded.updated_at", key, value, now_ms)
+
+    async def get_info(self, key: str) -> str | None:
+        value = await self.pool.fetchval("SELECT value FROM mesh.broker_info WHERE key = $1", key)
+        return None if value is None else str(value)
+
+    async def counts(self) -> dict[str, int]:
+        out = {}
+        for t in TABLES:
+            out[t] = int(await self.pool.fetchval(f"SELECT count(*) FROM mesh.{t}"))  # noqa: S608
+        return out

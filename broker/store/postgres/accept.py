@@ -1,0 +1,202 @@
+"""The accept (PostgreSQL): the shared sequence (``broker/store/accept.py``) over this port,
+run by the engine's writers for a whole batch of sends at once.
+
+Each port method is one statement for the whole batch (arrays and ``unnest()``), so a batch
+takes seven round trips whatever its size: BEGIN; claim; read back ``FOR SHARE``; B2 in one
+query; (unclaim the refused); messages with their history rows; cursors and gapless delivery
+rows; COMMIT. Claims are made in key order and cursor rows locked in (mesh, recipient)
+order, so several brokers on one database cannot deadlock; the engine keeps sends of one key
+out of one batch, so each is decided against what the first one wrote.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from tidemesh.broker.accept import AcceptInput, AcceptResult, DedupeRow, Delivery, failed
+from tidemesh.broker.store import accept
+from tidemesh.broker.store.postgres.base import PostgresBase
+from tidemesh.core.errors import TidemeshError
+from tidemesh.storage.postgres import BatchOp
+
+
+class Accept(PostgresBase):
+    async def accept(self, item: AcceptInput) -> AcceptResult:
+        # Each sender belongs to one writer, which keeps its sends in arrival order: a
+        # recipient's seq follows the order the broker received one sender's sends in.
+        try:
+            return await self.db.submit(ACCEPT, item, shard=(item.mesh_id, item.sender_pubkey))
+        except TidemeshError as exc:
+            return failed(item, exc)
+
+
+class PgAcceptPort:
+    """``accept.AcceptPort`` on one writer connection, inside its transaction."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+
+    async def claim(self, items: Sequence[AcceptInput]) -> None:
+        await self.conn.execute(CLAIM_SQL, *(_col(items, attr) for attr in (
+            "mesh_id", "sender_pubkey", "client_message_id", "broker_message_id", "history_id",
+            "fingerprint", "kind", "ref", "now_ms", "expires_at")))
+
+    async def read_back(self, items: Sequence[AcceptInput]) -> dict[accept.Key, DedupeRow]:
+        rows = await self.conn.fetch(READBACK_SQL, _col(items, "mesh_id"),
+                                     _col(items, "sender_pubkey"),
+                                     _col(items, "client_message_id"))
+        return {(r[0], r[1], r[2]): DedupeRow(r[3], r[4], bytes(r[5]), r[6], r[7])
+                for r in rows}
+
+    async def destinations(self, items: Sequence[AcceptInput]
+                           ) -> dict[accept.Destination, list[str]]:
+        args: list[list[str]] = []
+        for kind in ("topic", "dm", "queue"):
+            keys = sorted({(a.mesh_id, a.ref) for a in items if a.kind == kind})
+            args += [[k[0] for k in keys], [k[1] for k in keys]]
+        out: dict[accept.Destination, list[str]] = {}
+        for kind, mesh_id, ref, pubkey in await self.conn.fetch(B2_SQL, *args):
+            members = out.setdefault((kind, mesh_id, ref), [])
+            if pubkey is not None:  # a topic without subscribers still exists
+                members.append(pubkey)
+        return out
+
+    async def unclaim(self, broker_message_ids: Sequence[str]) -> None:
+        await self.conn.execute(UNCLAIM_SQL, list(broker_message_ids))
+
+    async def insert(self, accepted: Sequence[tuple[AcceptInput, list[str]]]
+                     ) -> dict[str, list[Delivery]]:
+        items = [a for a, _ in accepted]
+        await self.conn.execute(MESSAGES_SQL, *_message_args(items))
+        rows = [(a, p) for a, recipients in accepted for p in recipients]
+        by_message: dict[str, list[Delivery]] = {}
+        if rows:
+            now = max(a.now_ms for a in items)
+            for bm, pubkey, epoch, seq in await self.conn.fetch(
+                DELIVERIES_INSERT_SQL, [a.mesh_id for a, _ in rows], [p for _, p in rows],
+                [a.broker_message_id for a, _ in rows], [a.now_ms for a, _ in rows], now,
+            ):
+                by_message.setdefault(bm, []).append(Delivery(pubkey, epoch, seq))
+        return {bm: sorted(ds, key=lambda d: d.recipient_pubkey)
+                for bm, ds in by_message.items()}
+
+
+async def _accept_batch(conn: Any, items: Sequence[AcceptInput]) -> list[AcceptResult]:
+    return await accept.run_async(PgAcceptPort(conn), items)
+
+
+ACCEPT = BatchOp("accept", _accept_batch, key=lambda a: a.key)
+
+
+CLAIM_SQL = """
+INSERT INTO mesh.client_message_dedupe (mesh_id, sender_pubkey, client_message_id,
+    broker_message_id, history_id, request_fingerprint, destination_kind, destination_ref,
+    first_seen_at, expires_at)
+SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[],
+                     $7::text[], $8::text[], $9::bigint[], $10::bigint[])
+ON CONFLICT (mesh_id, sender_pubkey, client_message_id) DO NOTHING
+"""
+
+READBACK_SQL = """
+SELECT d.mesh_id, d.sender_pubkey, d.client_message_id, d.broker_message_id, d.history_id,
+       d.request_fingerprint, d.history_available, d.first_seen_at
+FROM mesh.client_message_dedupe d
+JOIN unnest($1::text[], $2::text[], $3::text[]) AS k(m, s, c)
+  ON d.mesh_id = k.m AND d.sender_pubkey = k.s AND d.client_message_id = k.c
+FOR SHARE OF d
+"""
+
+UNCLAIM_SQL = """
+DELETE FROM mesh.client_message_dedupe WHERE broker_message_id = ANY($1::text[])
+"""
+
+# One round trip for every destination check of the batch, tagged by kind.
+B2_SQL = """
+SELECT 'topic', k.m, k.n, s.member_pubkey
+FROM unnest($1::text[], $2::text[]) AS k(m, n)
+JOIN mesh.topic t ON t.mesh_id = k.m AND t.name = k.n
+LEFT JOIN (mesh.topic_subscription s JOIN mesh.member mb ON mb.mesh_id = s.mesh_id
+           AND mb.pubkey = s.member_pubkey AND mb.revoked_at IS NULL)
+  ON s.mesh_id = t.mesh_id AND s.topic = t.name
+UNION ALL
+SELECT 'dm', k.m, k.p, k.p FROM unnest($3::text[], $4::text[]) AS k(m, p)
+JOIN mesh.member mb ON mb.mesh_id = k.m AND mb.pubkey = k.p AND mb.revoked_at IS NULL
+UNION ALL
+SELECT 'queue', c.mesh_id, c.queue, c.member_pubkey FROM unnest($5::text[], $6::text[]) AS k(m, q)
+JOIN mesh.queue_consumer c ON c.mesh_id = k.m AND c.queue = k.q
+JOIN mesh.member mb ON mb.mesh_id = c.mesh_id AND mb.pubkey = c.member_pubkey
+  AND mb.revoked_at IS NULL
+"""
+
+# Messages and their history rows in one statement.
+MESSAGES_SQL = """
+WITH tm AS (
+  INSERT INTO mesh.topic_message (id, mesh_id, sender_pubkey, client_message_id, topic, body,
+      body_encoding, priority, meta, reply_to, created_at)
+  SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
+                       $6::bytea[], $7::text[], $8::text[], $9::text[], $10::text[],
+                       $11::bigint[])
+), mq AS (
+  INSERT INTO mesh.message_queue (id, mesh_id, sender_pubkey, client_message_id,
+      destination_kind, destination_ref, body, body_encoding, priority, meta, reply_to,
+      created_at)
+  SELECT * FROM unnest($12::text[], $13::text[], $14::text[], $15::text[], $16::text[],
+                       $17::text[], $18::bytea[], $19::text[], $20::text[], $21::text[],
+                       $22::text[], $23::bigint[])
+)
+INSERT INTO mesh.message_history (history_id, broker_message_id, mesh_id, sender_pubkey,
+    destination_kind, destination_ref, created_at)
+SELECT * FROM unnest($24::text[], $25::text[], $26::text[], $27::text[], $28::text[],
+                     $29::text[], $30::bigint[])
+"""
+
+# Bump each recipient's cursor by its number of new deliveries (rows locked in
+# (mesh, pubkey) order, so concurrent batches cannot deadlock), then number the batch's
+# deliveries for that recipient in batch order just below the new last_seq: gapless.
+DELIVERIES_INSERT_SQL = """
+WITH c AS (
+  INSERT INTO mesh.recipient_cursor (mesh_id, recipient_pubkey, last_seq, updated_at)
+  SELECT m, p, count(*), $5::bigint FROM unnest($1::text[], $2::text[]) AS u(m, p)
+  GROUP BY m, p ORDER BY m, p
+  ON CONFLICT (mesh_id, recipient_pubkey) DO UPDATE
+    SET last_seq = mesh.recipient_cursor.last_seq + EXCLUDED.last_seq,
+        updated_at = EXCLUDED.updated_at
+  RETURNING mesh_id, recipient_pubkey, epoch, last_seq
+), x AS (
+  SELECT m, p, bm, at, count(*) OVER (PARTITION BY m, p) AS n,
+         row_number() OVER (PARTITION BY m, p ORDER BY ord) AS rn
+  FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[])
+       WITH ORDINALITY AS u(m, p, bm, at, ord)
+)
+INSERT INTO mesh.delivery_queue (mesh_id, recipient_pubkey, epoch, seq, broker_message_id,
+    created_at)
+SELECT x.m, x.p, c.epoch, c.last_seq - x.n + x.rn, x.bm, x.at
+FROM x JOIN c ON c.mesh_id = x.m AND c.recipient_pubkey = x.p
+RETURNING broker_message_id, recipient_pubkey, epoch, seq
+"""
+
+
+def _col(items: Sequence[AcceptInput], attr: str) -> list[Any]:
+    return [getattr(a, attr) for a in items]
+
+
+def _message_args(items: Sequence[AcceptInput]) -> list[list[Any]]:
+    metas = {a.broker_message_id: json.dumps(a.meta, separators=(",", ":")) if a.meta else None
+             for a in items}
+    t = [a for a in items if a.kind == "topic"]
+    q = [a for a in items if a.kind != "topic"]
+    return [
+        _col(t, "broker_message_id"), _col(t, "mesh_id"), _col(t, "sender_pubkey"),
+        _col(t, "client_message_id"), _col(t, "ref"), _col(t, "body"), _col(t, "body_encoding"),
+        _col(t, "priority"), [metas[a.broker_message_id] for a in t], _col(t, "reply_to"),
+        _col(t, "now_ms"),
+        _col(q, "broker_message_id"), _col(q, "mesh_id"), _col(q, "sender_pubkey"),
+        _col(q, "client_message_id"), _col(q, "kind"), _col(q, "ref"), _col(q, "body"),
+        _col(q, "body_encoding"), _col(q, "priority"), [metas[a.broker_message_id] for a in q],
+        _col(q, "reply_to"), _col(q, "now_ms"),
+        _col(items, "history_id"), _col(items, "broker_message_id"), _col(items, "mesh_id"),
+        _col(items, "sender_pubkey"), _col(items, "kind"), _col(items, "ref"),
+        _col(items, "now_ms"),
+    ]

@@ -1,0 +1,118 @@
+"""Meshes, invites and members; topics, subscriptions and queue consumers (PostgreSQL)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import asyncpg
+
+from tidemesh.broker.store.base import Member, Mesh, invite_refused
+from tidemesh.broker.store.postgres.base import PostgresBase
+from tidemesh.core.errors import Conflict, NotFound, UnknownDestination
+from tidemesh.core.ids import new_ulid
+
+
+class Membership(PostgresBase):
+    async def create_mesh(self, name: str, now_ms: int) -> Mesh:
+        mesh = Mesh(new_ulid(now_ms), name, now_ms)
+        try:
+            await self.pool.execute("INSERT INTO mesh.mesh (id, name, created_at)"
+                                    " VALUES ($1, $2, $3)", mesh.id, name, now_ms)
+        except asyncpg.UniqueViolationError as exc:
+            raise Conflict(f"a mesh named {name!r} exists already", field="name") from exc
+        return mesh
+
+    async def find_mesh(self, name_or_id: str) -> Mesh | None:
+        r = await self.pool.fetchrow("SELECT id, name, created_at FROM mesh.mesh"
+                                     " WHERE id = $1 OR name = $1", name_or_id)
+        return Mesh(*r) if r else None
+
+    async def create_invite(self, mesh_id: str, token_sha256: bytes, max_uses: int,
+                            expires_at: int | None, now_ms: int) -> str:
+        invite_id = new_ulid(now_ms)
+        await self.pool.execute(
+            "INSERT INTO mesh.invite (id, mesh_id, token_sha256, max_uses, created_at,"
+            " expires_at) VALUES ($1, $2, $3, $4, $5, $6)",
+            invite_id, mesh_id, token_sha256, max_uses, now_ms, expires_at)
+        return invite_id
+
+    async def redeem_invite(self, mesh_id: str, token_sha256: bytes, pubkey: str,
+                            display_name: str | None, now_ms: int) -> Member:
+        async with self.pool.acquire() as conn, conn.transaction():
+            existing = await _member(conn, mesh_id, pubkey)
+            if existing is not None and existing.revoked_at is None:
+                return existing
+            if existing is not None:
+                raise NotFound("this key was revoked from the mesh", reason="member_revoked")
+            invite_id = await conn.fetchval(
+                "UPDATE mesh.invite SET uses = uses + 1 WHERE mesh_id = $1 AND token_sha256 = $2"
+                " AND revoked_at IS NULL AND uses < max_uses"
+                " AND (expires_at IS NULL OR expires_at > $3) RETURNING id",
+                mesh_id, token_sha256, now_ms)
+            if invite_id is None:
+                state = await conn.fetchrow(INVITE_STATE_SQL, mesh_id, token_sha256)
+                raise invite_refused(state, now_ms)
+            await conn.execute(
+                "INSERT INTO mesh.member (mesh_id, pubkey, display_name, invite_id, joined_at)"
+                " VALUES ($1, $2, $3, $4, $5)", mesh_id, pubkey, display_name, invite_id, now_ms)
+            return Member(mesh_id, pubkey, display_name, now_ms, None)
+
+    async def add_member(self, mesh_id: str, pubkey: str, now_ms: int) -> None:
+        await self.pool.execute("INSERT INTO mesh.member (mesh_id, pubkey, joined_at)"
+                                " VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
+                                mesh_id, pubkey, now_ms)
+
+    async def get_member(self, mesh_id: str, pubkey: str) -> Member | None:
+        async with self.pool.acquire() as conn:
+            return await _member(conn, mesh_id, pubkey)
+
+    async def list_members(self, mesh_id: str) -> list[Member]:
+        rows = await self.pool.fetch(
+            "SELECT mesh_id, pubkey, display_name, joined_at, revoked_at FROM mesh.member"
+            " WHERE mesh_id = $1 ORDER BY joined_at, pubkey", mesh_id)
+        return [Member(*r) for r in rows]
+
+    async def revoke_member(self, mesh_id: str, pubkey: str, now_ms: int) -> bool:
+        done = await self.pool.execute(
+            "UPDATE mesh.member SET revoked_at = $1 WHERE mesh_id = $2 AND pubkey = $3"
+            " AND revoked_at IS NULL", now_ms, mesh_id, pubkey)
+        return bool(done.endswith(" 1"))
+
+    async def create_topic(self, mesh_id: str, name: str, by: str | None, now_ms: int) -> None:
+        await self.pool.execute("INSERT INTO mesh.topic (mesh_id, name, created_by, created_at)"
+                                " VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
+                                mesh_id, name, by, now_ms)
+
+    async def subscribe(self, mesh_id: str, topic: str, pubkey: str, now_ms: int) -> None:
+        try:
+            await self.pool.execute(
+                "INSERT INTO mesh.topic_subscription (mesh_id, topic, member_pubkey,"
+                " subscribed_at) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
+                mesh_id, topic, pubkey, now_ms)
+        except asyncpg.ForeignKeyViolationError as exc:
+            raise UnknownDestination(f"no topic {topic!r} in this mesh", field="name") from exc
+
+    async def unsubscribe(self, mesh_id: str, topic: str, pubkey: str) -> None:
+        await self.pool.execute("DELETE FROM mesh.topic_subscription WHERE mesh_id = $1"
+                                " AND topic = $2 AND member_pubkey = $3", mesh_id, topic, pubkey)
+
+    async def add_queue_consumer(self, mesh_id: str, queue: str, pubkey: str,
+                                 now_ms: int) -> None:
+        await self.pool.execute(
+            "INSERT INTO mesh.queue_consumer (mesh_id, queue, member_pubkey, registered_at)"
+            " VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING", mesh_id, queue, pubkey, now_ms)
+
+    async def remove_queue_consumer(self, mesh_id: str, queue: str, pubkey: str) -> None:
+        await self.pool.execute("DELETE FROM mesh.queue_consumer WHERE mesh_id = $1"
+                                " AND queue = $2 AND member_pubkey = $3", mesh_id, queue, pubkey)
+
+
+INVITE_STATE_SQL = ("SELECT uses, max_uses, expires_at, revoked_at FROM mesh.invite"
+                    " WHERE mesh_id = $1 AND token_sha256 = $2")
+
+
+async def _member(conn: Any, mesh_id: str, pubkey: str) -> Member | None:
+    r = await conn.fetchrow("SELECT mesh_id, pubkey, display_name, joined_at, revoked_at"
+                            " FROM mesh.member WHERE mesh_id = $1 AND pubkey = $2",
+                            mesh_id, pubkey)
+    return Member(*r) if r else None

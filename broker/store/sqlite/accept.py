@@ -1,0 +1,136 @@
+"""The accept (SQLite): the shared sequence (``broker/store/accept.py``) over this port, one
+send per savepoint of the writer's group commit, so that later sends of one key are decided
+against what earlier ones wrote."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Sequence
+
+from tidemesh.broker.accept import AcceptInput, AcceptResult, DedupeRow, Delivery, failed
+from tidemesh.broker.store import accept
+from tidemesh.broker.store.sqlite.base import SqliteBase
+from tidemesh.core.errors import TidemeshError
+
+
+class Accept(SqliteBase):
+    async def accept(self, item: AcceptInput) -> AcceptResult:
+        try:
+            return await self._write(lambda c: accept.run(SqliteAcceptPort(c), [item])[0])
+        except TidemeshError as exc:
+            return failed(item, exc)
+
+
+class SqliteAcceptPort:
+    """``accept.AcceptPort`` on the writer's connection. SQLite runs in this process, so a
+    statement per row costs no round trip."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+
+    def claim(self, items: Sequence[AcceptInput]) -> None:
+        self.conn.executemany(CLAIM_SQL, [
+            (*a.key, a.broker_message_id, a.history_id, a.fingerprint, a.kind, a.ref, a.now_ms,
+             a.expires_at) for a in items])
+
+    def read_back(self, items: Sequence[AcceptInput]) -> dict[accept.Key, DedupeRow]:
+        rows = {}
+        for a in items:
+            r = self.conn.execute(READBACK_SQL, a.key).fetchone()
+            rows[a.key] = DedupeRow(r[0], r[1], bytes(r[2]), bool(r[3]), r[4])
+        return rows
+
+    def destinations(self, items: Sequence[AcceptInput]
+                     ) -> dict[accept.Destination, list[str]]:
+        found: dict[accept.Destination, list[str]] = {}
+        for kind, mesh_id, ref in {(a.kind, a.mesh_id, a.ref) for a in items}:
+            members = self._members(kind, mesh_id, ref)
+            if members is not None:
+                found[(kind, mesh_id, ref)] = members
+        return found
+
+    def _members(self, kind: str, mesh_id: str, ref: str) -> list[str] | None:
+        if kind == "topic":
+            if not self.conn.execute(TOPIC_SQL, (mesh_id, ref)).fetchone():
+                return None
+            return [r[0] for r in self.conn.execute(SUBSCRIBERS_SQL, (mesh_id, ref))]
+        if kind == "dm":
+            live = self.conn.execute(LIVE_MEMBER_SQL, (mesh_id, ref)).fetchone()
+            return [ref] if live else None
+        return [r[0] for r in self.conn.execute(CONSUMERS_SQL, (mesh_id, ref))]
+
+    def unclaim(self, broker_message_ids: Sequence[str]) -> None:
+        self.conn.executemany("DELETE FROM client_message_dedupe WHERE broker_message_id = ?",
+                              [(i,) for i in broker_message_ids])
+
+    def insert(self, accepted: Sequence[tuple[AcceptInput, list[str]]]
+               ) -> dict[str, list[Delivery]]:
+        out: dict[str, list[Delivery]] = {}
+        for a, recipients in accepted:
+            _insert_message(self.conn, a)
+            out[a.broker_message_id] = deliveries = [
+                Delivery(p, *self.conn.execute(BUMP_CURSOR_SQL, (a.mesh_id, p, a.now_ms))
+                         .fetchone()) for p in recipients]
+            self.conn.executemany(
+                "INSERT INTO delivery_queue (mesh_id, recipient_pubkey, epoch, seq,"
+                " broker_message_id, created_at) VALUES (?, ?, ?, ?, ?, ?)",
+                [(a.mesh_id, d.recipient_pubkey, d.epoch, d.seq, a.broker_message_id, a.now_ms)
+                 for d in deliveries])
+        return out
+
+
+CLAIM_SQL = """
+INSERT INTO client_message_dedupe (mesh_id, sender_pubkey, client_message_id, broker_message_id,
+    history_id, request_fingerprint, destination_kind, destination_ref, first_seen_at, expires_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (mesh_id, sender_pubkey, client_message_id) DO NOTHING
+"""
+
+READBACK_SQL = """
+SELECT broker_message_id, history_id, request_fingerprint, history_available, first_seen_at
+FROM client_message_dedupe WHERE mesh_id = ? AND sender_pubkey = ? AND client_message_id = ?
+"""
+
+TOPIC_SQL = "SELECT 1 FROM topic WHERE mesh_id = ? AND name = ?"
+LIVE_MEMBER_SQL = "SELECT 1 FROM member WHERE mesh_id = ? AND pubkey = ? AND revoked_at IS NULL"
+SUBSCRIBERS_SQL = """
+SELECT s.member_pubkey FROM topic_subscription s JOIN member m
+  ON m.mesh_id = s.mesh_id AND m.pubkey = s.member_pubkey AND m.revoked_at IS NULL
+WHERE s.mesh_id = ? AND s.topic = ?
+"""
+CONSUMERS_SQL = """
+SELECT c.member_pubkey FROM queue_consumer c JOIN member m
+  ON m.mesh_id = c.mesh_id AND m.pubkey = c.member_pubkey AND m.revoked_at IS NULL
+WHERE c.mesh_id = ? AND c.queue = ?
+"""
+# The recipient's next seq, gapless: one row per (mesh, recipient), bumped in the writer's
+# transaction.
+BUMP_CURSOR_SQL = """
+INSERT INTO recipient_cursor (mesh_id, recipient_pubkey, last_seq, updated_at)
+VALUES (?, ?, 1, ?) ON CONFLICT (mesh_id, recipient_pubkey) DO UPDATE
+SET last_seq = last_seq + 1, updated_at = excluded.updated_at
+RETURNING epoch, last_seq
+"""
+
+
+def _insert_message(conn: sqlite3.Connection, a: AcceptInput) -> None:
+    meta = json.dumps(a.meta, separators=(",", ":")) if a.meta else None
+    if a.kind == "topic":
+        conn.execute(
+            "INSERT INTO topic_message (id, mesh_id, sender_pubkey, client_message_id, topic,"
+            " body, body_encoding, priority, meta, reply_to, created_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (a.broker_message_id, a.mesh_id, a.sender_pubkey, a.client_message_id, a.ref, a.body,
+             a.body_encoding, a.priority, meta, a.reply_to, a.now_ms))
+    else:
+        conn.execute(
+            "INSERT INTO message_queue (id, mesh_id, sender_pubkey, client_message_id,"
+            " destination_kind, destination_ref, body, body_encoding, priority, meta, reply_to,"
+            " created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (a.broker_message_id, a.mesh_id, a.sender_pubkey, a.client_message_id, a.kind, a.ref,
+             a.body, a.body_encoding, a.priority, meta, a.reply_to, a.now_ms))
+    conn.execute(
+        "INSERT INTO message_history (history_id, broker_message_id, mesh_id, sender_pubkey,"
+        " destination_kind, destination_ref, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+        (a.history_id, a.broker_message_id, a.mesh_id, a.sender_pubkey, a.kind, a.ref, a.now_ms))

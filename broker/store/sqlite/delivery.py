@@ -1,0 +1,104 @@
+"""The receive path (SQLite): cursors, delivery pages, acks, and lapsed queue leases."""
+
+from __future__ import annotations
+
+import sqlite3
+
+from tidemesh.broker.accept import pick_queue_consumer
+from tidemesh.broker.store.base import Cursor, DeliveryRow, Reassigned
+from tidemesh.broker.store.sqlite.base import SqliteBase
+
+
+class Delivery(SqliteBase):
+    async def cursor(self, mesh_id: str, pubkey: str) -> Cursor:
+        def fn(conn: sqlite3.Connection) -> Cursor:
+            row = conn.execute(
+                "SELECT epoch, last_seq, acked_seq, compacted_seq FROM recipient_cursor"
+                " WHERE mesh_id = ? AND recipient_pubkey = ?", (mesh_id, pubkey)).fetchone()
+            return Cursor(*row) if row else Cursor(1, 0, 0, 0)
+
+        return await self._read(fn)
+
+    async def deliveries_after(self, mesh_id: str, pubkey: str, epoch: int, after_seq: int,
+                               limit: int) -> list[DeliveryRow]:
+        def fn(conn: sqlite3.Connection) -> list[DeliveryRow]:
+            rows = conn.execute(DELIVERIES_SQL, (mesh_id, pubkey, epoch, after_seq, limit))
+            return [DeliveryRow.of_record(r) for r in rows.fetchall()]
+
+        return await self._read(fn)
+
+    async def reassign_lapsed(self, lease_before: int, now_ms: int,
+                              limit: int = 500) -> list[Reassigned]:
+        return await self._write(lambda c: _reassign(c, lease_before, now_ms, limit))
+
+    async def ack(self, mesh_id: str, pubkey: str, epoch: int, seq: int, now_ms: int) -> int:
+        def fn(conn: sqlite3.Connection) -> int:
+            cur = conn.execute(
+                "UPDATE delivery_queue SET acked_at = ? WHERE mesh_id = ? AND recipient_pubkey = ?"
+                " AND epoch = ? AND seq <= ? AND acked_at IS NULL",
+                (now_ms, mesh_id, pubkey, epoch, seq))
+            conn.execute(
+                "UPDATE recipient_cursor SET acked_seq = MAX(acked_seq, MIN(?, last_seq)),"
+                " updated_at = ? WHERE mesh_id = ? AND recipient_pubkey = ? AND epoch = ?",
+                (seq, now_ms, mesh_id, pubkey, epoch))
+            return cur.rowcount
+
+        return await self._write(fn)
+
+
+DELIVERIES_SQL = """
+SELECT d.epoch, d.seq, d.broker_message_id, h.history_id,
+       COALESCE(t.sender_pubkey, q.sender_pubkey),
+       COALESCE(t.client_message_id, q.client_message_id),
+       COALESCE(q.destination_kind, 'topic'), COALESCE(t.topic, q.destination_ref),
+       COALESCE(t.body, q.body), COALESCE(t.body_encoding, q.body_encoding),
+       COALESCE(t.priority, q.priority), COALESCE(t.meta, q.meta),
+       COALESCE(t.reply_to, q.reply_to), d.created_at, d.reassigned_at IS NOT NULL,
+       m.display_name
+FROM delivery_queue d
+LEFT JOIN topic_message t ON t.id = d.broker_message_id
+LEFT JOIN message_queue q ON q.id = d.broker_message_id
+LEFT JOIN message_history h ON h.broker_message_id = d.broker_message_id
+LEFT JOIN member m ON m.mesh_id = d.mesh_id
+  AND m.pubkey = COALESCE(t.sender_pubkey, q.sender_pubkey)
+WHERE d.mesh_id = ? AND d.recipient_pubkey = ? AND d.epoch = ? AND d.seq > ?
+  AND (t.id IS NOT NULL OR q.id IS NOT NULL)
+ORDER BY d.seq LIMIT ?
+"""
+
+
+LAPSED_SQL = """
+SELECT d.mesh_id, d.recipient_pubkey, d.epoch, d.seq, d.broker_message_id, q.destination_ref
+FROM delivery_queue d JOIN message_queue q ON q.id = d.broker_message_id
+WHERE q.destination_kind = 'queue' AND d.acked_at IS NULL AND d.reassigned_at IS NULL
+  AND d.created_at < ? ORDER BY d.created_at LIMIT ?
+"""
+
+
+def _reassign(conn: sqlite3.Connection, lease_before: int, now_ms: int,
+              limit: int) -> list[Reassigned]:
+    """Give each lapsed queue delivery to another live consumer, in one transaction: the old
+    row is marked (it stays in its recipient's gapless stream), the new one appended."""
+    moved = []
+    for mesh_id, old, epoch, seq, bmid, queue in conn.execute(LAPSED_SQL,
+                                                              (lease_before, limit)).fetchall():
+        others = [r[0] for r in conn.execute(
+            "SELECT c.member_pubkey FROM queue_consumer c JOIN member m"
+            " ON m.mesh_id = c.mesh_id AND m.pubkey = c.member_pubkey AND m.revoked_at IS NULL"
+            " WHERE c.mesh_id = ? AND c.queue = ? AND c.member_pubkey != ?", (mesh_id, queue, old))]
+        if not others:
+            continue  # the only consumer keeps it; it gets it when it comes back
+        new = pick_queue_consumer(others, bmid)
+        conn.execute("UPDATE delivery_queue SET reassigned_at = ? WHERE mesh_id = ?"
+                     " AND recipient_pubkey = ? AND epoch = ? AND seq = ?",
+                     (now_ms, mesh_id, old, epoch, seq))
+        new_epoch, new_seq = conn.execute(
+            "INSERT INTO recipient_cursor (mesh_id, recipient_pubkey, last_seq, updated_at)"
+            " VALUES (?, ?, 1, ?) ON CONFLICT (mesh_id, recipient_pubkey) DO UPDATE"
+            " SET last_seq = last_seq + 1, updated_at = excluded.updated_at"
+            " RETURNING epoch, last_seq", (mesh_id, new, now_ms)).fetchone()
+        conn.execute("INSERT INTO delivery_queue (mesh_id, recipient_pubkey, epoch, seq,"
+                     " broker_message_id, created_at) VALUES (?, ?, ?, ?, ?, ?)",
+                     (mesh_id, new, new_epoch, new_seq, bmid, now_ms))
+        moved.append(Reassigned(mesh_id, bmid, old, new))
+    return moved

@@ -1,0 +1,132 @@
+"""Meshes, invites and members; topics, subscriptions and queue consumers (SQLite)."""
+
+from __future__ import annotations
+
+import sqlite3
+
+from tidemesh.broker.store.base import Member, Mesh, invite_refused
+from tidemesh.broker.store.sqlite.base import SqliteBase
+from tidemesh.core.errors import Conflict, NotFound, UnknownDestination
+from tidemesh.core.ids import new_ulid
+
+
+class Membership(SqliteBase):
+    async def create_mesh(self, name: str, now_ms: int) -> Mesh:
+        mesh = Mesh(new_ulid(now_ms), name, now_ms)
+
+        def fn(conn: sqlite3.Connection) -> Mesh:
+            try:
+                conn.execute("INSERT INTO mesh (id, name, created_at) VALUES (?, ?, ?)",
+                             (mesh.id, mesh.name, mesh.created_at))
+            except sqlite3.IntegrityError as exc:
+                raise Conflict(f"a mesh named {name!r} exists already", field="name") from exc
+            return mesh
+
+        return await self._write(fn)
+
+    async def find_mesh(self, name_or_id: str) -> Mesh | None:
+        def fn(conn: sqlite3.Connection) -> Mesh | None:
+            row = conn.execute("SELECT id, name, created_at FROM mesh WHERE id = ? OR name = ?",
+                               (name_or_id, name_or_id)).fetchone()
+            return Mesh(*row) if row else None
+
+        return await self._read(fn)
+
+    async def create_invite(self, mesh_id: str, token_sha256: bytes, max_uses: int,
+                            expires_at: int | None, now_ms: int) -> str:
+        invite_id = new_ulid(now_ms)
+        await self._write(lambda c: c.execute(
+            "INSERT INTO invite (id, mesh_id, token_sha256, max_uses, created_at, expires_at)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
+            (invite_id, mesh_id, token_sha256, max_uses, now_ms, expires_at)))
+        return invite_id
+
+    async def redeem_invite(self, mesh_id: str, token_sha256: bytes, pubkey: str,
+                            display_name: str | None, now_ms: int) -> Member:
+        def fn(conn: sqlite3.Connection) -> Member:
+            existing = _member(conn, mesh_id, pubkey)
+            if existing is not None and existing.revoked_at is None:
+                return existing  # a retried join is not a second use of the invite
+            if existing is not None:
+                raise NotFound("this key was revoked from the mesh", reason="member_revoked")
+            row = conn.execute(
+                "UPDATE invite SET uses = uses + 1 WHERE mesh_id = ? AND token_sha256 = ?"
+                " AND revoked_at IS NULL AND uses < max_uses"
+                " AND (expires_at IS NULL OR expires_at > ?) RETURNING id",
+                (mesh_id, token_sha256, now_ms)).fetchone()
+            if row is None:
+                state = conn.execute(INVITE_STATE_SQL, (mesh_id, token_sha256)).fetchone()
+                raise invite_refused(state, now_ms)
+            conn.execute(
+                "INSERT INTO member (mesh_id, pubkey, display_name, invite_id, joined_at)"
+                " VALUES (?, ?, ?, ?, ?)", (mesh_id, pubkey, display_name, row[0], now_ms))
+            return Member(mesh_id, pubkey, display_name, now_ms, None)
+
+        return await self._write(fn)
+
+    async def add_member(self, mesh_id: str, pubkey: str, now_ms: int) -> None:
+        await self._write(lambda c: c.execute(
+            "INSERT INTO member (mesh_id, pubkey, joined_at) VALUES (?, ?, ?)"
+            " ON CONFLICT DO NOTHING", (mesh_id, pubkey, now_ms)))
+
+    async def get_member(self, mesh_id: str, pubkey: str) -> Member | None:
+        return await self._read(lambda c: _member(c, mesh_id, pubkey))
+
+    async def list_members(self, mesh_id: str) -> list[Member]:
+        def fn(conn: sqlite3.Connection) -> list[Member]:
+            rows = conn.execute(
+                "SELECT mesh_id, pubkey, display_name, joined_at, revoked_at FROM member"
+                " WHERE mesh_id = ? ORDER BY joined_at, pubkey", (mesh_id,)).fetchall()
+            return [Member(*r) for r in rows]
+
+        return await self._read(fn)
+
+    async def revoke_member(self, mesh_id: str, pubkey: str, now_ms: int) -> bool:
+        def fn(conn: sqlite3.Connection) -> bool:
+            cur = conn.execute("UPDATE member SET revoked_at = ? WHERE mesh_id = ? AND pubkey = ?"
+                               " AND revoked_at IS NULL", (now_ms, mesh_id, pubkey))
+            return cur.rowcount > 0
+
+        return await self._write(fn)
+
+    async def create_topic(self, mesh_id: str, name: str, by: str | None, now_ms: int) -> None:
+        await self._write(lambda c: c.execute(
+            "INSERT INTO topic (mesh_id, name, created_by, created_at) VALUES (?, ?, ?, ?)"
+            " ON CONFLICT DO NOTHING", (mesh_id, name, by, now_ms)))
+
+    async def subscribe(self, mesh_id: str, topic: str, pubkey: str, now_ms: int) -> None:
+        def fn(conn: sqlite3.Connection) -> None:
+            if not conn.execute("SELECT 1 FROM topic WHERE mesh_id = ? AND name = ?",
+                                (mesh_id, topic)).fetchone():
+                raise UnknownDestination(f"no topic {topic!r} in this mesh", field="name")
+            conn.execute("INSERT INTO topic_subscription (mesh_id, topic, member_pubkey,"
+                         " subscribed_at) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                         (mesh_id, topic, pubkey, now_ms))
+
+        await self._write(fn)
+
+    async def unsubscribe(self, mesh_id: str, topic: str, pubkey: str) -> None:
+        await self._write(lambda c: c.execute(
+            "DELETE FROM topic_subscription WHERE mesh_id = ? AND topic = ? AND member_pubkey = ?",
+            (mesh_id, topic, pubkey)))
+
+    async def add_queue_consumer(self, mesh_id: str, queue: str, pubkey: str,
+                                 now_ms: int) -> None:
+        await self._write(lambda c: c.execute(
+            "INSERT INTO queue_consumer (mesh_id, queue, member_pubkey, registered_at)"
+            " VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING", (mesh_id, queue, pubkey, now_ms)))
+
+    async def remove_queue_consumer(self, mesh_id: str, queue: str, pubkey: str) -> None:
+        await self._write(lambda c: c.execute(
+            "DELETE FROM queue_consumer WHERE mesh_id = ? AND queue = ? AND member_pubkey = ?",
+            (mesh_id, queue, pubkey)))
+
+
+def _member(conn: sqlite3.Connection, mesh_id: str, pubkey: str) -> Member | None:
+    row = conn.execute("SELECT mesh_id, pubkey, display_name, joined_at, revoked_at FROM member"
+                       " WHERE mesh_id = ? AND pubkey = ?", (mesh_id, pubkey)).fetchone()
+    return Member(*row) if row else None
+
+
+INVITE_STATE_SQL = ("SELECT uses, max_uses, expires_at, revoked_at FROM invite"
+                    " WHERE mesh_id = ? AND token_sha256 = ?")

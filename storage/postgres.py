@@ -1,0 +1,222 @@
+"""The PostgreSQL write engine (asyncpg): a pool for single statements, and writer loops that
+group-commit batch operations.
+
+Concurrent submissions are drained into batches by several writer connections (so batches
+overlap each other's COMMIT; PostgreSQL flushes concurrent commits together). Each submission
+names a shard (the broker uses the sender), and one shard always goes to one writer, which keeps
+its submissions in arrival order. A batch runs each operation once for all its args, in one
+transaction; if a statement fails, the batch is redone in a new transaction with a savepoint per
+arg, so only the arg that fails again gets an error. Args of one ``key`` in one batch are split:
+the later ones wait for the writer's next batch, so each is decided against what the first one
+wrote. Answers leave only after COMMIT.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import asyncpg
+import structlog
+
+from tidemesh.core.errors import InsufficientStorage, TidemeshError, Unavailable
+from tidemesh.storage.pending import Pending, answer, fail_all, take
+from tidemesh.storage.stats import BatchCounters
+
+T = TypeVar("T")
+A = TypeVar("A")
+log = structlog.get_logger(__name__)
+
+# InternalClientError: a connection left mid-operation by a server that went away (e.g. a
+# shutdown during a statement) refuses the next one; it is an outage of that connection.
+DB_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError, OSError)
+# Errors of the server or the connection, not of one arg: a savepoint retry cannot help.
+_CONNECTION_ERRORS = (asyncpg.exceptions.OperatorInterventionError,
+                      asyncpg.exceptions.PostgresConnectionError)
+
+
+def storage_error(exc: BaseException, name: str, doing: str) -> TidemeshError:
+    """Map a PostgreSQL failure to the error the caller sees: 507 when the server's disk is
+    full (SQLSTATE 53100), else 503; ``name`` says which database, ``doing`` what failed."""
+    if isinstance(exc, asyncpg.exceptions.DiskFullError):
+        return InsufficientStorage(f"the {name} database is full: {exc}; nothing was stored")
+    return Unavailable(f"the {name} database {doing}: {exc}")
+
+
+@dataclass(frozen=True, slots=True)
+class BatchOp(Generic[A, T]):
+    """A write run for many callers at once: ``run(conn, args)`` returns one result per arg,
+    in order, inside the writer's transaction. Args with equal ``key`` never share a batch."""
+
+    name: str
+    run: Callable[[Any, Sequence[A]], Awaitable[list[T]]]
+    key: Callable[[A], Hashable] | None = None
+
+
+@dataclass(slots=True, kw_only=True)
+class _Pending(Pending):
+    op: BatchOp[Any, Any]
+    arg: Any
+
+
+class Database(BatchCounters):
+    """One PostgreSQL database; construct with ``Database.open``."""
+
+    # What the database raises while it is down or restarting.
+    outage_errors: tuple[type[Exception], ...] = (Unavailable, *DB_ERRORS)
+
+    def __init__(self, dsn: str, pool: Any, *, name: str, batch_max: int, writers: int) -> None:
+        super().__init__()
+        self.dsn = dsn
+        self.pool = pool
+        self.name = name
+        self.batch_max = batch_max
+        self._queues: list[asyncio.Queue[_Pending | None]] = [
+            asyncio.Queue() for _ in range(writers)]
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @classmethod
+    async def open(cls, dsn: str, setup: Callable[[Any], Awaitable[None]], *,
+                   name: str, pool_size: int = 4, batch_max: int = 512,
+                   writers: int = 2) -> Database:
+        """Create the pool, run ``setup`` (migrations, checks) on one connection, then start
+        the writers."""
+        pool = await asyncpg.create_pool(dsn, min_size=1, max_size=pool_size)
+        try:
+            async with pool.acquire() as conn:
+                await setup(conn)
+        except BaseException:
+            await pool.close()
+            raise
+        db = cls(dsn, pool, name=name, batch_max=batch_max, writers=writers)
+        db._tasks = [asyncio.create_task(db._run(q), name=f"pg-writer-{name}-{i}")
+                     for i, q in enumerate(db._queues)]
+        return db
+
+    @property
+    def writer_tasks(self) -> Sequence[asyncio.Task[None]]:
+        """The writers, for the composition root to supervise."""
+        return self._tasks
+
+    async def submit(self, op: BatchOp[A, T], arg: A, shard: Hashable) -> T:
+        """Run ``op`` for ``arg`` in the next batch of the writer that owns ``shard``."""
+        i = hash(shard) % len(self._queues)
+        if self._tasks[i].done():
+            raise Unavailable(f"the {self.name} database writer is not running")
+        item = _Pending(future=asyncio.get_running_loop().create_future(), op=op, arg=arg)
+        self._queues[i].put_nowait(item)
+        result: T = await item.future
+        return result
+
+    async def close(self) -> None:
+        """Finish everything queued, commit it, then close the pool."""
+        for q in self._queues:
+            q.put_nowait(None)
+        await asyncio.gather(*(t for t in self._tasks if not t.done()))
+        await self.pool.close()
+
+    async def _run(self, queue: asyncio.Queue[_Pending | None]) -> None:
+        carry: list[_Pending] = []
+        batch: list[_Pending] = []
+        conn: Any = None
+        stopping = False
+        try:
+            while not (stopping and not carry):
+                batch, stopping = await self._next_batch(queue, carry, stopping)
+                batch, carry = _split_by_key(batch)
+                if batch:
+                    conn = await self._commit_batch(conn, batch)
+            if conn is not None:
+                await conn.close()
+                conn = None
+        finally:
+            fail_all(queue, [*batch, *carry],
+                     Unavailable(f"the {self.name} database writer stopped"))
+            if conn is not None:
+                conn.terminate()
+
+    async def _next_batch(self, queue: asyncio.Queue[_Pending | None], carry: list[_Pending],
+                          stopping: bool) -> tuple[list[_Pending], bool]:
+        batch = list(carry)
+        if stopping:
+            return batch, True
+        if not batch:
+            first = await queue.get()
+            if first is None:
+                return [], True
+            batch.append(first)
+            # Let the submissions that arrived with this one reach the queue: fuller batches.
+            await asyncio.sleep(0)
+        return batch, take(queue, batch, self.batch_max)
+
+    async def _commit_batch(self, conn: Any, batch: list[_Pending]) -> Any:
+        started = time.perf_counter()
+        conn = await self._commit(conn, batch)
+        self._record(len(batch), time.perf_counter() - started)
+        answer(batch)
+        return conn
+
+    async def _commit(self, conn: Any, batch: list[_Pending]) -> Any:
+        try:
+            if conn is None or conn.is_closed():
+                conn = await asyncpg.connect(self.dsn)
+            try:
+                async with conn.transaction():
+                    for op, items in _by_op(batch):
+                        results = await op.run(conn, [p.arg for p in items])
+                        for p, r in zip(items, results, strict=True):
+                            p.result = r
+                return conn
+            except (asyncpg.PostgresError, TidemeshError) as exc:
+                if isinstance(exc, _CONNECTION_ERRORS):
+                    raise
+                # The batch rolled back whole; redo it with a savepoint per arg so that only
+                # the arg that fails again gets the error.
+                log.warning(f"{self.name}_batch_split", error=str(exc), items=len(batch))
+            async with conn.transaction():
+                for p in batch:
+                    await self._run_alone(conn, p)
+            return conn
+        except DB_ERRORS as exc:
+            log.error(f"{self.name}_commit_failed", error=str(exc), items=len(batch))
+            if conn is not None:
+                conn.terminate()
+            err = storage_error(exc, self.name, "could not commit")
+            for p in batch:
+                p.error = err
+            return None
+
+    async def _run_alone(self, conn: Any, p: _Pending) -> None:
+        try:
+            async with conn.transaction():
+                p.result = (await p.op.run(conn, [p.arg]))[0]
+        except asyncpg.PostgresError as exc:
+            log.error(f"{self.name}_write_failed", op=p.op.name, error=str(exc))
+            p.error = storage_error(exc, self.name, "rejected this write")
+        except TidemeshError as exc:
+            p.error = exc
+
+
+def _split_by_key(batch: list[_Pending]) -> tuple[list[_Pending], list[_Pending]]:
+    """The batch without repeated keys, and the repeats (decided after the first commits)."""
+    leaders: list[_Pending] = []
+    later: list[_Pending] = []
+    seen: set[tuple[str, Hashable]] = set()
+    for p in batch:
+        if p.op.key is None:
+            leaders.append(p)
+            continue
+        key = (p.op.name, p.op.key(p.arg))
+        (later if key in seen else leaders).append(p)
+        seen.add(key)
+    return leaders, later
+
+
+def _by_op(batch: list[_Pending]) -> list[tuple[BatchOp[Any, Any], list[_Pending]]]:
+    groups: dict[str, tuple[BatchOp[Any, Any], list[_Pending]]] = {}
+    for p in batch:
+        groups.setdefault(p.op.name, (p.op, []))[1].append(p)
+    return list(groups.values())
