@@ -1,7 +1,8 @@
 """The daemon's accept table (spec §4.5.1): prior outbox state × fingerprint → outcome.
 
 Pure: the store reads the prior row inside ``BEGIN IMMEDIATE``, calls ``decide``, and writes
-only when the outcome says ``insert``.
+only when the outcome says ``insert``. The HTTP answer is the API's to choose
+(``daemon/api/responses.py``); the comments on ``Action`` say what the spec gives.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ class Action(StrEnum):
 @dataclass(frozen=True, slots=True)
 class Outcome:
     action: Action
-    http_status: int
     status: str | None = None      # the 202 body's status
     conflict: str | None = None    # the 409 body's conflict code
     with_broker_id: bool = False   # 409 carries broker_message_id
@@ -44,19 +44,17 @@ class Prior:
 
 
 def _conflict(code: str, *, broker_id: bool = False, reason: bool = False) -> Outcome:
-    return Outcome(
-        Action.CONFLICT, 409, conflict=code, with_broker_id=broker_id, with_reason=reason
-    )
+    return Outcome(Action.CONFLICT, conflict=code, with_broker_id=broker_id, with_reason=reason)
 
 
 S = OutboxStatus
 TABLE: dict[tuple[OutboxStatus | None, bool], Outcome] = {
-    (None, False): Outcome(Action.INSERT, 202, status="queued"),
-    (S.PENDING, True): Outcome(Action.ACCEPTED, 202, status="queued"),
+    (None, False): Outcome(Action.INSERT, status="queued"),
+    (S.PENDING, True): Outcome(Action.ACCEPTED, status="queued"),
     (S.PENDING, False): _conflict("outbox_pending_fingerprint_mismatch"),
-    (S.INFLIGHT, True): Outcome(Action.ACCEPTED, 202, status="inflight"),
+    (S.INFLIGHT, True): Outcome(Action.ACCEPTED, status="inflight"),
     (S.INFLIGHT, False): _conflict("outbox_inflight_fingerprint_mismatch"),
-    (S.DONE, True): Outcome(Action.DUPLICATE, 200, status="done"),
+    (S.DONE, True): Outcome(Action.DUPLICATE, status="done"),
     (S.DONE, False): _conflict("outbox_done_fingerprint_mismatch", broker_id=True),
     (S.DEAD, True): _conflict("outbox_dead_fingerprint_match", reason=True),
     (S.DEAD, False): _conflict("outbox_dead_fingerprint_mismatch"),

@@ -19,21 +19,22 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter
 
 import tidemesh
 from tidemesh.core.backoff import Backoff
 from tidemesh.core.exitcodes import Exit
-from tidemesh.core.metrics import BATCH_BUCKETS, CallbackGauge, CollectorRegistry
+from tidemesh.core.metrics import CallbackGauge, CollectorRegistry
 from tidemesh.core.paths import DaemonPaths, daemon_paths, socket_path_problem
 from tidemesh.core.retention import DAY_MS, HOUR_MS, InboxPolicy
 from tidemesh.core.sealing import seal
 from tidemesh.core.settings import ConfigError
 from tidemesh.daemon import config as config_mod
-from tidemesh.daemon import identity
+from tidemesh.daemon import identity, revocation, storage_gauges
 from tidemesh.daemon import log as log_mod
 from tidemesh.daemon.api.keys import (
     BUS,
+    CAPABILITIES,
     DISK,
     INBOX,
     MEMBERSHIP,
@@ -45,6 +46,7 @@ from tidemesh.daemon.api.keys import (
     IpcMetrics,
     IpcState,
 )
+from tidemesh.daemon.hooks.service import HookService, load_plan
 from tidemesh.daemon.join import MeshConfig
 from tidemesh.daemon.lifecycle import Drain, Reloader
 from tidemesh.daemon.lock import AlreadyRunning, InstanceLock
@@ -57,6 +59,7 @@ from tidemesh.daemon.service.membership import MembershipService
 from tidemesh.daemon.service.outbox import OutboxService
 from tidemesh.daemon.service.presence import PresenceService
 from tidemesh.daemon.service.retention import RetentionService, RetentionSettings
+from tidemesh.daemon.socket_watch import SocketWatch
 from tidemesh.daemon.store.db import Database, StoreDamaged
 from tidemesh.daemon.store.migrate import SchemaTooNew
 from tidemesh.daemon.store.migrate import load as load_migrations
@@ -87,6 +90,7 @@ def prepare(mesh: str | None, environ: Mapping[str, str], flags: Mapping[str, An
     paths = daemon_paths(name, environ)
     flags = {**flags, "daemon.mesh": name}
     settings, _ = config_mod.load(config_mod.read_file(paths.config_file), environ, flags)
+    load_plan(paths.hooks_dir, settings.hooks_enabled)   # a bad hooks.toml stops the start
     return Startup(settings, paths, retention_settings(settings), dict(environ), flags)
 
 
@@ -176,33 +180,15 @@ def _run_locked(start: Startup) -> int:
                  "`tidemesh daemon accept-host`",
         )
         return Exit.HOST_MISMATCH
+    revoked = revocation.load(paths.revoked_file)
+    if revoked is not None:
+        log.error("daemon_start_refused", reason="member_revoked", hint=revoked.message)
+        return Exit.REVOKED
     keypair, created = identity.load_or_create_keypair(paths.keypair)
     if created:
         log.info("keypair_created", pubkey=keypair.public_hex)
     runner = _loop_runner()
     return int(runner(Daemon(start, keypair).serve()))
-
-
-def _disk_gauges(registry: CollectorRegistry, disk: DiskMonitor, mesh: str) -> None:
-    CallbackGauge(
-        "cm_daemon_disk_pct", "Used percent of the file system holding each database",
-        ["mesh", "kind"], lambda: [({"mesh": mesh, "kind": kind}, disk.state().used_pct)
-                                   for kind in disk.databases], registry)
-    CallbackGauge(
-        "cm_daemon_db_bytes", "Size of each database on disk, its WAL included", ["mesh", "db"],
-        lambda: [({"mesh": mesh, "db": k}, float(v)) for k, v in disk.sizes().items()], registry)
-    CallbackGauge(
-        "cm_daemon_disk_free_bytes", "Free bytes of the file system holding the databases",
-        ["mesh"], lambda: [({"mesh": mesh}, float(disk.state().free_bytes))], registry)
-
-
-def _db_batches(registry: CollectorRegistry, dbs: dict[str, Database]) -> None:
-    """Rows in each SQLite group commit, per database (the store only calls back)."""
-    rows = Histogram("cm_daemon_db_batch_rows", "Writes committed together in one SQLite "
-                     "transaction, per database", ["db"], registry=registry,
-                     buckets=BATCH_BUCKETS)
-    for name, db in dbs.items():
-        db.on_batch = rows.labels(db=name).observe
 
 
 def _loop_runner() -> Any:
@@ -275,21 +261,23 @@ class Daemon:
         disk = DiskMonitor(paths.data_dir, {"outbox": outbox_db.path, "inbox": inbox_db.path},
                            s.disk_reserved_bytes)
         app[DISK] = disk
-        app[OUTBOX] = OutboxService(
-            outbox_db, clock=self.clock, admit=disk.check_send,
-            sealer=lambda to, cmid, body, enc: seal(key, to, cmid, body, enc))
         app[STATE] = self._state()
+        hooks = HookService.build(inbox_db, bus, paths, s, app[STATE].registry, self.clock)
+        app[CAPABILITIES] = hooks.capabilities
+        app[OUTBOX] = OutboxService(
+            outbox_db, clock=self.clock, admit=disk.check_send, gate=hooks.pre_send,
+            sealer=lambda to, cmid, body, enc: seal(key, to, cmid, body, enc))
         app[RETENTION] = RetentionService(outbox_db, inbox_db, self.start.retention, self.clock,
                                           deleted=Counter(
                                               "cm_daemon_retention_deleted_total",
                                               "Rows retention deleted, by kind", ["kind"],
                                               registry=app[STATE].registry))
-        _disk_gauges(app[STATE].registry, disk, s.daemon_mesh)
-        _db_batches(app[STATE].registry, {"outbox": outbox_db, "inbox": inbox_db})
-        app[INBOX] = InboxService(inbox_db, bus, self.clock)
+        storage_gauges.disk_gauges(app[STATE].registry, disk, s.daemon_mesh)
+        storage_gauges.db_batches(app[STATE].registry, {"outbox": outbox_db, "inbox": inbox_db})
+        app[INBOX] = InboxService(inbox_db, bus, self.clock, hooks.plan)
         app[BUS] = bus
         relay = self._relay(app[OUTBOX], app[INBOX], app[STATE])
-        live = lambda: relay if relay is not None and relay.link is not None else None  # noqa: E731
+        live = relay.live.if_open if relay is not None else lambda: None
         app[MEMBERSHIP] = MembershipService(inbox_db, live)
         app[PRESENCE] = PresenceService(inbox_db, live, self.keypair.public_hex)
         reloader = Reloader(s, self._read_settings, app[STATE], bus)
@@ -309,13 +297,15 @@ class Daemon:
                  tcp_port=server.bound_port, data_dir=str(paths.data_dir),
                  pubkey=self.keypair.public_hex)
         relay_task = asyncio.create_task(relay.run(), name="relay") if relay else None
-        sweeper = asyncio.create_task(app[RETENTION].run(s.retention_sweep_interval_s),
-                                      name="retention")
-        code = await self._supervise([outbox_db, inbox_db], relay_task, app[STATE],
-                                     {sweeper: "retention"})
-        sweeper.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await sweeper
+        others = {asyncio.create_task(app[RETENTION].run(s.retention_sweep_interval_s),
+                                      name="retention"): "retention",
+                  asyncio.create_task(hooks.run(), name="hooks"): "hooks",
+                  asyncio.create_task(SocketWatch(server).run(), name="ipc-socket"): "ipc-socket"}
+        code = await self._supervise([outbox_db, inbox_db], relay_task, app[STATE], others)
+        for task in others:   # a hook cut off here runs again at the next start (the ledger)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         started = time.monotonic()
         # Stop accepting and finish in-flight requests first (their sends reach the outbox),
         # then close the broker link cleanly; the stores commit and close in serve(). Event
@@ -348,8 +338,11 @@ class Daemon:
             was = state.link.connected
             state.link.connected = connected
             state.link.broker_state = detail.get("state")
-            if relay.link is not None:
-                state.link.broker_features = relay.link.supported
+            if relay.live.current is not None:
+                state.link.broker_features = relay.live.current.supported
+            if detail.get("state") == "revoked":
+                log.error("member_revoked", hint=revocation.record(paths.revoked_file,
+                                                                   mesh.mesh).message)
             if was != connected or not connected:
                 await inbox.record_event("broker_status", {"mesh": mesh.mesh, **detail})
 

@@ -7,12 +7,13 @@ from cursor+1, but frames it sent before the resume may still be queued ahead of
 the next in-order delivery arrives, out-of-order frames are dropped rather than read as new
 gaps.
 
-Imports nothing from the daemon; ``relay.py`` does the storing, acking and resuming.
+Imports nothing from the daemon; ``receiver.py`` does the storing, acking and resuming.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 Position = tuple[int, int]  # (epoch, seq)
@@ -23,6 +24,14 @@ class Placement(StrEnum):
     STORED = "stored"      # at or before the cursor: a redelivery, already stored
     STALE = "stale"        # out of order, sent before the last resume: drop it
     GAP = "gap"            # out of order: resume from the cursor
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What to do with one batch of deliveries, in arrival order."""
+
+    store: list[int] = field(default_factory=list)  # indexes of the NEXT ones, to write in order
+    gap: Position | None = None    # the first delivery past a gap: the rest of the batch waits
 
 
 @dataclass(slots=True)
@@ -49,3 +58,16 @@ class ReceiveOrder:
     def ack_position(self) -> Position | None:
         """What to ack after a batch: the cursor, unless nothing was ever received."""
         return self.cursor if self.cursor[1] > 0 else None
+
+    def plan(self, batch: Sequence[Position]) -> Plan:
+        """Place a batch: the deliveries to store, up to the first gap if there is one. After
+        a gap nothing more of the batch is placed; resume from the cursor, which stands on
+        the last delivery to store."""
+        store: list[int] = []
+        for i, (epoch, seq) in enumerate(batch):
+            placement = self.place(epoch, seq)
+            if placement is Placement.GAP:
+                return Plan(store, (epoch, seq))
+            if placement is Placement.NEXT:
+                store.append(i)
+        return Plan(store)

@@ -5,6 +5,7 @@ pyproject.toml)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 
@@ -26,3 +27,43 @@ class Page:
     limit: int = 100
     topic: str | None = None
     sender: str | None = None
+
+
+class SendKind(StrEnum):
+    """How the outbox took a send (spec §4.5.1); the HTTP layer turns it into a status."""
+
+    NEW = "new"              # no row held the id: a new row, queued for the broker
+    REPLAY = "replay"        # the same request again while its row is pending or inflight
+    DUPLICATE = "duplicate"  # the same request again after the broker stored it
+    CONFLICT = "conflict"    # the id is bound to another request, or its row ended
+
+
+@dataclass(frozen=True, slots=True)
+class BoundRow:
+    """The outbox row a client_message_id is bound to, as much as a send's answer names."""
+
+    id: str
+    status: str
+    fingerprint_prefix: str
+    broker_message_id: str | None = None
+    history_id: str | None = None
+    last_error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SendOutcome:
+    """What became of one send: the accept table's row, the request and the row it hit.
+
+    ``queue_status`` is the row's state as the caller sees it (queued, inflight, done);
+    a conflict names its ``conflict`` code and whether the row's broker id or last error
+    explain it (``shows_broker_id``, ``shows_reason``).
+    """
+
+    kind: SendKind
+    client_message_id: str
+    fingerprint_prefix: str
+    row: BoundRow
+    queue_status: str | None = None
+    conflict: str | None = None
+    shows_broker_id: bool = False
+    shows_reason: bool = False

@@ -80,3 +80,24 @@ def test_the_cursor_only_moves_one_seq_forward_per_next(frames: list[Position],
         else:
             assert order.cursor == before
             assert (placement is STORED) == (pos <= before)
+
+
+def test_plan_stores_the_next_ones_in_order_and_drops_the_rest() -> None:
+    order = ReceiveOrder((1, 5))
+    plan = order.plan([(1, 4), (1, 6), (1, 5), (1, 7)])
+    assert (plan.store, plan.gap) == ([1, 3], None)
+    assert order.cursor == (1, 7)
+
+
+def test_plan_stops_at_a_gap_and_keeps_what_came_before_it() -> None:
+    order = ReceiveOrder((1, 5))
+    plan = order.plan([(1, 6), (1, 9), (1, 7)])
+    assert (plan.store, plan.gap) == ([0], (1, 9))
+    assert order.cursor == (1, 6), "the resume starts after the last delivery stored"
+
+
+def test_plan_after_a_resume_drops_stale_frames_without_a_gap() -> None:
+    order = ReceiveOrder((1, 5))
+    order.resumed((1, 5))
+    plan = order.plan([(1, 9), (1, 6)])
+    assert (plan.store, plan.gap) == ([1], None)

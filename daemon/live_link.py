@@ -1,0 +1,63 @@
+"""The broker link as the services see it: whichever link the relay has open now, with its
+failures turned into the ``core.errors`` tree (503 while there is none, a broker refusal
+as the caller's 4xx). Membership and presence ask the broker through this.
+
+Imports the link and ``core``; no SQL and no HTTP here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tidemesh.core.errors import InvalidRequest, TidemeshError, Unavailable, from_body
+from tidemesh.daemon.link import BrokerLink, LinkError
+
+
+def _disconnected() -> Unavailable:
+    return Unavailable("the daemon is not connected to the broker", reason="broker_disconnected")
+
+
+def _failed(exc: LinkError) -> Unavailable:
+    return Unavailable(f"the broker link failed: {exc}", reason="broker_disconnected")
+
+
+class LiveLink:
+    def __init__(self) -> None:
+        # Set by the relay for the length of each session, None between them.
+        self.current: BrokerLink | None = None
+
+    def if_open(self) -> LiveLink | None:
+        """This, while a link is open; None between sessions (what the services ask)."""
+        return self if self.current is not None else None
+
+    def _live(self) -> BrokerLink:
+        if self.current is None:
+            raise _disconnected()
+        return self.current
+
+    async def peers(self) -> list[dict[str, Any]]:
+        link = self._live()
+        try:
+            return await link.peers()
+        except LinkError as exc:
+            raise _failed(exc) from exc
+
+    async def set_profile(self, profile: dict[str, Any]) -> None:
+        link = self._live()
+        try:
+            await link.set_profile(profile)
+        except LinkError as exc:
+            raise _failed(exc) from exc
+
+    async def request(self, op: str, name: str) -> None:
+        """A membership operation over the live link; broker refusals raise the error tree."""
+        link = self._live()
+        try:
+            answer = await link.request(op, name)
+        except LinkError as exc:
+            raise _failed(exc) from exc
+        if answer.get("type") == "error":
+            err = from_body(400, {"error": answer["error"]})
+            # A broker code this daemon does not know is still the caller's 4xx, not a 500.
+            raise (InvalidRequest(err.message, broker_code=answer["error"].get("code"))
+                   if type(err) is TidemeshError else err)

@@ -1,0 +1,157 @@
+"""The receiver: broker → inbox over one live link, for as long as that link lasts.
+
+``resume`` from the last stored (epoch, seq); each ``deliver`` is written to the inbox
+(deduped, DMs opened) and only then acked, cumulatively. Where a delivery stands against
+the cursor is decided in ``receive_order.py``; a gap triggers a resume; STALE_SEQUENCE and
+INVALID_SEQUENCE are reported and resynced as DESIGN §6 says. Turning a ``deliver`` frame
+into an inbox ``Delivery`` is ``delivery_of``, pure. Its counters live here.
+
+Imports services and the link; no SQL and no HTTP here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+from nacl.signing import SigningKey
+from prometheus_client import Counter
+
+from tidemesh.core.ids import new_ulid
+from tidemesh.core.metrics import CollectorRegistry
+from tidemesh.core.sealing import UnsealError, unseal
+from tidemesh.daemon import race
+from tidemesh.daemon.link import BrokerLink, LinkError
+from tidemesh.daemon.receive_order import Position, ReceiveOrder
+from tidemesh.daemon.service.inbox import InboxService
+from tidemesh.daemon.store.inbox import Delivery, StoreResult
+
+log = structlog.get_logger(__name__)
+# Deliveries taken off the link's queue at once: stored together, acked once.
+BATCH = 512
+RESUME_TRIES = 3
+
+
+@dataclass(frozen=True, slots=True)
+class ReceiverMetrics:
+    """The receive side's series (spec §10 names), labelled with the mesh. ``dedupe`` is the
+    family both directions share; the receiver counts its ``inbound`` half."""
+
+    mesh: str
+    received: Counter
+    dedupe: Counter
+
+    @classmethod
+    def register(cls, registry: CollectorRegistry, mesh: str,
+                 dedupe: Counter) -> ReceiverMetrics:
+        return cls(mesh, Counter("cm_daemon_recv_total", "Deliveries stored in the inbox, by kind",
+                                 ["mesh"], registry=registry), dedupe)
+
+
+def delivery_of(f: dict[str, Any], key: SigningKey, mesh: str, now_ms: int) -> Delivery:
+    """A ``deliver`` frame as the inbox stores it: body decoded, a DM opened. A DM that does
+    not open is still stored, marked ``tidemesh_undecryptable`` in its meta."""
+    body = (f["body"].encode("utf-8") if f["body_encoding"] == "utf8"
+            else base64.b64decode(f["body"]))
+    encoding = f["body_encoding"]
+    meta = f.get("meta")
+    if f["to"]["kind"] == "dm":
+        try:
+            body, encoding = unseal(key, f["sender_pubkey"], body)
+        except UnsealError as exc:
+            log.error("dm_unseal_failed", broker_message_id=f["broker_message_id"],
+                      error=str(exc))
+            meta = {**(meta or {}), "tidemesh_undecryptable": str(exc)}
+    return Delivery(
+        id=new_ulid(now_ms), mesh=mesh, sender_pubkey=f["sender_pubkey"],
+        sender_name=f.get("sender_name"),
+        client_message_id=f.get("client_message_id") or f["broker_message_id"],
+        broker_message_id=f["broker_message_id"], dest_kind=f["to"]["kind"],
+        dest_ref=f["to"]["ref"], body=body, body_encoding=encoding, priority=f["priority"],
+        meta=meta, reply_to=f.get("reply_to"), epoch=f["epoch"], seq=f["seq"],
+        sent_at=f["created_at"], received_at=now_ms,
+    )
+
+
+class Receiver:
+    def __init__(self, link: BrokerLink, inbox: InboxService, key: SigningKey, mesh: str,
+                 metrics: ReceiverMetrics, clock: Callable[[], float]) -> None:
+        self.link = link
+        self.inbox = inbox
+        self.key = key
+        self.mesh = mesh
+        self.metrics = metrics
+        self.clock = clock
+
+    async def run(self) -> None:
+        order = ReceiveOrder(await self.inbox.receive_cursor() or (0, 0))
+        order.resumed(await self._resume(order.cursor))
+        while frames := await self._next_frames():
+            plan = order.plan([(f["epoch"], f["seq"]) for f in frames])
+            self._account(await asyncio.gather(*(self._write(frames[i]) for i in plan.store)))
+            if plan.gap is not None:
+                log.warning("delivery_gap_detected", expected=order.cursor[1] + 1,
+                            got=plan.gap[1])
+                order.resumed(await self._resume(order.cursor))
+            ack = order.ack_position()
+            if ack is not None:
+                await self.link.ack(*ack)
+
+    async def _write(self, f: dict[str, Any]) -> StoreResult | None:
+        if f.get("reassigned"):
+            # A queue lease that lapsed here went to another consumer: skip it, but move the
+            # cursor past it so the stream stays gapless.
+            await self.inbox.skip(f["epoch"], f["seq"])
+            return None
+        now = int(self.clock() * 1000)
+        return await self.inbox.store(delivery_of(f, self.key, self.mesh, now))
+
+    def _account(self, results: list[StoreResult | None]) -> None:
+        m = self.metrics
+        for res in results:
+            if res is None:
+                continue
+            if res.inbox_seq is None:
+                m.dedupe.labels(direction="inbound", mesh=m.mesh).inc()
+            else:
+                m.received.labels(mesh=m.mesh).inc()
+
+    async def _next_frames(self) -> list[dict[str, Any]]:
+        q = self.link.deliveries
+        first = await race.next_item(q, self.link.wait_closed())
+        if first is None:
+            return []
+        frames = [first]
+        while not q.empty() and len(frames) < BATCH:
+            frames.append(q.get_nowait())
+        return frames
+
+    async def _resume(self, cursor: Position) -> Position:
+        for _ in range(RESUME_TRIES):
+            ans = await self.link.resume(*cursor)
+            result = ans["result"]
+            if result == "OK":
+                return (ans["epoch"], ans.get("last_seq", cursor[1]))
+            target = (ans["epoch"], ans["compacted_seq"] if result == "STALE_SEQUENCE"
+                      else ans["broker_last_seq"])
+            event = log.warning if result == "STALE_SEQUENCE" else log.error
+            event("delivery_resume_refused", result=result, ours=cursor, resync_to=target)
+            await self.inbox.record_event("broker_status", {
+                "state": "resynced", "result": result, "our_position": list(cursor),
+                "resynced_to": list(target), "broker_last_seq": ans["broker_last_seq"]})
+            await self.inbox.reset_receive_cursor(*target)
+            cursor = target
+        raise LinkError("the broker refused to resume three times")
+
+
+async def forward_presence(link: BrokerLink, inbox: InboxService) -> None:
+    """peer_join / peer_leave frames become events in the local log, until the link closes."""
+    while True:
+        frame = await race.next_item(link.presence, link.wait_closed())
+        if frame is None:
+            return
+        await inbox.record_event(frame["type"], {k: v for k, v in frame.items() if k != "type"})

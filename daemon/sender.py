@@ -1,0 +1,169 @@
+"""The sender: outbox → broker over one live link, for as long as that link lasts.
+
+Claims due rows (pending → inflight), keeps up to ``window`` sends on the one WebSocket,
+and settles each answer (done | dead | pending with backoff, decided by
+``core.outcome.classify``) through group commits. A row that turns dead raises an
+``outbox_dead`` event. Its counters live here, next to what they count.
+
+Imports services and the link; no SQL and no HTTP here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import structlog
+from prometheus_client import Counter, Histogram
+
+from tidemesh.core.backoff import Backoff
+from tidemesh.core.metrics import BATCH_BUCKETS, CollectorRegistry
+from tidemesh.core.outcome import Kind, Settlement, classify
+from tidemesh.daemon import race
+from tidemesh.daemon.link import BrokerLink, LinkError
+from tidemesh.daemon.service.inbox import InboxService
+from tidemesh.daemon.service.outbox import OutboxService
+from tidemesh.daemon.store.outbox import Claimed
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class SenderSettings:
+    window: int = 1024
+    claim_batch: int = 256
+    send_timeout_s: float = 30.0
+    idle_poll_s: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class SenderMetrics:
+    """The send side's series (spec §10 names), labelled with the mesh. ``dedupe`` is the
+    family both directions share; the sender counts its ``outbound`` half."""
+
+    mesh: str
+    sends: Counter
+    dedupe: Counter
+    history_pruned: Counter
+    send_batch: Histogram
+
+    @classmethod
+    def register(cls, registry: CollectorRegistry, mesh: str, dedupe: Counter) -> SenderMetrics:
+        return cls(
+            mesh,
+            Counter("cm_daemon_send_total", "Outbox rows settled, by outcome",
+                    ["mesh", "status"], registry=registry),
+            dedupe,
+            Counter("cm_daemon_dedupe_history_pruned_total",
+                    "Duplicates whose original's history was already pruned", ["mesh"],
+                    registry=registry),
+            Histogram("cm_daemon_send_batch_size", "Sends in each frame written to the broker",
+                      ["mesh"], registry=registry, buckets=BATCH_BUCKETS),
+        )
+
+
+class DeadLetters:
+    """Announces dead outbox rows as ``outbox_dead`` events in the local log."""
+
+    def __init__(self, outbox: OutboxService, inbox: InboxService) -> None:
+        self.outbox = outbox
+        self.inbox = inbox
+
+    async def announce(self) -> None:
+        """Put an ``outbox_dead`` event in the log for every dead row not yet announced.
+        The event log dedupes on the row id, so a crash between the two writes only means
+        the announcement is made again, never lost."""
+        rows = await self.outbox.dead_to_notify()
+        for row in rows:
+            await self.inbox.record_event("outbox_dead", row, dedupe_key=f"outbox_dead:{row['id']}")
+            log.warning("outbox_row_dead", outbox_id=row["id"],
+                        client_message_id=row["client_message_id"], reason=row["last_error"])
+        if rows:
+            await self.outbox.mark_notified([r["id"] for r in rows])
+
+
+class Sender:
+    """Claims due rows in batches and keeps several batches on the wire at once; each batch
+    is one coalesced frame out, and its answers are settled in one write."""
+
+    def __init__(self, link: BrokerLink, outbox: OutboxService, dead: DeadLetters,
+                 settings: SenderSettings, metrics: SenderMetrics, max_age_ms: int,
+                 backoff: Backoff, clock: Callable[[], float], rng: random.Random) -> None:
+        self.link = link
+        self.outbox = outbox
+        self.dead = dead
+        self.settings = settings
+        self.metrics = metrics
+        self.max_age_ms = max_age_ms
+        self.backoff = backoff
+        self.clock = clock
+        self.rng = rng
+        self.inflight = 0
+        self.slot_freed = asyncio.Event()
+        link.on_batch = metrics.send_batch.labels(mesh=metrics.mesh).observe
+
+    async def run(self) -> None:
+        s, outbox = self.settings, self.outbox
+        await self.dead.announce()
+        async with asyncio.TaskGroup() as tg:
+            while not self.link.closed:
+                free = s.window - self.inflight
+                want = min(free, s.claim_batch)
+                if want > 0:
+                    outbox.accepted.clear()
+                    claimed, dead = await outbox.claim(want, self.max_age_ms)
+                    if claimed:
+                        self.inflight += len(claimed)
+                        tg.create_task(self._send(claimed))
+                    if dead:
+                        await self.dead.announce()
+                    if len(claimed) == want:
+                        continue
+                await self._idle(free > 0)
+
+    async def _idle(self, has_room: bool) -> None:
+        self.slot_freed.clear()
+        timeout = self.settings.idle_poll_s
+        if has_room:
+            due = await self.outbox.next_due()
+            if due is not None:
+                timeout = min(timeout, max(0.0, due / 1000 - self.clock()))
+        more = self.outbox.accepted if has_room else self.slot_freed
+        await race.first(self.link.wait_closed(), more.wait(), within=timeout)
+
+    async def _send(self, rows: list[Claimed]) -> None:
+        limit = self.settings.send_timeout_s
+        try:
+            answers = await self.link.send_many(
+                [(r.client_message_id, orjson.loads(r.payload)) for r in rows], limit)
+        except LinkError:
+            answers = [None] * len(rows)
+        error = ("LinkClosed: the broker link closed before the answer" if self.link.closed
+                 else f"TimeoutError: no answer within {limit:.0f} s")
+        now = int(self.clock() * 1000)
+        settled = [classify(r.id, r.attempts, a, None if a else error, now,
+                            self.backoff, self.rng)
+                   for r, a in zip(rows, answers, strict=True)]
+        await self.outbox.settle_many(settled)
+        self.inflight -= len(rows)
+        self.slot_freed.set()
+        self._account(settled, answers)
+        if any(st.kind is Kind.DEAD for st in settled):
+            await self.dead.announce()
+
+    def _account(self, settled: list[Settlement], answers: list[dict[str, Any] | None]) -> None:
+        m = self.metrics
+        for st, answer in zip(settled, answers, strict=True):
+            m.sends.labels(mesh=m.mesh, status=st.kind.value).inc()
+            if st.history_pruned:
+                m.history_pruned.labels(mesh=m.mesh).inc()
+                log.warning("outbox_duplicate_history_pruned", outbox_id=st.row_id,
+                            broker_message_id=st.broker_message_id)
+            elif answer is not None and answer.get("duplicate"):
+                m.dedupe.labels(direction="outbound", mesh=m.mesh).inc()
+                log.info("outbox_duplicate_acknowledged", outbox_id=st.row_id,
+                         broker_message_id=st.broker_message_id)

@@ -1,0 +1,58 @@
+"""A broker ``deliver`` frame as the inbox stores it (``receiver.delivery_of``), decided
+without a link: bodies decoded, DMs opened, a DM that does not open kept and marked."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+from nacl.signing import SigningKey
+
+from tidemesh.core.sealing import seal
+from tidemesh.daemon.receiver import delivery_of
+
+ME, PEER = SigningKey.generate(), SigningKey.generate()
+NOW = 1_700_000_000_000
+
+
+def frame(**kw: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "type": "deliver", "broker_message_id": "B1",
+        "sender_pubkey": PEER.verify_key.encode().hex(),
+        "to": {"kind": "topic", "ref": "ops"}, "body": "hello", "body_encoding": "utf8",
+        "priority": "normal", "epoch": 1, "seq": 7, "created_at": NOW - 5,
+    }
+    return {**base, **kw}
+
+
+def test_delivery_of_a_topic_frame_keeps_its_text_and_position() -> None:
+    d = delivery_of(frame(client_message_id="c1", meta={"k": 1}), ME, "m", NOW)
+    assert (d.body, d.body_encoding, d.meta) == (b"hello", "utf8", {"k": 1})
+    assert (d.epoch, d.seq, d.sent_at, d.received_at, d.mesh) == (1, 7, NOW - 5, NOW, "m")
+    assert (d.client_message_id, d.dest_kind, d.dest_ref) == ("c1", "topic", "ops")
+
+
+def test_delivery_of_a_frame_without_client_id_uses_the_broker_id() -> None:
+    assert delivery_of(frame(), ME, "m", NOW).client_message_id == "B1"
+
+
+def test_delivery_of_a_base64_frame_decodes_the_bytes() -> None:
+    raw = bytes(range(5))
+    d = delivery_of(frame(body=base64.b64encode(raw).decode(), body_encoding="base64"),
+                    ME, "m", NOW)
+    assert (d.body, d.body_encoding) == (raw, "base64")
+
+
+def test_delivery_of_a_dm_opens_it_for_this_member() -> None:
+    me_hex = ME.verify_key.encode().hex()
+    sealed = seal(PEER, me_hex, "c1", b"secret", "utf8")
+    d = delivery_of(frame(to={"kind": "dm", "ref": me_hex}, body_encoding="base64",
+                          body=base64.b64encode(sealed).decode()), ME, "m", NOW)
+    assert (d.body, d.body_encoding, d.meta) == (b"secret", "utf8", None)
+
+
+def test_delivery_of_a_dm_that_does_not_open_is_kept_and_marked() -> None:
+    d = delivery_of(frame(to={"kind": "dm", "ref": "x"}, body_encoding="base64",
+                          body=base64.b64encode(b"not sealed").decode()), ME, "m", NOW)
+    assert d.body == b"not sealed"
+    assert d.meta is not None and "tidemesh_undecryptable" in d.meta
