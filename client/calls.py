@@ -1,0 +1,133 @@
+"""Each IPC call as data: method, path, body, headers, and how to read the answer (sans-I/O).
+
+``Client`` and ``AsyncClient`` differ only in how they carry a ``Call`` to the daemon; what
+is asked and how the answer is read lives here, once.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Generic, Literal, TypeVar
+from urllib.parse import quote, urlencode
+
+from tidemesh.client import wire
+from tidemesh.client.stream import Cursor
+from tidemesh.core.errors import from_body
+
+T = TypeVar("T")
+Kind = Literal["topic", "queue"]
+_GROUP: dict[str, str] = {"topic": "topics", "queue": "queues"}
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    status: int
+    body: Any
+
+
+def _body(resp: Response) -> Any:
+    return resp.body
+
+
+@dataclass(frozen=True, slots=True)
+class Call(Generic[T]):
+    method: str
+    path: str
+    read: Callable[[Response], T]
+    body: Any = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+    def payload(self) -> bytes | None:
+        return None if self.body is None else json.dumps(self.body).encode()
+
+    def answer(self, status: int, content_type: str, raw: bytes) -> T:
+        """The typed result of a 2xx; the ``core.errors`` class of any other answer."""
+        body: Any = json.loads(raw) if "json" in content_type and raw else raw.decode()
+        if status >= 400:
+            raise from_body(status, body)
+        return self.read(Response(status, body))
+
+
+def _query(**params: object) -> str:
+    kept = {k.rstrip("_"): v for k, v in params.items() if v is not None}
+    return "?" + urlencode(kept, quote_via=quote) if kept else ""
+
+
+def request(method: str, path: str, body: Any = None,
+            headers: Mapping[str, str] | None = None) -> Call[Response]:
+    return Call(method, path, lambda r: r, body, headers or {})
+
+
+def version() -> Call[dict[str, Any]]:
+    return Call("GET", "/v1/version", _body)
+
+
+def health() -> Call[dict[str, Any]]:
+    return Call("GET", "/v1/health", _body)
+
+
+def metrics() -> Call[str]:
+    return Call("GET", "/v1/metrics", lambda r: str(r.body))
+
+
+def send(message: Mapping[str, Any], idempotency_key: str | None) -> Call[wire.SendResult]:
+    headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+    return Call("POST", "/v1/send", _body, dict(message), headers)
+
+
+def outbox_list(status: str | None, limit: int, before: str | None) -> Call[wire.OutboxPage]:
+    return Call("GET", "/v1/outbox" + _query(limit=limit, status=status, before=before), _body)
+
+
+def outbox_inspect(row_id: str) -> Call[dict[str, Any]]:
+    return Call("GET", f"/v1/outbox/{quote(row_id, safe='')}", _body)
+
+
+def outbox_requeue(row_id: str, new_client_message_id: str | None,
+                   patch_payload: Mapping[str, Any] | None) -> Call[wire.RequeueResult]:
+    body: dict[str, Any] = {"id": row_id}
+    if new_client_message_id:
+        body["new_client_message_id"] = new_client_message_id
+    if patch_payload is not None:
+        body["patch_payload"] = dict(patch_payload)
+    return Call("POST", "/v1/outbox/requeue", _body, body)
+
+
+def prune(which: Literal["outbox", "inbox"], dry_run: bool) -> Call[wire.PruneResult]:
+    return Call("POST", f"/v1/{which}/prune", _body, {"dry_run": dry_run})
+
+
+def inbox(after: int | None, limit: int, topic: str | None, sender: str | None,
+          consumer: str | None) -> Call[wire.InboxPage]:
+    query = _query(after=after, limit=limit, topic=topic, from_=sender, consumer=consumer)
+    return Call("GET", "/v1/inbox" + query, _body)
+
+
+def ack(consumer: str, up_to: int) -> Call[wire.AckResult]:
+    return Call("POST", "/v1/inbox/ack", _body, {"consumer": consumer, "up_to": up_to})
+
+
+def membership(kind: Kind, action: str, name: str, create: bool) -> Call[dict[str, Any]]:
+    body: dict[str, Any] = {"name": name, **({"create": True} if create else {})}
+    return Call("POST", f"/v1/{_GROUP[kind]}/{action}", _body, body)
+
+
+def memberships(kind: Kind) -> Call[wire.Memberships]:
+    return Call("GET", f"/v1/{_GROUP[kind]}", _body)
+
+
+def peers() -> Call[dict[str, Any]]:
+    return Call("GET", "/v1/peers", _body)
+
+
+def profile(patch: Mapping[str, Any] | None) -> Call[dict[str, Any]]:
+    if patch:
+        return Call("POST", "/v1/profile", _body, dict(patch))
+    return Call("GET", "/v1/profile", _body)
+
+
+def events(cursor: Cursor) -> Call[Response]:
+    """The stream's request; its body is read line by line, not by ``answer``."""
+    return Call("GET", "/v1/events", lambda r: r, headers=cursor.headers())

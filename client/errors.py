@@ -1,0 +1,22 @@
+"""The one error the SDK adds to the ``core.errors`` tree: no daemon answers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tidemesh.core.errors import TidemeshError
+
+
+class DaemonNotRunning(TidemeshError):
+    """Nothing answers where the daemon should be: no socket, refused, or no answer in time.
+
+    ``hint`` is the command that starts the daemon, ``reason`` the message without it. Every
+    other failure is the daemon's own answer, rebuilt as its ``core.errors`` class.
+    """
+
+    code = "daemon_not_running"
+    http_status = 503
+
+    def __init__(self, message: str, *, hint: str = "tidemesh daemon up", **details: Any) -> None:
+        super().__init__(f"{message}; start it with `{hint}`", **details)
+        self.reason, self.hint = message, hint

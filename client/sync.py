@@ -1,0 +1,203 @@
+"""``Client``: the blocking SDK, over ``http.client`` on the daemon's Unix socket or loopback
+TCP. One connection per call; ``events()`` and ``consume()`` hold theirs while they run."""
+
+from __future__ import annotations
+
+import http.client
+import socket
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any, Literal, TypeVar
+
+from tidemesh.client import calls, wire
+from tidemesh.client.calls import Call, Kind, Response
+from tidemesh.client.endpoint import LOOPBACK, Located
+from tidemesh.client.errors import DaemonNotRunning
+from tidemesh.client.stream import Cursor, Event, Notice, Parser, Quiet, Reconnect
+
+T = TypeVar("T")
+_UNREACHABLE = (OSError, http.client.HTTPException)
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    def __init__(self, path: str, timeout: float | None) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self._path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self._path)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+class Client(Located):
+    """A daemon's IPC surface as typed calls. Errors are the ``core.errors`` tree; a daemon
+    that does not answer is ``DaemonNotRunning``.
+
+    ``Client.for_mesh("team")`` finds the daemon the way the CLI does; or give
+    ``socket_path``; or ``port`` and ``token_file`` for loopback TCP.
+    """
+
+    # -- transport -------------------------------------------------------------------------
+
+    def _connect(self, timeout: float | None) -> http.client.HTTPConnection:
+        if self.endpoint.socket_path is not None:
+            return _UnixConnection(str(self.endpoint.socket_path), timeout)
+        return http.client.HTTPConnection(LOOPBACK, self.endpoint.port, timeout=timeout)
+
+    def _open(self, call: Call[Any], timeout: float | None
+              ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+        conn = self._connect(timeout)
+        headers = {"Content-Type": "application/json", **self.endpoint.headers(), **call.headers}
+        try:
+            conn.request(call.method, call.path, body=call.payload(), headers=headers)
+            return conn, conn.getresponse()
+        except _UNREACHABLE as exc:
+            conn.close()
+            raise self.endpoint.not_running(exc) from exc
+
+    def _call(self, call: Call[T]) -> T:
+        conn, resp = self._open(call, self.timeout)
+        try:
+            raw = resp.read()
+        except _UNREACHABLE as exc:
+            raise self.endpoint.not_running(exc) from exc
+        finally:
+            conn.close()
+        return call.answer(resp.status, resp.getheader("Content-Type", ""), raw)
+
+    def request(self, method: str, path: str, body: Any = None,
+                headers: Mapping[str, str] | None = None) -> Response:
+        """Any route, for what has no method here; returns a 2xx, raises the error tree."""
+        return self._call(calls.request(method, path, body, headers))
+
+    # -- the daemon ------------------------------------------------------------------------
+
+    def version(self) -> dict[str, Any]:
+        return self._call(calls.version())
+
+    def health(self) -> dict[str, Any]:
+        return self._call(calls.health())
+
+    def metrics(self) -> str:
+        """Prometheus text."""
+        return self._call(calls.metrics())
+
+    # -- send side -------------------------------------------------------------------------
+
+    def send(self, message: Mapping[str, Any], idempotency_key: str | None = None
+             ) -> wire.SendResult:
+        """Hand one message to the daemon; it is on disk when this returns. A retry with the
+        same ``idempotency_key`` (or ``client_message_id``) and body is sent once."""
+        return self._call(calls.send(message, idempotency_key))
+
+    def outbox_list(self, status: str | None = None, limit: int = 50,
+                    before: str | None = None) -> wire.OutboxPage:
+        return self._call(calls.outbox_list(status, limit, before))
+
+    def outbox_inspect(self, row_id: str) -> dict[str, Any]:
+        return self._call(calls.outbox_inspect(row_id))
+
+    def outbox_requeue(self, row_id: str, new_client_message_id: str | None = None,
+                       patch_payload: Mapping[str, Any] | None = None) -> wire.RequeueResult:
+        return self._call(calls.outbox_requeue(row_id, new_client_message_id, patch_payload))
+
+    def prune(self, which: Literal["outbox", "inbox"], dry_run: bool = False) -> wire.PruneResult:
+        """Run retention now on the ``outbox``, or the ``inbox`` and its events."""
+        return self._call(calls.prune(which, dry_run))
+
+    # -- receive side ----------------------------------------------------------------------
+
+    def inbox(self, after: int | None = None, limit: int = 100, topic: str | None = None,
+              sender: str | None = None, consumer: str | None = None) -> wire.InboxPage:
+        return self._call(calls.inbox(after, limit, topic, sender, consumer))
+
+    def ack(self, consumer: str, up_to: int) -> wire.AckResult:
+        return self._call(calls.ack(consumer, up_to))
+
+    def consume(self, name: str, *, limit: int = 100, idle_timeout: float | None = None,
+                poll_s: float = 0.5) -> Iterator[wire.InboxEntry]:
+        """The named consumer's entries, in order. An entry is acked when the loop asks for
+        the next one, so one the program was holding when it stopped comes again next time.
+        Ends after ``idle_timeout`` seconds with nothing new (``None``: never)."""
+        quiet = Quiet(idle_timeout)
+        while True:
+            items = self.inbox(limit=limit, consumer=name)["items"]
+            if not items:
+                if quiet.over():
+                    return
+                time.sleep(quiet.wait(poll_s))
+                continue
+            for entry in items:
+                yield entry
+                self.ack(name, entry["seq"])
+            quiet.touch()
+
+    def events(self, since: int | None = None, *, idle_timeout: float | None = None
+               ) -> Iterator[Event | Notice]:
+        """Follow ``/v1/events`` from after ``since``, reconnecting on its own (across daemon
+        restarts) and resuming by ``Last-Event-ID``: no event is missed or given twice.
+        ``Notice`` items say something about the stream itself. Ends after ``idle_timeout``
+        quiet seconds (``None``: never); raises ``DaemonNotRunning`` only if the first
+        connection fails."""
+        cursor, quiet, again = Cursor(since), Quiet(idle_timeout), Reconnect()
+        while not quiet.over():
+            call = calls.events(cursor)
+            try:
+                conn, resp = self._open(call, quiet.remaining())
+            except DaemonNotRunning:
+                if (delay := again.delay()) is None:
+                    raise
+                time.sleep(quiet.wait(delay))
+                continue
+            again.succeeded()
+            try:
+                if resp.status != 200:
+                    call.answer(resp.status, resp.getheader("Content-Type", ""), resp.read())
+                for item in _lines(conn, resp, quiet):
+                    if cursor.admit(item):
+                        quiet.touch()
+                        yield item
+            finally:
+                conn.close()
+
+    # -- membership and presence ---------------------------------------------------------
+
+    def membership(self, kind: Kind, action: str, name: str, *, create: bool = False
+                   ) -> dict[str, Any]:
+        """``topic``: subscribe, unsubscribe, create; ``queue``: consume, leave."""
+        return self._call(calls.membership(kind, action, name, create))
+
+    def memberships(self, kind: Kind) -> wire.Memberships:
+        return self._call(calls.memberships(kind))
+
+    def peers(self) -> dict[str, Any]:
+        return self._call(calls.peers())
+
+    def profile(self, patch: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """This member's profile; with ``patch``, change those fields first."""
+        return self._call(calls.profile(patch))
+
+
+def _lines(conn: http.client.HTTPConnection, resp: http.client.HTTPResponse,
+           quiet: Quiet) -> Iterator[Event | Notice]:
+    """Parsed items until the stream ends, breaks, or stays quiet too long."""
+    parser = Parser()
+    while not quiet.over():
+        if conn.sock is not None:
+            conn.sock.settimeout(quiet.remaining())
+        try:
+            raw = resp.readline()
+        except _UNREACHABLE:  # a timeout (quiet too long) or a dropped daemon
+            return
+        if not raw:
+            return
+        item = parser.feed(raw.decode("utf-8"))
+        if item is not None:
+            yield item
+

@@ -1,0 +1,47 @@
+"""Finding a mesh's daemon the way the CLI does."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tidemesh.client import Client, DaemonNotRunning
+from tidemesh.client.endpoint import Endpoint
+
+
+def test_for_mesh_uses_tidemesh_home_then_xdg() -> None:
+    home = Endpoint.for_mesh("team", environ={"TIDEMESH_HOME": "/srv/tm"})
+    assert home.socket_path == Path("/srv/tm/daemon/team/sock") and home.port is None
+    xdg = Endpoint.for_mesh("team", environ={"XDG_RUNTIME_DIR": "/run/user/7", "HOME": "/h"})
+    assert xdg.socket_path == Path("/run/user/7/tidemesh/daemon/team/sock")
+
+
+def test_for_mesh_over_tcp_reads_the_published_port(tmp_path: Path) -> None:
+    folder = tmp_path / "daemon" / "team"
+    folder.mkdir(parents=True)
+    (folder / "http.port").write_text("4711\n")
+    (folder / "local_token").write_text("secret\n")
+    e = Endpoint.for_mesh("team", tcp=True, environ={"TIDEMESH_HOME": str(tmp_path)})
+    assert (e.port, e.socket_path) == (4711, None)
+    assert e.headers() == {"Authorization": "Bearer secret"}
+
+
+def test_no_published_port_is_daemon_not_running_with_the_start_command(tmp_path: Path) -> None:
+    with pytest.raises(DaemonNotRunning) as caught:
+        Client.for_mesh("team", tcp=True, environ={"TIDEMESH_HOME": str(tmp_path)})
+    assert caught.value.hint == "tidemesh daemon up --mesh team"
+    assert "tidemesh daemon up --mesh team" in str(caught.value)
+
+
+def test_an_endpoint_is_a_socket_or_a_port_with_a_token() -> None:
+    with pytest.raises(ValueError, match="either"):
+        Endpoint(Path("/s"), 1, Path("/t"))
+    with pytest.raises(ValueError, match="token_file"):
+        Endpoint(port=1)
+
+
+def test_the_start_hint_is_said_once() -> None:
+    err = DaemonNotRunning("no daemon answers on /s", hint="tidemesh daemon up --mesh m")
+    assert str(err) == "no daemon answers on /s; start it with `tidemesh daemon up --mesh m`"
+    assert err.reason == "no daemon answers on /s"
