@@ -8,9 +8,13 @@ daemons never collide. Without it the XDG base directories are used: config, dat
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from tidemesh.core.errors import InvalidRequest
+
+DEFAULT_MESH = "default"
 
 # sun_path is 108 bytes on Linux and 104 on macOS, counting the terminating NUL.
 MAX_SOCKET_PATH = 103
@@ -26,6 +30,10 @@ class DaemonPaths:
     @property
     def config_file(self) -> Path:
         return self.config_dir / "daemon.toml"
+
+    @property
+    def hooks_dir(self) -> Path:
+        return self.config_dir / "hooks"
 
     @property
     def socket(self) -> Path:
@@ -46,6 +54,10 @@ class DaemonPaths:
     @property
     def log_file(self) -> Path:
         return self.state_dir / "daemon.log"
+
+    @property
+    def revoked_file(self) -> Path:
+        return self.data_dir / "revoked.json"
 
     @property
     def keypair(self) -> Path:
@@ -69,7 +81,8 @@ class DaemonPaths:
 
     @property
     def folders(self) -> set[Path]:
-        return {self.config_dir, self.data_dir, self.state_dir, self.runtime_dir}
+        return {self.config_dir, self.data_dir, self.state_dir, self.runtime_dir,
+                self.hooks_dir}
 
 
 def daemon_paths(mesh: str, environ: Mapping[str, str]) -> DaemonPaths:
@@ -101,3 +114,26 @@ def socket_path_problem(path: Path) -> str | None:
             "XDG_RUNTIME_DIR) to a shorter folder"
         )
     return None
+
+
+def meshes_dir(environ: Mapping[str, str]) -> Path:
+    """The folder holding one data folder per mesh (each joined one has a ``mesh.json``)."""
+    return daemon_paths(DEFAULT_MESH, environ).data_dir.parent
+
+
+class MeshNotChosen(InvalidRequest):
+    code = "mesh_not_chosen"
+
+
+def choose_mesh(asked: str | None, joined: Sequence[str]) -> str:
+    """Which mesh a command means: the one asked for (``--mesh``, ``TIDEMESH_DAEMON_MESH``);
+    else the only joined mesh; else ``default``, when it is joined or nothing is. With
+    several joined and none asked for, guessing could send to the wrong mesh, so it refuses."""
+    if asked:
+        return asked
+    if len(joined) == 1:
+        return joined[0]
+    if not joined or DEFAULT_MESH in joined:
+        return DEFAULT_MESH
+    raise MeshNotChosen(f"several meshes are joined ({', '.join(sorted(joined))}); "
+                        "say which with --mesh or TIDEMESH_DAEMON_MESH")
