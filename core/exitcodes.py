@@ -17,3 +17,6 @@ class Exit(IntEnum):
     REJECTED = 8             # any other 4xx: the request was refused, nothing stored
     FEATURE_UNAVAILABLE = 10  # broker lacks a required feature (WebSocket close 4010)
     ORPHANS_FOUND = 11        # the orphan audit ran and found inconsistent rows (docs/audit.md)
+    REVOKED = 12              # this member was removed from the mesh; restarting cannot help
+    UNDELIVERED = 13          # `send --wait`: the broker refused it; the outbox row is dead
+    STILL_QUEUED = 14         # `send --wait`: no outcome before the timeout; still in the outbox

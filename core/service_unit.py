@@ -44,6 +44,7 @@ class ServiceSpec:
     user: str | None = None                # system scope: run as this account
     log_file: str | None = None            # launchd: stray stdout/stderr (crash output)
     reloads_on_sighup: bool = False        # systemd: `systemctl reload` sends SIGHUP
+    final_exits: tuple[int, ...] = ()      # exit codes no restart can fix (systemd only)
     limits: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_LIMITS))
 
     def __post_init__(self) -> None:
@@ -102,6 +103,8 @@ def systemd_unit(spec: ServiceSpec) -> str:
         "ExecStart=" + " ".join(_escape(a) for a in spec.argv),
         *(["ExecReload=/bin/kill -HUP $MAINPID"] if spec.reloads_on_sighup else []),
         "Restart=on-failure",
+        *([f"RestartPreventExitStatus={' '.join(map(str, spec.final_exits))}"]
+          if spec.final_exits else []),
         "RestartSec=5s",
         # The drain deadline (shutdown.grace_s) is shorter, so systemd's SIGKILL is a backstop.
         "TimeoutStopSec=60s",
@@ -126,7 +129,12 @@ def systemd_unit(spec: ServiceSpec) -> str:
 
 
 def launchd_plist(spec: ServiceSpec) -> bytes:
-    """The plist. KeepAlive restarts it unless it exited 0 (the same rule as on-failure)."""
+    """The plist. KeepAlive restarts it unless it exited 0 (the same rule as on-failure).
+
+    launchd has no RestartPreventExitStatus, so ``final_exits`` cannot be said here: launchd
+    starts such a daemon again every ThrottleInterval, and each start refuses at once (the
+    daemon's revocation record), without touching the network; docs/operations.md says to
+    unload the service."""
     body: dict[str, object] = {
         "Label": spec.label,
         "ProgramArguments": list(spec.argv),
