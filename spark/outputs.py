@@ -4,6 +4,7 @@ Owns the output folder::
 
     <out>/report.json                   the last good run: counts, watermark, run id, paths
     <out>/runs/<run_id>/orphans.parquet the offending rows of that run (FINDINGS schema)
+    <out>/runs/<run_id>/orphans.jsonl   the same rows as JSON lines, read without Spark
     <out>/runs/<run_id>/report.json     the same report, next to its rows
     <out>/state.json                    check counters carried from run to run
     <out>/tidemesh_orphan_audit.prom    the Prometheus textfile (or audit.textfile)
@@ -28,6 +29,10 @@ from tidemesh.core.metrics import CallbackCounter, CallbackGauge, CollectorRegis
 
 TEXTFILE_NAME = "tidemesh_orphan_audit.prom"
 RESULTS = ("clean", "orphans_found", "failed")
+FINDINGS_JSONL = "orphans.jsonl"
+# The report carries the first rows so that an operator sees ids without reading Parquet.
+SAMPLE_ROWS = 20
+FINDING_ORDER = ("kind", "mesh_id", "source_table", "row_key")
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +84,23 @@ def publish_run(paths: OutputPaths, run_id: str, report: Mapping[str, Any]) -> N
     for other in paths.runs.iterdir():
         if other.name != run_id:
             shutil.rmtree(other, ignore_errors=True)
+
+
+def write_findings_jsonl(rows: Iterable[Any], path: Path, sample_rows: int
+                         ) -> list[dict[str, Any]]:
+    """Every offending row as one JSON line (what ``tidemesh audit show`` reads without
+    Spark); returns the first ``sample_rows`` of them for the report."""
+    sample: list[dict[str, Any]] = []
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as fh:
+        for row in rows:
+            item = row.asDict() if hasattr(row, "asDict") else dict(row)
+            fh.write(json.dumps(item, sort_keys=True) + "\n")
+            if len(sample) < sample_rows:
+                sample.append(item)
+        fh.flush()
+        os.fsync(fh.fileno())
+    return sample
 
 
 def discard_staging(paths: OutputPaths, run_id: str) -> None:

@@ -24,18 +24,23 @@ from typing import Any
 import structlog
 from pyspark.sql import DataFrame, SparkSession
 
+from tidemesh.core.audit_report import render
 from tidemesh.core.exitcodes import Exit
 from tidemesh.core.ids import new_ulid
 from tidemesh.core.settings import ConfigError
 from tidemesh.spark.config import AuditConfig, load
 from tidemesh.spark.log import configure_logging
 from tidemesh.spark.outputs import (
+    FINDING_ORDER,
+    FINDINGS_JSONL,
+    SAMPLE_ROWS,
     OutputPaths,
     bump_check_total,
     discard_staging,
     publish_run,
     render_textfile,
     write_atomic,
+    write_findings_jsonl,
 )
 from tidemesh.spark.readers import read_table, table_stats
 from tidemesh.spark.schemas import (
@@ -128,7 +133,10 @@ def audit(spark: SparkSession, cfg: AuditConfig, paths: OutputPaths, run_id: str
     staged = paths.staging(run_id) / "orphans.parquet"
     find_orphans(frames, window).repartition(1).write.mode("overwrite").parquet(str(staged))
     # Counted from the written files, so the report and the Parquet rows can never disagree.
-    counts = _counts(spark.read.parquet(str(staged)), _mesh_ids(spark, target, cfg))
+    written = spark.read.parquet(str(staged))
+    counts = _counts(written, _mesh_ids(spark, target, cfg))
+    sample = write_findings_jsonl(written.orderBy(*FINDING_ORDER).toLocalIterator(),
+                                  paths.staging(run_id) / FINDINGS_JSONL, SAMPLE_ROWS)
     totals = {k: sum(by_kind[k] for by_kind in counts.values()) for k in KINDS}
     found = sum(totals.values())
     return {
@@ -139,6 +147,8 @@ def audit(spark: SparkSession, cfg: AuditConfig, paths: OutputPaths, run_id: str
         "started_at_ms": started_ms, "finished_at_ms": clock(),
         "table_rows": table_rows, "found": found, "totals": totals, "meshes": counts,
         "orphans": f"runs/{run_id}/orphans.parquet",
+        "orphans_jsonl": f"runs/{run_id}/{FINDINGS_JSONL}",
+        "sample": sample,
     }
 
 
@@ -205,12 +215,27 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dedupe-retention-days", type=int)
     p.add_argument("--partitions", type=int)
     p.add_argument("--log-format", choices=("auto", "json", "console"))
+    p.add_argument("--json", action="store_true", dest="as_json",
+                   help="print the report with every offending row as JSON on stdout")
     return p
+
+
+def print_outcome(outcome: AuditOutcome, paths: OutputPaths, as_json: bool) -> None:
+    """What the operator reads on stdout when a run ends (logs go to stderr)."""
+    if outcome.report is None:
+        return
+    if not as_json:
+        print(render(outcome.report, outcome.report["sample"], shown_limit=SAMPLE_ROWS))
+        return
+    rows = paths.root / str(outcome.report["orphans_jsonl"])
+    with rows.open(encoding="utf-8") as fh:
+        orphans = [json.loads(line) for line in fh]
+    print(json.dumps({**outcome.report, "orphans": orphans}, sort_keys=True))
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    flags = {f"audit.{k}": v for k, v in vars(args).items() if k != "config"}
+    flags = {f"audit.{k}": v for k, v in vars(args).items() if k not in ("config", "as_json")}
     try:
         file_data = tomllib.loads(args.config.read_text(encoding="utf-8")) if args.config else {}
         cfg = load(file_data, os.environ if environ is None else environ, flags)
@@ -223,9 +248,11 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     spark = build_session(cfg)
     spark.sparkContext.setLogLevel("WARN")
     try:
-        return int(run_audit(spark, cfg).exit_code)
+        outcome = run_audit(spark, cfg)
     finally:
         spark.stop()
+    print_outcome(outcome, OutputPaths.under(cfg.out, cfg.textfile), args.as_json)
+    return int(outcome.exit_code)
 
 
 if __name__ == "__main__":

@@ -36,9 +36,26 @@ def test_audit_orphans_cli_exits_11_and_writes_report(tmp_path: Path) -> None:
     assert proc.returncode == 11, proc.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())
     assert report["watermark_ms"] == WATERMARK
-    (kind, mesh, _), = expected
+    (kind, mesh, row_key), = expected
     assert report["meshes"][mesh][kind] == report["found"] == 1
     assert "audit_finished" in proc.stderr
+    # The operator sees which row, not only how many, and can see it again later.
+    assert f"{kind}  {mesh}" in proc.stdout and row_key in proc.stdout
+    show = subprocess.run([*TIDEMESH, "audit", "show", "--out", str(out)],
+                          capture_output=True, text=True, timeout=30, check=False)
+    assert show.returncode == 11, show.stderr
+    assert show.stdout == proc.stdout
+    as_json = subprocess.run([*TIDEMESH, "audit", "show", "--out", str(out), "--json"],
+                             capture_output=True, text=True, timeout=30, check=False)
+    rows = json.loads(as_json.stdout)["orphans"]
+    assert [(r["kind"], r["mesh_id"], r["row_key"]) for r in rows] == [(kind, mesh, row_key)]
+
+
+def test_audit_show_without_a_report_says_so(tmp_path: Path) -> None:
+    proc = subprocess.run([*TIDEMESH, "audit", "show", "--out", str(tmp_path / "none")],
+                          capture_output=True, text=True, timeout=30, check=False)
+    assert proc.returncode == 1
+    assert "no audit report" in proc.stderr and "audit orphans" in proc.stderr
 
 
 def test_orphan_audit_job_runs_under_spark_submit(tmp_path: Path) -> None:

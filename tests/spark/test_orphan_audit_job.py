@@ -82,6 +82,13 @@ def test_audit_planted_orphans_found_exactly_per_mesh(
         for mesh in filled.meshes.values()
     }
     assert report["found"] == len(expected)
+    # The JSON lines hold the same rows as the Parquet file, sorted; the report's sample
+    # is their head.
+    lines = [json.loads(x) for x in (out / report["orphans_jsonl"]).read_text().splitlines()]
+    assert {(r["kind"], r["mesh_id"], r["row_key"]) for r in lines} == set(found)
+    assert lines == sorted(lines, key=lambda r: (r["kind"], r["mesh_id"], r["source_table"],
+                                                 r["row_key"]))
+    assert report["sample"] == lines[:20]
     prom = (out / "tidemesh_orphan_audit.prom").read_text()
     alpha = filled.meshes["alpha"]
     alpha_total = sum(n for (mesh, _), n in per_mesh.items() if mesh == alpha)
@@ -116,7 +123,7 @@ def test_audit_clean_store_with_retention_reports_nothing(
 
 def _stable(report: dict[str, object]) -> dict[str, object]:
     return {k: v for k, v in report.items()
-            if k not in ("run_id", "orphans", "started_at_ms", "finished_at_ms")}
+            if k not in ("run_id", "orphans", "orphans_jsonl", "started_at_ms", "finished_at_ms")}
 
 
 def test_audit_rerun_replaces_outputs_and_failure_keeps_them(
