@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any, NoReturn
 
 import click
 
-from tidemesh.cli.client import DaemonNotRunning
-from tidemesh.core.errors import Conflict, TidemeshError
+from tidemesh.client import DaemonNotRunning
+from tidemesh.core.errors import Conflict, MemberRevoked, TidemeshError
 from tidemesh.core.exitcodes import Exit
 
 
@@ -18,7 +19,7 @@ def emit_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, ensure_ascii=False))
 
 
-def table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> None:
+def table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> None:
     if not rows:
         click.echo("(none)")
         return
@@ -27,6 +28,19 @@ def table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> None:
     click.echo("  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True)))
     for row in cells:
         click.echo("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)))
+
+
+def when(ms: Any) -> str:
+    """Milliseconds since the epoch as a UTC time a person reads; ``-`` for nothing."""
+    if not isinstance(ms, int | float) or isinstance(ms, bool):
+        return "-" if ms is None else str(ms)
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def readable(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A record for people: every ``*_at`` field (milliseconds since the epoch) as a time."""
+    return {k: when(v) if k.endswith("_at") and isinstance(v, int) else v
+            for k, v in row.items()}
 
 
 def text_value(value: Any) -> str:
@@ -61,6 +75,8 @@ def exit_code_for(err: TidemeshError) -> Exit:
         return Exit.NOT_RUNNING
     if isinstance(err, Conflict):
         return Exit.CONFLICT
+    if isinstance(err, MemberRevoked):
+        return Exit.REVOKED
     if 400 <= err.http_status < 500:
         return Exit.REJECTED
     return Exit.FAILURE

@@ -1,0 +1,38 @@
+"""What a command imports decides how long it takes to start (about 1 s when every command
+module was imported up front). Asserted as imports, not timings."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+HEAVY = ("aiohttp", "asyncpg", "websockets", "tidemesh.daemon.main", "tidemesh.broker",
+         "tidemesh.daemon.link", "tidemesh.daemon.coldpath", "tidemesh.storage")
+
+PROBE = "HEAVY = " + repr(HEAVY) + """
+import json, sys
+from click.testing import CliRunner
+from tidemesh.cli.main import cli
+result = CliRunner().invoke(cli, sys.argv[1:])
+heavy = sorted({m for m in sys.modules for h in HEAVY if m == h or m.startswith(h + ".")})
+print(json.dumps({"exit": result.exit_code, "heavy": heavy}))
+"""
+
+
+def _imports(*args: str) -> dict[str, object]:
+    out = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True,
+                         check=True, timeout=60)
+    return dict(json.loads(out.stdout.splitlines()[-1]))
+
+
+def test_version_loads_no_daemon_broker_or_network_code() -> None:
+    # (--help imports every listed command for its summary line; that is the price of it.)
+    assert _imports("--version") == {"exit": 0, "heavy": []}
+
+
+@pytest.mark.parametrize("args", [("daemon", "status"), ("daemon", "ps")])
+def test_looking_at_a_stopped_daemon_loads_no_daemon_internals(args: tuple[str, ...]) -> None:
+    assert _imports(*args, *(["--mesh", "nosuch"] if args[1] == "status" else []))["heavy"] == []
