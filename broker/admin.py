@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass
 
 from tidemesh.broker import config as settings
+from tidemesh.broker import running
 from tidemesh.broker.config import BrokerSettings, broker_home
 from tidemesh.broker.store import migrate
 from tidemesh.broker.store.base import Member, Mesh, Store
@@ -14,7 +15,7 @@ from tidemesh.core.invite import Invite, new_token, parse_duration_ms, token_has
 
 # What the CLI uses besides the functions below (the import contract allows it this module
 # and broker.main only).
-__all__ = ["BrokerSettings", "Store", "broker_home", "migrate", "settings"]
+__all__ = ["BrokerSettings", "Store", "broker_home", "migrate", "running", "settings"]
 
 
 def now_ms() -> int:

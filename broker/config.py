@@ -92,8 +92,12 @@ def config_file(environ: Mapping[str, str]) -> Path:
         "TIDEMESH_BROKER_CONFIG") else broker_home(environ) / "broker.toml"
 
 
+def embedded_store(environ: Mapping[str, str]) -> Path:
+    return broker_home(environ) / "broker.db"
+
+
 def store_url(settings: BrokerSettings, environ: Mapping[str, str]) -> str:
-    return settings.broker_store or f"sqlite:///{broker_home(environ) / 'broker.db'}"
+    return settings.broker_store or f"sqlite:///{embedded_store(environ)}"
 
 
 def read_file(path: Path) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import structlog
 
-from tidemesh.broker import admin
+from tidemesh.broker import admin, running
 from tidemesh.broker import log as broker_log
 from tidemesh.broker.accept import Limits
 from tidemesh.broker.config import BrokerSettings, config_file, load, read_file, store_url
@@ -135,8 +135,16 @@ def up(settings: BrokerSettings) -> None:
     """``tidemesh broker up``: serve in the foreground until SIGTERM or SIGINT."""
     broker_log.configure(settings.log_level, settings.log_format)
 
+    record = running.record_path(os.environ)
+
     def ready(port: int) -> None:
         host = settings.host_port[0]
+        # Operator commands that name no store act on this broker's (broker/running.py).
+        try:
+            running.write(record, running.RunningBroker(
+                os.getpid(), store_url(settings, os.environ), f"{host}:{port}"))
+        except OSError as exc:  # serving matters more; operators can still pass --store
+            log.warning("broker_record_not_written", path=str(record), error=str(exc))
         print(json.dumps({"event": "broker_ready", "url": f"ws://{host}:{port}", "port": port}),
               flush=True)
 
@@ -161,4 +169,5 @@ def up(settings: BrokerSettings) -> None:
     except WriterStopped:  # logged as broker_store_writer_stopped; let the manager restart us
         sys.exit(Exit.FAILURE)
     finally:
+        running.remove(record, os.getpid())
         sys.stdout.flush()

@@ -27,8 +27,11 @@ def _walk(cmd: click.Command, path: tuple[str, ...]) -> Iterator[tuple[tuple[str
                                                                        click.Command]]:
     yield path, cmd
     if isinstance(cmd, click.Group):
-        for name in sorted(cmd.commands):
-            yield from _walk(cmd.commands[name], (*path, name))
+        ctx = click.Context(cmd, info_name=path[-1])
+        for name in cmd.list_commands(ctx):      # lazy groups load their commands here
+            sub = cmd.get_command(ctx, name)
+            if sub is not None:
+                yield from _walk(sub, (*path, name))
 
 
 def _help(cmd: click.Command, path: tuple[str, ...]) -> str:

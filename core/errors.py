@@ -6,6 +6,8 @@
     │   └── TokenInQuery (400)
     ├── Unauthorized (401)
     ├── Forbidden (403)
+    │   ├── SendVetoed (403)            the pre-send hook refused; its reason in details
+    │   └── MemberRevoked (403)         an operator removed this member from the mesh
     ├── NotFound (404)
     │   └── UnknownDestination (404)    broker B2: no such topic, DM recipient or queue
     ├── MethodNotAllowed (405)
@@ -60,6 +62,14 @@ class Forbidden(TidemeshError):
     http_status = 403
 
 
+class SendVetoed(Forbidden):
+    code = "send_vetoed"
+
+
+class MemberRevoked(Forbidden):
+    code = "member_revoked"
+
+
 class NotFound(TidemeshError):
     code = "not_found"
     http_status = 404
@@ -107,8 +117,8 @@ _BY_CODE: dict[str, type[TidemeshError]] = {
     cls.code: cls
     for cls in (
         TidemeshError, InvalidRequest, IdempotencyKeyMismatch, TokenInQuery, Unauthorized,
-        Forbidden, NotFound, UnknownDestination, MethodNotAllowed, Conflict, IdempotencyConflict,
-        PayloadTooLarge, Busy, Unavailable, InsufficientStorage,
+        Forbidden, MemberRevoked, NotFound, UnknownDestination, MethodNotAllowed, Conflict,
+        IdempotencyConflict, PayloadTooLarge, Busy, Unavailable, InsufficientStorage,
     )
 }
 

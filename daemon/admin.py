@@ -1,19 +1,53 @@
 """The daemon's admin facade: everything the CLI may use of the daemon besides starting it
-(``daemon.main``). A running daemon is reached over IPC only (``cli/client.py``); what is
+(``daemon.main``). A running daemon is reached over IPC only (``tidemesh.client``); what is
 here works on a daemon's files while it is stopped, joins a mesh, checks the lock and the
 host, reads settings, and sends on the cold path. The import contract in pyproject.toml
 allows the CLI exactly this module and ``daemon.main``."""
 
 from __future__ import annotations
 
-from tidemesh.daemon import coldpath, offline
-from tidemesh.daemon import config as settings
-from tidemesh.daemon.identity import accept_host, current_host_fingerprint
-from tidemesh.daemon.join import join
-from tidemesh.daemon.link import LinkError
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from tidemesh.daemon.lock import holder_pid, is_held
-from tidemesh.daemon.log import configure as configure_logging
-from tidemesh.daemon.log import under_service_manager
+
+if TYPE_CHECKING:
+    from tidemesh.daemon import coldpath, offline, revocation
+    from tidemesh.daemon import config as settings
+    from tidemesh.daemon.hooks.dryrun import dry_run as dry_run_hook
+    from tidemesh.daemon.hooks.files import describe as describe_hooks
+    from tidemesh.daemon.identity import accept_host, current_host_fingerprint
+    from tidemesh.daemon.join import join
+    from tidemesh.daemon.link import LinkError
+    from tidemesh.daemon.log import configure as configure_logging
+    from tidemesh.daemon.log import under_service_manager
+
+# Loaded on first use: a command that only checks the lock (status, ps, down) should not
+# import the WebSocket link, the cold path and the stores (about 0.4 s) to do it.
+_LAZY = {
+    "coldpath": ("tidemesh.daemon.coldpath", None),
+    "offline": ("tidemesh.daemon.offline", None),
+    "revocation": ("tidemesh.daemon.revocation", None),
+    "settings": ("tidemesh.daemon.config", None),
+    "dry_run_hook": ("tidemesh.daemon.hooks.dryrun", "dry_run"),
+    "describe_hooks": ("tidemesh.daemon.hooks.files", "describe"),
+    "accept_host": ("tidemesh.daemon.identity", "accept_host"),
+    "current_host_fingerprint": ("tidemesh.daemon.identity", "current_host_fingerprint"),
+    "join": ("tidemesh.daemon.join", "join"),
+    "LinkError": ("tidemesh.daemon.link", "LinkError"),
+    "configure_logging": ("tidemesh.daemon.log", "configure"),
+    "under_service_manager": ("tidemesh.daemon.log", "under_service_manager"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        module, attr = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    loaded = importlib.import_module(module)
+    return loaded if attr is None else getattr(loaded, attr)
+
 
 __all__ = [
     "LinkError",
@@ -21,10 +55,13 @@ __all__ = [
     "coldpath",
     "configure_logging",
     "current_host_fingerprint",
+    "describe_hooks",
+    "dry_run_hook",
     "holder_pid",
     "is_held",
     "join",
     "offline",
+    "revocation",
     "settings",
     "under_service_manager",
 ]

@@ -18,10 +18,11 @@ from tidemesh.core.ids import new_ulid
 from tidemesh.core.paths import DaemonPaths
 from tidemesh.core.sealing import seal
 from tidemesh.core.send import DestinationKind, parse_send_request
+from tidemesh.daemon import revocation
 from tidemesh.daemon.api.validation import checked
 from tidemesh.daemon.identity import load_or_create_keypair
 from tidemesh.daemon.join import MeshConfig
-from tidemesh.daemon.link import BrokerLink, LinkError
+from tidemesh.daemon.link import BrokerLink, HandshakeRejected, LinkError
 
 
 def send(paths: DaemonPaths, request: dict[str, Any], client_message_id: str | None,
@@ -30,6 +31,9 @@ def send(paths: DaemonPaths, request: dict[str, Any], client_message_id: str | N
     if not paths.mesh_file.exists() or not paths.keypair.exists():
         raise NotFound("no daemon is running and this host has not joined the mesh; run "
                        "`tidemesh daemon join INVITE` then `tidemesh daemon up`")
+    revoked = revocation.load(paths.revoked_file)
+    if revoked is not None:
+        raise revoked.error()
     req = parse_send_request(checked("send_request.schema.json", request), client_message_id)
     cmid = req.client_message_id or new_ulid()
     keypair, _ = load_or_create_keypair(paths.keypair)
@@ -39,11 +43,19 @@ def send(paths: DaemonPaths, request: dict[str, Any], client_message_id: str | N
     mesh = MeshConfig.load(paths.mesh_file)
     try:
         answer = asyncio.run(_send(mesh, keypair.signing_key, cmid, req.to_payload(), timeout))
+    except HandshakeRejected as exc:
+        if exc.reason != revocation.REASON:
+            raise _unreachable(mesh, exc, cmid) from exc
+        raise revocation.record(paths.revoked_file, mesh.mesh).error() from exc
     except (LinkError, TimeoutError) as exc:
-        raise Unavailable(f"the broker at {mesh.broker_url} could not be reached ({exc}); "
-                          f"nothing is queued on the cold path: retry with --id {cmid}",
-                          client_message_id=cmid) from exc
+        raise _unreachable(mesh, exc, cmid) from exc
     return _result(answer, cmid)
+
+
+def _unreachable(mesh: MeshConfig, exc: Exception, cmid: str) -> Unavailable:
+    return Unavailable(f"the broker at {mesh.broker_url} could not be reached ({exc}); "
+                       f"nothing is queued on the cold path: retry with --id {cmid}",
+                       client_message_id=cmid)
 
 
 async def _send(mesh: MeshConfig, key: Any, cmid: str, payload: dict[str, Any],

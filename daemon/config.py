@@ -47,6 +47,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("reconnect.initial_backoff_ms", int, 500, "First retry delay to the broker."),
     Setting("reconnect.max_backoff_ms", int, 30000, "Longest retry delay to the broker."),
     Setting("reconnect.jitter_pct", int, 25, "Random spread of each retry delay, in percent."),
+    Setting("hooks.enabled", bool, True, "Run the executables of the hooks/ folder that "
+            "hooks.toml enables (docs/daemon.md, Hooks)."),
+    Setting("hooks.concurrency", int, 8, "Most hook processes running at once."),
     Setting("log.level", str, "info", "debug, info, warning or error.", reloadable=True),
     Setting("log.format", str, "auto", "json, console, or auto (console on a TTY)."),
     Setting("log.file", str, None, "Append JSON lines to this file, rotated by size; unset: "
@@ -85,6 +88,8 @@ class DaemonSettings:
     reconnect_initial_backoff_ms: int
     reconnect_max_backoff_ms: int
     reconnect_jitter_pct: int
+    hooks_enabled: bool
+    hooks_concurrency: int
     log_level: str
     log_format: str
     log_file: str | None

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from tidemesh.core import invite as invites
 from tidemesh.core.paths import DaemonPaths
+from tidemesh.daemon import revocation
 from tidemesh.daemon.identity import load_or_create_keypair, write_private
 from tidemesh.daemon.link import BrokerLink
 
@@ -47,4 +48,5 @@ async def join(invite_text: str, paths: DaemonPaths, display_name: str | None = 
     config = MeshConfig(url, inv.mesh_id, link.hello_ack["mesh_name"], keypair.public_hex,
                         int(time.time() * 1000))
     write_private(paths.mesh_file, {"version": 1, **asdict(config)})
+    revocation.clear(paths.revoked_file)   # accepted again: an old revocation no longer holds
     return config

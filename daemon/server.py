@@ -36,18 +36,14 @@ class IpcServer:
         self.runner = web.AppRunner(app, access_log=None, shutdown_timeout=shutdown_timeout,
                                     handle_signals=False)
         self.bound_port: int | None = None
+        self._unix_site: web.UnixSite | None = None
+        # (st_dev, st_ino) of the socket file we bound: a file at the path with another
+        # identity is not ours (deleted and replaced), and nobody can connect through it.
+        self.socket_identity: tuple[int, int] | None = None
 
     async def start(self) -> None:
         await self.runner.setup()
-        # We hold the instance lock, so a socket file left here is a dead daemon's.
-        with contextlib.suppress(FileNotFoundError):
-            self.socket_path.unlink()
-        old_umask = os.umask(0o177)
-        try:
-            await web.UnixSite(self.runner, str(self.socket_path), backlog=ACCEPT_BACKLOG).start()
-        finally:
-            os.umask(old_umask)
-        os.chmod(self.socket_path, 0o600)
+        await self._bind_unix()
         if self.tcp_port is not None:
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -55,6 +51,27 @@ class IpcServer:
             self.bound_port = sock.getsockname()[1]
             await web.SockSite(self.runner, sock, backlog=ACCEPT_BACKLOG).start()
         log.info("ipc_listening", socket=str(self.socket_path), tcp_port=self.bound_port)
+
+    async def _bind_unix(self) -> None:
+        # We hold the instance lock, so a socket file left here is a dead daemon's (or one
+        # that replaced ours: see rebind_unix).
+        with contextlib.suppress(FileNotFoundError):
+            self.socket_path.unlink()
+        old_umask = os.umask(0o177)
+        try:
+            site = web.UnixSite(self.runner, str(self.socket_path), backlog=ACCEPT_BACKLOG)
+            await site.start()
+        finally:
+            os.umask(old_umask)
+        os.chmod(self.socket_path, 0o600)
+        st = os.stat(self.socket_path)
+        self._unix_site, self.socket_identity = site, (st.st_dev, st.st_ino)
+
+    async def rebind_unix(self) -> None:
+        """Listen on a fresh socket file; connections already open go on over the old one."""
+        if self._unix_site is not None:
+            await self._unix_site.stop()
+        await self._bind_unix()
 
     async def stop(self) -> None:
         """Stop accepting, let in-flight requests finish (up to the timeout), remove the socket."""

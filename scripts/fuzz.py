@@ -113,8 +113,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-examples", type=int, default=4000,
                         help="schemathesis examples per operation and phase (default 4000)")
-    parser.add_argument("--ws-examples", type=int, default=20000,
-                        help="frame batches for the WebSocket fuzzer (default 20000; 0 skips it)")
+    parser.add_argument("--ws-examples", type=int, default=30000,
+                        help="frame batches for the WebSocket fuzzer (default 30000; 0 skips it)")
     opts = parser.parse_args()
     # Short: the daemon's socket path must stay under the OS limit of about 104 bytes.
     root = Path(tempfile.mkdtemp(prefix="tm-fuzz-", dir="/tmp"))

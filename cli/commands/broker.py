@@ -1,12 +1,15 @@
 """``tidemesh broker up|migrate|mesh|invite|member|topic`` and ``tidemesh daemon join``.
 
 Operator commands talk to the broker's store directly (the cold path); they share the
-broker's settings (``--store`` > ``TIDEMESH_BROKER_STORE`` > broker.toml > embedded SQLite).
+broker's settings (``--store`` > ``TIDEMESH_BROKER_STORE`` > broker.toml > the store of the
+broker running from this home > embedded SQLite).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import os
 import sys
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
@@ -18,6 +21,7 @@ from tidemesh.broker import main as broker_main
 from tidemesh.broker.admin import BrokerSettings, Store
 from tidemesh.broker.admin import migrate as store_migrate
 from tidemesh.cli.commands.common import json_option, paths_for
+from tidemesh.cli.lazy import LazyGroup
 from tidemesh.cli.output import emit_json, fail, table
 from tidemesh.core import invite as invites
 from tidemesh.core.errors import NotFound, TidemeshError
@@ -34,8 +38,18 @@ def _settings(flags: Mapping[str, Any]) -> BrokerSettings:
         fail(exc)
 
 
-def _run(store: str | None, fn: Callable[[Store], Awaitable[T]]) -> T:
+def _operator_settings(store: str | None) -> BrokerSettings:
+    """The broker's settings, with the store a command acts on when none is named: the
+    running broker's, else the embedded one; stderr says which, so a wrong guess shows."""
     settings = _settings({"broker.store": store})
+    url, note = admin.running.operator_store(settings.broker_store, os.environ)
+    if note is not None:
+        click.echo(note, err=True)
+    return dataclasses.replace(settings, broker_store=url)
+
+
+def _run(store: str | None, fn: Callable[[Store], Awaitable[T]]) -> T:
+    settings = _operator_settings(store)
     try:
         return asyncio.run(broker_main.with_store(settings, fn))
     except TidemeshError as exc:
@@ -45,16 +59,20 @@ def _run(store: str | None, fn: Callable[[Store], Awaitable[T]]) -> T:
 
 
 store_option = click.option("--store", default=None, metavar="URL",
-                            help="sqlite:///PATH or postgresql://…; default: embedded SQLite.")
+                            help="sqlite:///PATH or postgresql://…; default: the store of the "
+                                 "broker running from this home, else embedded SQLite.")
 
 
-@click.group("broker")
+@click.group("broker", cls=LazyGroup, lazy_subcommands={
+    "install-service": "tidemesh.cli.commands.service:broker_install",
+    "uninstall-service": "tidemesh.cli.commands.service:broker_uninstall"})
 def broker_group() -> None:
     """Run and administer the broker."""
 
 
 @broker_group.command("up")
-@store_option
+@click.option("--store", default=None, metavar="URL",
+              help="sqlite:///PATH or postgresql://…; default: embedded SQLite.")
 @click.option("--listen", default=None, metavar="HOST:PORT", help="Where to listen.")
 @click.option("--public-url", default=None, help="ws(s):// address to print into invites.")
 def up(store: str | None, listen: str | None, public_url: str | None) -> None:

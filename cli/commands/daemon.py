@@ -1,4 +1,5 @@
-"""``tidemesh daemon up|down|status|version|accept-host``."""
+"""``tidemesh daemon up|down|restart|status|version|accept-host`` (``--all`` for every
+joined mesh); ``ps`` and ``logs`` are in ``fleet``."""
 
 from __future__ import annotations
 
@@ -7,55 +8,119 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import click
 
 import tidemesh
-from tidemesh.cli.client import DaemonClient, DaemonNotRunning
-from tidemesh.cli.commands.common import client_for, json_option, mesh_option, paths_for
+from tidemesh.cli.commands.common import (
+    all_option,
+    client_for,
+    json_option,
+    mesh_option,
+    paths_for,
+)
+from tidemesh.cli.lazy import LazyGroup
 from tidemesh.cli.output import emit_json, fail, fields
+from tidemesh.client import Client, DaemonNotRunning
+from tidemesh.client.endpoint import joined_meshes
 from tidemesh.core.errors import TidemeshError
 from tidemesh.core.exitcodes import Exit
 from tidemesh.core.paths import DaemonPaths
 from tidemesh.core.settings import ConfigError
 from tidemesh.daemon import admin
-from tidemesh.daemon import main as daemon_main
 
 START_TIMEOUT_S = 20.0
 
 
-@click.group("daemon")
+C = "tidemesh.cli.commands."
+SUBCOMMANDS = {
+    "outbox": C + "outbox:outbox_group",
+    "inbox": C + "outbox:inbox_group",
+    "hooks": C + "hooks:hooks_group",
+    "ps": C + "fleet:ps",
+    "logs": C + "fleet:logs",
+    "join": C + "broker:join_cmd",
+    "install-service": C + "service:daemon_install",
+    "uninstall-service": C + "service:daemon_uninstall",
+}
+
+
+@click.group("daemon", cls=LazyGroup, lazy_subcommands=SUBCOMMANDS)
 def daemon_group() -> None:
     """Run and operate the per-host daemon."""
 
 
 @daemon_group.command("up")
+@all_option
 @mesh_option
 @click.option("--foreground", is_flag=True, help="Run in this process instead of detaching.")
 @click.option("--no-tcp", is_flag=True, help="Serve only the Unix socket.")
 @click.option("--http-port", type=int, default=None, help="Loopback TCP port (0 = any free).")
 @click.option("--log-file", default=None, metavar="PATH",
               help="Write JSON log lines to PATH, rotated by size (setting log.file).")
-def up(mesh: str, foreground: bool, no_tcp: bool, http_port: int | None,
-       log_file: str | None) -> None:
-    """Start the daemon (detached unless --foreground)."""
+@json_option
+def up(all_meshes: bool, mesh: str, foreground: bool, no_tcp: bool, http_port: int | None,
+       log_file: str | None, as_json: bool) -> None:
+    """Start the daemon (detached unless --foreground); --all starts every joined mesh's.
+
+    With --json, prints {mesh, pid, socket, started} ({"items": [...]} with --all)."""
+    if all_meshes:
+        if foreground or http_port is not None or log_file is not None:
+            raise click.UsageError("--all starts detached daemons with their own settings; "
+                                   "--foreground, --http-port and --log-file name one daemon")
+        started: list[dict[str, object]] = []
+        code = _each_mesh(lambda m: _up_one(m, no_tcp, started, as_json))
+        if as_json:
+            emit_json({"items": started})
+        sys.exit(int(code))
     flags = {"ipc.tcp_enabled": False if no_tcp else None, "ipc.http_port": http_port,
              "log.file": log_file}
     # A child detached from a service manager's process would escape its supervision: the
     # manager sees its main process exit and stops the service.
     if foreground or admin.under_service_manager(os.environ):
+        if _revoked(paths_for(mesh)):
+            sys.exit(int(Exit.REVOKED))
+        from tidemesh.daemon import main as daemon_main  # the daemon itself: only to run it
+
         sys.exit(daemon_main.run(mesh, os.environ, flags))
-    sys.exit(int(_start_detached(mesh, no_tcp, http_port, log_file)))
+    report: list[dict[str, object]] = []
+    code = _start_detached(mesh, no_tcp, http_port, log_file, report, as_json)
+    if as_json and report:
+        emit_json(report[0])
+    sys.exit(int(code))
 
 
-def _start_detached(mesh: str, no_tcp: bool, http_port: int | None,
-                    log_file: str | None) -> Exit:
+def _each_mesh(action: Callable[[str], Exit]) -> Exit:
+    """Run ``action`` for every joined mesh; the result is the first failure, else OK."""
+    meshes = joined_meshes()
+    if not meshes:
+        click.echo("no mesh is joined on this host (tidemesh daemon join INVITE)", err=True)
+        return Exit.NOT_RUNNING
+    results = [action(m) for m in meshes]
+    return next((r for r in results if r != Exit.OK), Exit.OK)
+
+
+def _up_one(mesh: str, no_tcp: bool, report: list[dict[str, object]], as_json: bool) -> Exit:
+    code = _start_detached(mesh, no_tcp, None, None, report, as_json)
+    return Exit.OK if code == Exit.ALREADY_RUNNING else code
+
+
+def _start_detached(mesh: str, no_tcp: bool, http_port: int | None, log_file: str | None,
+                    report: list[dict[str, object]] | None = None,
+                    as_json: bool = False) -> Exit:
+    """Start a detached daemon and wait for it to answer; appends {mesh, pid, socket,
+    started} to ``report`` when it runs (``started`` false: it already ran)."""
     paths = paths_for(mesh)
+    report = [] if report is None else report
     if admin.is_held(paths.lock_file):
-        click.echo(f"a daemon for mesh {mesh} is already running "
-                   f"(pid {admin.holder_pid(paths.lock_file)})", err=True)
+        pid = admin.holder_pid(paths.lock_file)
+        report.append({"mesh": mesh, "pid": pid, "socket": str(paths.socket), "started": False})
+        click.echo(f"a daemon for mesh {mesh} is already running (pid {pid})", err=True)
         return Exit.ALREADY_RUNNING
+    if _revoked(paths):
+        return Exit.REVOKED
     for d in paths.folders:
         d.mkdir(parents=True, exist_ok=True, mode=0o700)
     argv = [sys.executable, "-m", "tidemesh", "daemon", "up", "--foreground", "--mesh", mesh]
@@ -68,15 +133,28 @@ def _start_detached(mesh: str, no_tcp: bool, http_port: int | None,
         child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=errf, stderr=errf,
                                  start_new_session=True, env={**os.environ,
                                                               "TIDEMESH_LOG_FORMAT": "json"})
-    return _wait_ready(child, paths)
+    code = _wait_ready(child, paths, quiet=as_json)
+    if code == Exit.OK:
+        report.append({"mesh": mesh, "pid": child.pid, "socket": str(paths.socket),
+                       "started": True})
+    return code
+
+
+def _revoked(paths: DaemonPaths) -> bool:
+    """Say so when an operator removed this member: starting again cannot help."""
+    found = admin.revocation.load(paths.revoked_file)
+    if found is not None:
+        click.echo(f"error: {found.message}", err=True)
+    return found is not None
 
 
 def _stderr_file(paths: DaemonPaths) -> Path:
     return paths.state_dir / "daemon.stderr.log"
 
 
-def _wait_ready(child: subprocess.Popen[bytes], paths: DaemonPaths) -> Exit:
-    client = DaemonClient(paths.socket, timeout=1.0)
+def _wait_ready(child: subprocess.Popen[bytes], paths: DaemonPaths, quiet: bool = False
+                ) -> Exit:
+    client = Client(paths.socket, timeout=1.0)
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         code = child.poll()
@@ -84,13 +162,17 @@ def _wait_ready(child: subprocess.Popen[bytes], paths: DaemonPaths) -> Exit:
             click.echo(f"the daemon exited during start-up with code {code}; see {paths.log_file}",
                        err=True)
             _tail(paths)
+            if code == Exit.REVOKED:
+                _revoked(paths)
             return Exit(code) if code in Exit._value2member_map_ else Exit.FAILURE
         try:
             v = client.version()
         except DaemonNotRunning:
             time.sleep(0.05)
             continue
-        click.echo(f"daemon started: mesh {v['mesh']}, pid {child.pid}, socket {paths.socket}")
+        if not quiet:
+            click.echo(f"daemon started: mesh {v['mesh']}, pid {child.pid}, "
+                       f"socket {paths.socket}")
         return Exit.OK
     click.echo(f"the daemon did not answer within {START_TIMEOUT_S:.0f} s; see {paths.log_file}",
                err=True)
@@ -107,34 +189,63 @@ def _tail(paths: DaemonPaths, lines: int = 5) -> None:
             click.echo("  " + line, err=True)
 
 
+timeout_option = click.option(
+    "--timeout", type=float, default=None,
+    help="Seconds to wait for the drain before giving up; default: the daemon's "
+         "shutdown.grace_s plus 10.")
+
+
 @daemon_group.command("down")
+@all_option
 @mesh_option
-@click.option("--timeout", type=float, default=None,
-              help="Seconds to wait for the drain before giving up; default: the daemon's "
-                   "shutdown.grace_s plus 10.")
-def down(mesh: str, timeout: float | None) -> None:
-    """Stop the daemon gracefully: finish in-flight work, remove the socket, exit 0."""
+@timeout_option
+def down(all_meshes: bool, mesh: str, timeout: float | None) -> None:
+    """Stop the daemon gracefully: finish in-flight work, remove the socket, exit 0;
+    --all stops every joined mesh's."""
+    if all_meshes:
+        sys.exit(int(_each_mesh(lambda m: _stop(m, timeout, quiet_if_stopped=True))))
+    sys.exit(int(_stop(mesh, timeout)))
+
+
+@daemon_group.command("restart")
+@all_option
+@mesh_option
+@timeout_option
+def restart(all_meshes: bool, mesh: str, timeout: float | None) -> None:
+    """Stop the daemon gracefully, then start it again detached (with daemon.toml's
+    settings; flags given to the earlier `daemon up` are not kept)."""
+    def again(m: str) -> Exit:
+        stopped = _stop(m, timeout, quiet_if_stopped=True)
+        return stopped if stopped != Exit.OK else _start_detached(m, False, None, None)
+
+    sys.exit(int(_each_mesh(again) if all_meshes else again(mesh)))
+
+
+def _stop(mesh: str, timeout: float | None, quiet_if_stopped: bool = False) -> Exit:
     paths = paths_for(mesh)
     pid = admin.holder_pid(paths.lock_file)
     if not admin.is_held(paths.lock_file) or pid is None:
         click.echo(f"no daemon is running for mesh {mesh}")
-        sys.exit(int(Exit.NOT_RUNNING))
+        return Exit.OK if quiet_if_stopped else Exit.NOT_RUNNING
     if timeout is None:
         timeout = _grace_s(mesh) + 10.0
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if not admin.is_held(paths.lock_file):
-            click.echo(f"daemon stopped (pid {pid})")
-            return
+            click.echo(f"daemon stopped: mesh {mesh} (pid {pid})")
+            return Exit.OK
         time.sleep(0.05)
-    click.echo(f"daemon (pid {pid}) did not stop within {timeout:.0f} s", err=True)
-    sys.exit(int(Exit.FAILURE))
+    click.echo(f"daemon of mesh {mesh} (pid {pid}) did not stop within {timeout:.0f} s",
+               err=True)
+    return Exit.FAILURE
 
 
 def _grace_s(mesh: str) -> float:
     """The drain deadline the daemon reads, so `down` waits at least as long as it drains."""
     try:
+        from tidemesh.daemon import main as daemon_main
+
         return float(daemon_main.prepare(mesh, os.environ, {}).settings.shutdown_grace_s)
     except ConfigError:
         return 30.0
@@ -144,7 +255,8 @@ def _grace_s(mesh: str) -> float:
 @mesh_option
 @json_option
 def status(mesh: str, as_json: bool) -> None:
-    """Show whether the daemon runs and is healthy (exit 0 healthy, 3 not running, 6 unhealthy)."""
+    """Show whether the daemon runs and is healthy (exit 0 healthy, 3 not running, 6 unhealthy,
+    12 revoked from the mesh)."""
     paths = paths_for(mesh)
     report: dict[str, object] = {
         "running": False, "mesh": mesh, "pid": None, "socket": str(paths.socket),
@@ -153,6 +265,7 @@ def status(mesh: str, as_json: bool) -> None:
         "version": tidemesh.__version__,
     }
     code = Exit.NOT_RUNNING
+    revoked = None
     try:
         health = client_for(mesh, timeout=3.0).health()
     except DaemonNotRunning:
@@ -164,6 +277,9 @@ def status(mesh: str, as_json: bool) -> None:
                                  "message": "the daemon holds its lock but its socket does "
                                             "not answer"})
             code = Exit.UNHEALTHY
+        elif (revoked := admin.revocation.load(paths.revoked_file)) is not None:
+            report.update(revoked=True, error=revoked.error().to_body()["error"])
+            code = Exit.REVOKED
     except TidemeshError as exc:
         report["error"] = exc.to_body()["error"]
         health = None
@@ -178,6 +294,8 @@ def status(mesh: str, as_json: bool) -> None:
         emit_json(report)
     else:
         fields(report)
+        if revoked is not None:
+            click.echo(f"error: {revoked.message}", err=True)
     sys.exit(int(code))
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import click
 
-from tidemesh.cli.client import DaemonClient
+from tidemesh.client import Client, Event
 from tidemesh.core.paths import daemon_paths
 
 MESH = "demo"
@@ -64,8 +64,8 @@ def _broker(home: Path, store: str, port: int) -> Iterator[subprocess.Popen[byte
             proc.wait(15)
 
 
-def _client(home: Path) -> DaemonClient:
-    return DaemonClient(daemon_paths(MESH, {"TIDEMESH_HOME": str(home)}).socket)
+def _client(home: Path) -> Client:
+    return Client.for_mesh(MESH, environ={"TIDEMESH_HOME": str(home)})
 
 
 def _wait(what: str, check: object, timeout: float = 30.0) -> None:
@@ -135,7 +135,8 @@ def _run(homes: dict[str, Path], store: str, port: int) -> None:
     _step("bob's event stream (GET /v1/events, resumable by id)")
     for ev in bob.events(since=0, idle_timeout=1.0):
         detail = ev.data.get("body") or ev.data.get("state")
-        click.echo(f"    id {ev.id if ev.id is not None else '-':>3}  {ev.type:14} {detail!r}")
+        ev_id = ev.id if isinstance(ev, Event) else "-"
+        click.echo(f"    id {ev_id:>3}  {ev.type:14} {detail!r}")
     counts = alice.outbox_list()["counts"]
     _step("alice's outbox: " + ", ".join(f"{k}={v}" for k, v in counts.items()))
 

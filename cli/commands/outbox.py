@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import click
 
-from tidemesh.cli.client import DaemonNotRunning
 from tidemesh.cli.commands.common import client_for, json_option, mesh_option, paths_for
-from tidemesh.cli.output import emit_json, fail, fields, table
+from tidemesh.cli.output import emit_json, fail, fields, readable, table
+from tidemesh.client import DaemonNotRunning
 from tidemesh.core.errors import InvalidRequest, TidemeshError
 from tidemesh.daemon import main as daemon_main
 from tidemesh.daemon.admin import offline
@@ -47,7 +48,7 @@ def list_cmd(mesh: str, limit: int, as_json: bool, **flags: bool) -> None:
     status = _status_filter(flags)
     try:
         try:
-            data = client_for(mesh).outbox_list(status, limit)
+            data: Mapping[str, Any] = client_for(mesh).outbox_list(status, limit)
         except DaemonNotRunning:
             data = offline.outbox_list(paths_for(mesh).outbox_db, status, limit)
     except TidemeshError as exc:
@@ -55,8 +56,8 @@ def list_cmd(mesh: str, limit: int, as_json: bool, **flags: bool) -> None:
     if as_json:
         emit_json(data)
         return
-    table(data["items"], ["id", "client_message_id", "status", "attempts", "enqueued_at",
-                          "last_error"])
+    table([readable(r) for r in data["items"]],
+          ["id", "client_message_id", "status", "attempts", "enqueued_at", "last_error"])
     click.echo("counts: " + ", ".join(f"{k}={v}" for k, v in data["counts"].items()))
 
 
@@ -77,7 +78,7 @@ def inspect_cmd(mesh: str, row_id: str, as_json: bool) -> None:
         emit_json(row)
         return
     request = row.get("request") or {}
-    fields({**{k: v for k, v in row.items() if k not in ("chain", "request")},
+    fields({**readable({k: v for k, v in row.items() if k not in ("chain", "request")}),
             "chain": " → ".join(f"[{i}]" if i == row_id else i for i in row["chain"])})
     click.echo("request (as sent to the broker; a DM's body is sealed):")
     click.echo("\n".join("  " + line for line in json.dumps(
@@ -125,7 +126,7 @@ def requeue_cmd(mesh: str, row_id: str, new_client_id: str | None, auto: bool,
                f"with client_message_id {result['new_client_message_id']}")
 
 
-def prune_command(which: str) -> click.Command:
+def prune_command(which: Literal["outbox", "inbox"]) -> click.Command:
     """``outbox prune`` and ``inbox prune``: retention now, over IPC or on the files."""
     @click.command("prune", help=f"Delete what {which} retention lets go now (docs/daemon.md, "
                                   "'What the daemon keeps'); works with the daemon down too.")
@@ -135,7 +136,7 @@ def prune_command(which: str) -> click.Command:
     def prune_cmd(mesh: str, dry_run: bool, as_json: bool) -> None:
         try:
             try:
-                result = client_for(mesh).prune(which, dry_run)
+                result: Mapping[str, Any] = client_for(mesh).prune(which, dry_run)
             except DaemonNotRunning:
                 paths = paths_for(mesh)
                 settings = daemon_main.prepare(mesh, os.environ, {}).retention

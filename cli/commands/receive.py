@@ -8,7 +8,9 @@ from typing import Any
 import click
 
 from tidemesh.cli.commands.common import client_for, json_option, mesh_option
-from tidemesh.cli.output import emit_json, fail, fields, table
+from tidemesh.cli.output import emit_json, fail, fields, table, when
+from tidemesh.client import Event
+from tidemesh.client.calls import Kind
 from tidemesh.core.errors import TidemeshError
 
 
@@ -28,9 +30,9 @@ def inbox_cmd(mesh: str, after: int | None, limit: int, topic: str | None, sende
         raise click.UsageError("--ack needs --consumer")
     client = client_for(mesh)
     try:
-        page = client.inbox(after, limit, topic, sender, consumer)
+        page: dict[str, Any] = dict(client.inbox(after, limit, topic, sender, consumer))
         if ack and page["items"]:
-            page["acked"] = client.inbox_ack(str(consumer), page["items"][-1]["seq"])
+            page["acked"] = client.ack(str(consumer), page["items"][-1]["seq"])
     except TidemeshError as exc:
         fail(exc, as_json)
     if as_json:
@@ -55,13 +57,14 @@ def _short(text: str, width: int = 60) -> str:
 @json_option
 def events_cmd(mesh: str, since: int | None, idle_exit: float | None, as_json: bool) -> None:
     """Follow the daemon's event stream (message, peer_join, peer_leave, broker_status,
-    outbox_dead); one line per event."""
+    outbox_dead); one line per event. Reconnects on its own across daemon restarts."""
     try:
-        for ev in client_for(mesh).events(since, idle_exit):
+        for ev in client_for(mesh).events(since, idle_timeout=idle_exit):
+            ev_id = ev.id if isinstance(ev, Event) else None  # a Notice is not in the log
             if as_json:
-                click.echo(json.dumps({"id": ev.id, "type": ev.type, "data": ev.data}))
+                click.echo(json.dumps({"id": ev_id, "type": ev.type, "data": ev.data}))
             else:
-                click.echo(f"{ev.id if ev.id is not None else '-':>6}  {ev.type:14} "
+                click.echo(f"{ev_id if ev_id is not None else '-':>6}  {ev.type:14} "
                            f"{_summary(ev.data)}")
     except TidemeshError as exc:
         fail(exc, as_json)
@@ -76,29 +79,34 @@ def _summary(data: dict[str, Any]) -> str:
     return _short(json.dumps(data), 100)
 
 
-def _membership_group(kind: str, join_verb: str, leave_verb: str) -> click.Group:
+def _membership_group(kind: Kind, join_verb: str, leave_verb: str) -> click.Group:
     group = click.Group(kind, help=f"This member's {kind} memberships.")
 
-    def run(mesh: str, action: str, name: str, create: bool = False) -> None:
+    def run(mesh: str, action: str, name: str, as_json: bool, create: bool = False) -> None:
         try:
-            result = client_for(mesh).membership(kind, action, name, create)
+            result = client_for(mesh).membership(kind, action, name, create=create)
         except TidemeshError as exc:
-            fail(exc)
-        click.echo(f"{kind} {name}: {action} ok" if result else "")
+            fail(exc, as_json)
+        if as_json:
+            emit_json({"kind": kind, "name": name, "action": action, **dict(result or {})})
+        else:
+            click.echo(f"{kind} {name}: {action} ok")
 
-    @group.command(join_verb)
+    @group.command(join_verb, help=f"Join the {kind} NAME (the broker records it).")
     @mesh_option
     @click.argument("name")
-    def join(mesh: str, name: str) -> None:
-        run(mesh, join_verb, name)
+    @json_option
+    def join(mesh: str, name: str, as_json: bool) -> None:
+        run(mesh, join_verb, name, as_json)
 
-    @group.command(leave_verb)
+    @group.command(leave_verb, help=f"Leave the {kind} NAME.")
     @mesh_option
     @click.argument("name")
-    def leave(mesh: str, name: str) -> None:
-        run(mesh, leave_verb, name)
+    @json_option
+    def leave(mesh: str, name: str, as_json: bool) -> None:
+        run(mesh, leave_verb, name, as_json)
 
-    @group.command("list")
+    @group.command("list", help=f"The {kind}s this member belongs to, and since when (UTC).")
     @mesh_option
     @json_option
     def list_cmd(mesh: str, as_json: bool) -> None:
@@ -109,14 +117,16 @@ def _membership_group(kind: str, join_verb: str, leave_verb: str) -> click.Group
         if as_json:
             emit_json(data)
         else:
-            table(data["items"], ["name", "since"])
+            table([{**item, "since": when(item.get("since"))} for item in data["items"]],
+                  ["name", "since"])
 
     if kind == "topic":
-        @group.command("create")
+        @group.command("create", help="Create the topic NAME in the mesh and subscribe to it.")
         @mesh_option
         @click.argument("name")
-        def create(mesh: str, name: str) -> None:
-            run(mesh, "create", name)
+        @json_option
+        def create(mesh: str, name: str, as_json: bool) -> None:
+            run(mesh, "create", name, as_json)
 
     return group
 
@@ -131,7 +141,7 @@ queue_group = _membership_group("queue", "consume", "leave")
 def peers_cmd(mesh: str, as_json: bool) -> None:
     """Members connected to the broker now, with their profiles."""
     try:
-        data = client_for(mesh).request("GET", "/v1/peers").body
+        data = client_for(mesh).peers()
     except TidemeshError as exc:
         fail(exc, as_json)
     if as_json:
@@ -161,10 +171,8 @@ def profile_cmd(mesh: str, summary: str | None, status: str | None, visible: boo
     patch: dict[str, Any] = {k: v for k, v in {
         "summary": summary, "status": status, "visible": visible, "title": title, "bio": bio,
         "avatar": avatar, "capabilities": list(capabilities) or None}.items() if v is not None}
-    client = client_for(mesh)
     try:
-        data = (client.request("POST", "/v1/profile", patch).body if patch
-                else client.request("GET", "/v1/profile").body)
+        data = client_for(mesh).profile(patch)
     except TidemeshError as exc:
         fail(exc, as_json)
     if as_json:

@@ -6,14 +6,16 @@ import base64
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
-from tidemesh.cli.client import DaemonNotRunning, SendResult
+from tidemesh.cli import send_wait
 from tidemesh.cli.commands.common import client_for, json_option, mesh_option, paths_for
 from tidemesh.cli.output import emit_json, fail
+from tidemesh.client import DaemonNotRunning, SendResult
 from tidemesh.core.errors import InvalidRequest, TidemeshError
+from tidemesh.core.exitcodes import Exit
 from tidemesh.core.ids import client_message_id_problem
 from tidemesh.core.send import Destination
 from tidemesh.daemon.admin import coldpath
@@ -85,10 +87,15 @@ def build_request(to: str, body: str, encoding: str, priority: str, meta: str | 
 @click.option("--reply-to", default=None, help="broker_message_id this replies to.")
 @click.option("--id", "client_id", default=None, callback=_checked_id,
               help="client_message_id; a retry with the same id and body is sent once.")
+@click.option("--wait", is_flag=True,
+              help="Wait for the broker's outcome: exit 0 once delivered, 13 when it went "
+                   "dead (the reason is printed), 14 when still queued at --timeout.")
+@click.option("--timeout", "wait_timeout", type=click.FloatRange(min=0), default=30.0,
+              show_default=True, help="Longest --wait, in seconds.")
 @json_option
 def send_cmd(mesh: str, message: str | None, to: str, file: Path | None, as_base64: bool,
              meta: str | None, priority: str, reply_to: str | None, client_id: str | None,
-             as_json: bool) -> None:
+             wait: bool, wait_timeout: float, as_json: bool) -> None:
     """Send a message through the local daemon (or, when none answers, straight to the
     broker as the same member: the cold path); prints the outcome and the path taken."""
     body, encoding = _payload(message, file, as_base64)
@@ -97,6 +104,8 @@ def send_cmd(mesh: str, message: str | None, to: str, file: Path | None, as_base
         result, path = _deliver(mesh, req, client_id)
     except TidemeshError as exc:
         fail(exc, as_json)
+    if wait and path == "daemon":
+        _wait_then_exit(mesh, result, wait_timeout, as_json)
     if as_json:
         emit_json({**result, "path": path})
         return
@@ -114,6 +123,20 @@ def send_cmd(mesh: str, message: str | None, to: str, file: Path | None, as_base
                    f"(outbox row {result['outbox_id']}) via daemon")
 
 
+def _wait_then_exit(mesh: str, result: SendResult, timeout_s: float, as_json: bool) -> NoReturn:
+    """``--wait``: report the outbox row's final state (cli/send_wait.py) and exit with it."""
+    try:
+        row = send_wait.wait_for_row(client_for(mesh), result["outbox_id"], timeout_s)
+    except TidemeshError as exc:
+        fail(exc, as_json)
+    outcome = send_wait.outcome_of(row, timeout_s)
+    if as_json:
+        emit_json({**result, "path": "daemon", "outcome": dict(outcome.row)})
+    else:
+        click.echo(outcome.line, err=outcome.exit != Exit.OK)
+    sys.exit(int(outcome.exit))
+
+
 def _deliver(mesh: str, req: dict[str, Any], client_id: str | None) -> tuple[Any, str]:
     """The daemon if one answers a quick version probe, else the cold path."""
     try:
@@ -121,8 +144,8 @@ def _deliver(mesh: str, req: dict[str, Any], client_id: str | None) -> tuple[Any
     except DaemonNotRunning as exc:
         paths = paths_for(mesh)
         if not paths.mesh_file.exists():
-            raise DaemonNotRunning(f"{exc.message}; this host has not joined mesh {mesh} "
-                                   "either, so there is no cold path") from exc
+            raise DaemonNotRunning(f"{exc.reason}; this host has not joined mesh {mesh} "
+                                   "either, so there is no cold path", hint=exc.hint) from exc
         return coldpath.send(paths, req, client_id), "cold"
     result: SendResult = client_for(mesh).send(req, idempotency_key=client_id)
     return result, "daemon"

@@ -22,6 +22,7 @@ import click
 
 from tidemesh.broker.admin import broker_home
 from tidemesh.broker.main import settings_from as broker_settings
+from tidemesh.cli.commands.common import mesh_option
 from tidemesh.cli.output import fail
 from tidemesh.core.errors import TidemeshError
 from tidemesh.core.exitcodes import Exit
@@ -158,7 +159,9 @@ def daemon_spec(mesh: str, target: Target, environ: Mapping[str, str],
         argv += ["--log-file", str(paths.log_file)]
         log_file = str(paths.state_dir / "daemon.stderr.log")
     state_directory = _system_state_dir(env, target)
-    writable = () if state_directory else tuple(str(f) for f in folders)
+    # A folder inside another (hooks/ in the config folder) is writable through its parent.
+    writable = () if state_directory else tuple(
+        str(f) for f in folders if not any(f != g and f.is_relative_to(g) for g in folders))
     spec = ServiceSpec(
         name=f"tidemesh-daemon-{mesh}", label=f"dev.tidemesh.daemon.{mesh}",
         description=f"tidemesh daemon for mesh {mesh}", scope=target.scope, argv=tuple(argv),
@@ -166,6 +169,8 @@ def daemon_spec(mesh: str, target: Target, environ: Mapping[str, str],
         runtime_directory=runtime_directory, state_directory=state_directory,
         user=run_as if target.scope == "system" else None, log_file=log_file,
         reloads_on_sighup=True,
+        # Revoked from the mesh: every restart would be refused the same way.
+        final_exits=(int(Exit.REVOKED),),
     )
     return spec, ([] if state_directory else folders)
 
@@ -309,8 +314,7 @@ def _spec_or_fail(build: Callable[[], tuple[ServiceSpec, list[Path]]]
 
 
 @click.command("install-service")
-@click.option("--mesh", envvar="TIDEMESH_DAEMON_MESH", default="default", show_default=True,
-              help="Which mesh's daemon.")
+@mesh_option
 @target_options
 @install_options
 def daemon_install(mesh: str, scope: str, manager: str | None, unit_dir: Path | None,
@@ -322,8 +326,7 @@ def daemon_install(mesh: str, scope: str, manager: str | None, unit_dir: Path | 
 
 
 @click.command("uninstall-service")
-@click.option("--mesh", envvar="TIDEMESH_DAEMON_MESH", default="default", show_default=True,
-              help="Which mesh's daemon.")
+@mesh_option
 @target_options
 def daemon_uninstall(mesh: str, scope: str, manager: str | None, unit_dir: Path | None,
                      dry_run: bool) -> None:

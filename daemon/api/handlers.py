@@ -24,6 +24,7 @@ from tidemesh.daemon.api.keys import (
     RETENTION,
     STATE,
 )
+from tidemesh.daemon.api.responses import send_response
 from tidemesh.daemon.api.validation import checked, parse_json
 from tidemesh.daemon.records import Page
 
@@ -81,7 +82,7 @@ async def get_health(request: web.Request) -> web.Response:
 async def post_send(request: web.Request) -> web.Response:
     data = checked("send_request.schema.json", parse_json(await request.read()))
     req = parse_send_request(data, request.headers.get("Idempotency-Key"))
-    status, body = await request.app[OUTBOX].submit(req)
+    status, body = send_response(await request.app[OUTBOX].submit(req))
     return _json(body, status)
 
 

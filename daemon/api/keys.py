@@ -8,6 +8,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from tidemesh.daemon.hooks.capability import Capabilities
 from tidemesh.daemon.service.disk import DiskMonitor
 from tidemesh.daemon.service.events import EventBus
 from tidemesh.daemon.service.inbox import InboxService
@@ -90,3 +91,4 @@ MEMBERSHIP = web.AppKey("membership", MembershipService)
 PRESENCE = web.AppKey("presence", PresenceService)
 RETENTION = web.AppKey("retention", RetentionService)
 DISK = web.AppKey("disk", DiskMonitor)
+CAPABILITIES = web.AppKey("capabilities", Capabilities)

@@ -3,7 +3,8 @@
 ``ipc`` renders every failure as ``{"error": {...}}`` and never leaks a traceback, and
 enforces DESIGN §3: a token in the query is refused (400); on TCP the
 Host must be loopback and no Origin may be present (403), and a bearer token is required
-(401); more than ``max_inflight`` concurrent requests get 429.
+(401); more than ``max_inflight`` concurrent requests get 429. A hook's reply token
+(``CAPABILITIES``) allows only POST /v1/send to its one target; anything else is 403.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import hmac
 import time
 
+import orjson
 import structlog
 from aiohttp import web
 from aiohttp.typedefs import Handler
@@ -25,7 +27,9 @@ from tidemesh.core.errors import (
     TokenInQuery,
     Unauthorized,
 )
-from tidemesh.daemon.api.keys import STATE
+from tidemesh.core.hooks import capability_allows
+from tidemesh.core.send import Destination
+from tidemesh.daemon.api.keys import CAPABILITIES, STATE
 
 log = structlog.get_logger(__name__)
 
@@ -101,8 +105,9 @@ async def _guarded(request: web.Request, handler: Handler, transport: str) -> we
     if request.query_string and any(k.lower() in _TOKEN_PARAMS for k in request.query):
         log.warning("ipc_token_in_query_refused", path=request.path)
         raise TokenInQuery("tokens are accepted only in the Authorization header, never the URL")
+    capability = await _check_capability(request)
     if transport == "tcp":
-        _check_tcp(request)
+        _check_tcp(request, capability)
     if request.path in _STREAMING:
         return await handler(request)
     if state.inflight >= state.max_inflight:
@@ -114,14 +119,51 @@ async def _guarded(request: web.Request, handler: Handler, transport: str) -> we
         state.inflight -= 1
 
 
-def _check_tcp(request: web.Request) -> None:
+def _bearer(request: web.Request) -> str | None:
+    auth = request.headers.get("Authorization", "")
+    return auth.removeprefix("Bearer ").strip() if auth.startswith("Bearer ") else None
+
+
+async def _check_capability(request: web.Request) -> bool:
+    """True when the request carries a hook's reply token that allows it; raises 403 when
+    it carries one that does not (expired, another route, another target)."""
+    caps = request.app.get(CAPABILITIES)
+    token = _bearer(request)
+    if caps is None or token is None or not caps.is_capability(token):
+        return False
+    scope = caps.scope_of(token)
+    if scope is None:
+        raise Forbidden("this reply token has expired", reason="capability_expired")
+    to = None
+    if request.method == "POST" and request.path == "/v1/send":
+        to = _destination(await request.read())
+    if not capability_allows(scope, request.method, request.path, to):
+        raise Forbidden(f"this reply token allows only POST /v1/send to {scope.label}",
+                        reason="capability_scope", scope=scope.label)
+    caps.used(token)
+    return True
+
+
+def _destination(body: bytes) -> tuple[str, str] | None:
+    """The (kind, ref) a send body names; None when it names none."""
+    try:
+        raw = orjson.loads(body).get("to")
+        dest = (Destination.parse(raw) if isinstance(raw, str)
+                else Destination.checked(raw["kind"], raw["ref"]))
+    except (orjson.JSONDecodeError, TidemeshError, AttributeError, KeyError, TypeError,
+            ValueError):
+        return None
+    return dest.kind.value, dest.ref
+
+
+def _check_tcp(request: web.Request, capability: bool = False) -> None:
     state = request.app[STATE]
     if _host_only(request.headers.get("Host", "")) not in _LOOPBACK_HOSTS:
         raise Forbidden("Host header is not a loopback name", header="Host")
     if "Origin" in request.headers or "Referer" in request.headers:
         raise Forbidden("requests from web pages are refused (Origin/Referer present)",
                         header="Origin")
-    if state.public_health_check and request.path == "/v1/health":
+    if capability or (state.public_health_check and request.path == "/v1/health"):
         return
     auth = request.headers.get("Authorization", "")
     if not auth.startswith("Bearer "):

@@ -3,12 +3,14 @@ and the durable event log that SSE streams replay."""
 
 from __future__ import annotations
 
+import dataclasses
 import sqlite3
 import time
 from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+from tidemesh.core.hooks import HookPlan
 from tidemesh.daemon.service.events import EventBus
 from tidemesh.daemon.store import inbox, retention
 from tidemesh.daemon.store.db import Database
@@ -17,16 +19,21 @@ Clock = Callable[[], float]
 
 
 class InboxService:
-    def __init__(self, db: Database, bus: EventBus, clock: Clock = time.time) -> None:
+    def __init__(self, db: Database, bus: EventBus, clock: Clock = time.time,
+                 hooks: HookPlan | None = None) -> None:
         self.db = db
         self.bus = bus
         self.clock = clock
+        # The hooks an event fires are recorded in the transaction that stores it.
+        self.hooks = hooks if hooks is not None else HookPlan({}, enabled=False)
 
     def _now_ms(self) -> int:
         return int(self.clock() * 1000)
 
     async def store(self, delivery: inbox.Delivery) -> inbox.StoreResult:
         """Store one delivery (group-committed with others); publish its event after COMMIT."""
+        delivery = dataclasses.replace(
+            delivery, hooks=self.hooks.for_message(delivery.dest_kind, delivery.dest_ref))
         result = await self.db.submit(inbox.STORE, delivery)
         if result.event is not None:
             self.bus.publish(result.event)
@@ -39,7 +46,8 @@ class InboxService:
 
     async def record_event(self, type_: str, data: dict[str, Any],
                            dedupe_key: str | None = None) -> inbox.Event | None:
-        ev = inbox.NewEvent(type_, data, self._now_ms(), dedupe_key)
+        ev = inbox.NewEvent(type_, data, self._now_ms(), dedupe_key,
+                            self.hooks.for_event(type_, data))
         stored = await self.db.write(partial(inbox.add_event, ev=ev))
         if stored is not None:
             self.bus.publish(stored)

@@ -1,7 +1,8 @@
 """Use cases of the send path: accept a send, list and inspect the outbox, requeue a row.
 
-Knows nothing of HTTP: it takes validated values and returns plain dicts or raises the
-``core.errors`` tree. Never imports aiohttp or websockets.
+Knows nothing of HTTP: it takes validated values and returns plain dicts, a ``SendOutcome``
+(the HTTP layer chooses its status and body), or raises the ``core.errors`` tree. Never
+imports aiohttp or websockets.
 """
 
 from __future__ import annotations
@@ -10,24 +11,41 @@ import asyncio
 import dataclasses
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
 import orjson
 
 from tidemesh.core.accept import Action
-from tidemesh.core.errors import IdempotencyConflict, InvalidRequest
+from tidemesh.core.errors import InvalidRequest
 from tidemesh.core.fingerprint import prefix, request_fingerprint
 from tidemesh.core.ids import client_message_id_problem, new_ulid
 from tidemesh.core.outcome import Settlement
 from tidemesh.core.send import DestinationKind, SendRequest
+from tidemesh.daemon.records import BoundRow, SendKind, SendOutcome
 from tidemesh.daemon.store import outbox
 from tidemesh.daemon.store.db import Database
 
 Clock = Callable[[], float]
 # (recipient ed25519 pubkey hex, body, body_encoding) -> sealed bytes
 Sealer = Callable[[str, str, bytes, str], bytes]  # (to, client_message_id, body, enc)
+# Raises to refuse a send before it is stored (the pre-send hook: 403 send_vetoed).
+Gate = Callable[[SendRequest], Awaitable[None]]
+
+
+# The accept table's actions as the service reports them.
+KINDS = {Action.INSERT: SendKind.NEW, Action.ACCEPTED: SendKind.REPLAY,
+          Action.DUPLICATE: SendKind.DUPLICATE, Action.CONFLICT: SendKind.CONFLICT}
+
+
+def _bound(res: outbox.AcceptResult, new: outbox.NewRow) -> BoundRow:
+    """The row the id is bound to: the one this accept inserted, or the one it found."""
+    row = res.existing
+    if row is None:
+        return BoundRow(res.outbox_id, "pending", prefix(new.fingerprint))
+    return BoundRow(row.id, row.status, prefix(row.fingerprint), row.broker_message_id,
+                    row.history_id, row.last_error)
 
 
 def fingerprint_of(req: SendRequest) -> bytes:
@@ -69,8 +87,10 @@ def row_view(row: sqlite3.Row, chain: list[str] | None = None) -> dict[str, Any]
 
 class OutboxService:
     def __init__(self, db: Database, clock: Clock = time.time,
-                 sealer: Sealer | None = None, admit: Callable[[], None] | None = None) -> None:
+                 sealer: Sealer | None = None, admit: Callable[[], None] | None = None,
+                 gate: Gate | None = None) -> None:
         self.db = db
+        self.gate = gate
         self.clock = clock
         self.sealer = sealer
         # Raises (507) while new sends must be refused, e.g. under the disk floor.
@@ -102,41 +122,22 @@ class OutboxService:
         sealed = self.sealer(req.to.ref, cmid, req.body, req.body_encoding)
         return dataclasses.replace(req, body=sealed, body_encoding="base64")
 
-    async def submit(self, req: SendRequest) -> tuple[int, dict[str, Any]]:
-        """Accept one send (spec §4.5.1); returns (HTTP status, body) or raises the 409."""
+    async def submit(self, req: SendRequest) -> SendOutcome:
+        """Accept one send (spec §4.5.1): what the accept table made of it, with its row."""
         if self.admit is not None:
             self.admit()
+        if self.gate is not None:
+            await self.gate(req)
         cmid = req.client_message_id or new_ulid()
         new = self._new_row(req, cmid)
         res = await self.db.submit(outbox.ACCEPT, new)
         oc = res.outcome
-        body: dict[str, Any] = {"client_message_id": cmid, "outbox_id": res.outbox_id}
         if oc.action is Action.INSERT:
             self.accepted.set()
-        if oc.action in (Action.INSERT, Action.ACCEPTED):
-            return oc.http_status, {**body, "status": oc.status}
-        row = res.existing
-        assert row is not None
-        if oc.action is Action.DUPLICATE:
-            return oc.http_status, {
-                **body, "status": "done", "duplicate": True,
-                "broker_message_id": row.broker_message_id, "history_id": row.history_id,
-            }
-        details: dict[str, Any] = {
-            "conflict": oc.conflict,
-            "client_message_id": cmid,
-            "outbox_id": res.outbox_id,
-            "daemon_fingerprint_prefix": prefix(new.fingerprint),
-            "stored_fingerprint_prefix": prefix(row.fingerprint),
-        }
-        if oc.with_broker_id:
-            details["broker_message_id"] = row.broker_message_id
-        if oc.with_reason:
-            details["reason"] = row.last_error
-        raise IdempotencyConflict(
-            f"client_message_id {cmid!r} is already bound to outbox row {res.outbox_id} "
-            f"({row.status}); a 409 is final, send again under a new id",
-            **details,
+        return SendOutcome(
+            KINDS[oc.action], cmid, prefix(new.fingerprint), _bound(res, new),
+            queue_status=oc.status, conflict=oc.conflict, shows_broker_id=oc.with_broker_id,
+            shows_reason=oc.with_reason,
         )
 
     async def list_rows(

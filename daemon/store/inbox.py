@@ -14,7 +14,8 @@ import orjson
 from tidemesh.core.errors import InvalidRequest
 from tidemesh.daemon.records import Event as Event
 from tidemesh.daemon.records import Page as Page
-from tidemesh.daemon.store.db import BatchOp
+from tidemesh.daemon.store import hooks as hook_runs
+from tidemesh.storage.sqlite import BatchOp
 
 INBOX_COLUMNS = (
     "seq, id, mesh, sender_pubkey, sender_name, client_message_id, broker_message_id,"
@@ -44,6 +45,7 @@ class Delivery:
     seq: int
     sent_at: int
     received_at: int
+    hooks: tuple[str, ...] = ()  # the hooks its event fires, recorded with it
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +54,7 @@ class NewEvent:
     data: dict[str, Any]
     created_at: int
     dedupe_key: str | None = None
+    hooks: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +93,12 @@ def _insert_event(conn: sqlite3.Connection, ev: NewEvent, inbox_seq: int | None)
         " VALUES (?, ?, ?, ?, ?)",
         (ev.type, inbox_seq, orjson.dumps(ev.data), ev.dedupe_key, ev.created_at),
     )
-    return Event(int(cur.lastrowid or 0), ev.type, ev.data, ev.created_at)
+    event_id = int(cur.lastrowid or 0)
+    if ev.hooks:
+        # A message's hooks know it by its id; other events by their place in the log.
+        key = str(ev.data["id"]) if ev.type == "message" else f"event-{event_id}"
+        hook_runs.add_runs(conn, event_id, key, ev.hooks, ev.created_at)
+    return Event(event_id, ev.type, ev.data, ev.created_at)
 
 
 def store_many(conn: sqlite3.Connection, deliveries: Sequence[Delivery]) -> list[StoreResult]:
@@ -115,7 +123,8 @@ def store_many(conn: sqlite3.Connection, deliveries: Sequence[Delivery]) -> list
         seq = int(cur.lastrowid or 0)
         row = conn.execute(f"SELECT {INBOX_COLUMNS} FROM inbox WHERE seq = ?",  # noqa: S608
                            (seq,)).fetchone()
-        event = _insert_event(conn, NewEvent("message", entry_view(row), d.received_at), seq)
+        event = _insert_event(
+            conn, NewEvent("message", entry_view(row), d.received_at, hooks=d.hooks), seq)
         out.append(StoreResult(seq, event))
     return out
 

@@ -11,7 +11,7 @@ from typing import Any
 from tidemesh.core.accept import Action, OutboxStatus, Outcome, Prior, decide
 from tidemesh.core.errors import Conflict, NotFound
 from tidemesh.core.outcome import Kind, Settlement, expired
-from tidemesh.daemon.store.db import BatchOp
+from tidemesh.storage.sqlite import BatchOp
 
 COLUMNS = (
     "id, client_message_id, request_fingerprint, payload, dest_kind, dest_ref, enqueued_at,"

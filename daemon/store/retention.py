@@ -128,6 +128,7 @@ def events_step(conn: sqlite3.Connection, after_id: int, policy: InboxPolicy, no
     n = sum(1 for r in rows if r[0] <= through)
     if not dry_run:
         conn.execute("DELETE FROM events WHERE id <= ?", (through,))
+        conn.execute("DELETE FROM hook_runs WHERE event_id <= ?", (through,))
         _set_meta(conn, EVENTS_PRUNED_THROUGH, max(through, events_pruned_through(conn)),
                   now_ms)
     return n, through, n < limit

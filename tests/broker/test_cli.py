@@ -21,18 +21,19 @@ def runner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> CliRunner:
 def test_mesh_invite_member_commands(runner: CliRunner, tmp_path: Path) -> None:
     made = runner.invoke(cli, ["broker", "mesh", "create", "team", "--json"])
     assert made.exit_code == 0, made.output
-    mesh_id = json.loads(made.output)["id"]
+    mesh_id = json.loads(made.stdout)["id"]
     assert (tmp_path / "broker" / "broker.db").exists()
+    assert f"using the embedded store {tmp_path / 'broker' / 'broker.db'}" in made.stderr
     dup = runner.invoke(cli, ["broker", "mesh", "create", "team"])
     assert dup.exit_code == 7 and "exists already" in dup.output
     inv = runner.invoke(cli, ["broker", "invite", "create", "--mesh", "team", "--uses", "3",
                               "--expires", "2h", "--url", "wss://broker.example:443"])
     assert inv.exit_code == 0, inv.output
-    parsed = invite.decode(inv.output.strip())
+    parsed = invite.decode(inv.stdout.strip())
     assert (parsed.mesh, parsed.mesh_id, parsed.url) == ("team", mesh_id,
                                                          "wss://broker.example:443")
     members = runner.invoke(cli, ["broker", "member", "list", "--mesh", "team", "--json"])
-    assert json.loads(members.output) == []
+    assert json.loads(members.stdout) == []
     gone = runner.invoke(cli, ["broker", "member", "revoke", "--mesh", "team", "f" * 64])
     assert gone.exit_code == 8
     assert runner.invoke(cli, ["broker", "topic", "create", "--mesh", "team", "ops"]).exit_code == 0

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tidemesh.broker import running
 from tidemesh.core import invite as invites
 from tidemesh.core.paths import daemon_paths
 
@@ -125,3 +126,34 @@ def test_invites_carry_the_address_the_running_broker_serves(tmp_path: Path) -> 
     with _broker_up(ops, "--public-url", "wss://broker.example:7443"):
         made = _tm(ops, "broker", "invite", "create", "--mesh", "team")
         assert invites.decode(made.stdout).url == "wss://broker.example:7443"
+
+
+@pytest.mark.slow
+def test_operator_commands_use_the_running_brokers_store(tmp_path: Path,
+                                                         pg_database: str) -> None:
+    ops = tmp_path / "ops"
+    with _broker_up(ops, "--store", pg_database):
+        made = _tm(ops, "broker", "mesh", "create", "team")
+        assert made.returncode == 0, made.stderr
+        invite = _tm(ops, "broker", "invite", "create", "--mesh", "team")
+        assert invite.returncode == 0, invite.stderr
+        joined = _tm(tmp_path / "host", "daemon", "join", invite.stdout.strip())
+        assert joined.returncode == 0, joined.stderr
+        assert "store of the broker running as pid" in made.stderr
+        record = ops / "broker" / "running.json"
+        assert oct(stat.S_IMODE(record.stat().st_mode)) == oct(0o600), "it may hold a password"
+    assert not record.exists(), "a clean stop removes the record"
+    alone = _tm(ops, "broker", "mesh", "create", "solo")
+    assert alone.returncode == 0
+    assert f"using the embedded store {ops / 'broker' / 'broker.db'}" in alone.stderr
+
+
+def test_a_record_left_by_a_dead_broker_is_ignored(tmp_path: Path) -> None:
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    env = {"TIDEMESH_HOME": str(tmp_path)}
+    running.write(running.record_path(env),
+                  running.RunningBroker(int(gone.stdout), "postgresql://elsewhere/x", "h:1"))
+    assert running.find(env) is None
+    url, note = running.operator_store(None, env)
+    assert url == f"sqlite:///{tmp_path / 'broker' / 'broker.db'}" and "embedded" in (note or "")

@@ -14,7 +14,7 @@ from typing import Any
 
 import aiohttp
 
-from tidemesh.cli.client import DaemonClient, DaemonNotRunning
+from tidemesh.client import Client, DaemonNotRunning
 from tidemesh.core.paths import DaemonPaths, daemon_paths
 
 
@@ -31,8 +31,8 @@ class RunningDaemon:
         return daemon_paths(self.mesh, {"TIDEMESH_HOME": str(self.home)})
 
     @property
-    def client(self) -> DaemonClient:
-        return DaemonClient(self.paths.socket)
+    def client(self) -> Client:
+        return Client(self.paths.socket)
 
     @property
     def token(self) -> str:
@@ -104,7 +104,7 @@ def start_daemon(home: Path, mesh: str = "t", extra_env: dict[str, str] | None =
         if proc.poll() is not None:
             raise RuntimeError(f"daemon exited {proc.returncode}: {d.log.read_text()[-2000:]}")
         try:
-            DaemonClient(d.paths.socket, timeout=1.0).version()
+            Client(d.paths.socket, timeout=1.0).version()
             return d
         except DaemonNotRunning:
             time.sleep(0.03)

@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 
 from tests.daemon.harness import RunningDaemon, run_cli, start_daemon
-from tidemesh.cli.client import DaemonClient
+from tidemesh.client import Client
 from tidemesh.core.retention import DAY_MS, HOUR_MS, InboxPolicy
 from tidemesh.daemon.service.events import EventBus
 from tidemesh.daemon.service.inbox import InboxService
@@ -99,7 +99,7 @@ async def test_under_the_floor_sends_get_507_and_come_back_with_space(small_fs: 
     filler = small_fs / "filler"
     try:
         assert (await _send(d, "before"))[0] == 202
-        health = DaemonClient(d.paths.socket).health()
+        health = Client(d.paths.socket).health()
         assert health["disk"]["sends_refused"] is False
         assert set(health["disk"]["databases"]) == {"outbox", "inbox"}
         free = health["disk"]["free_bytes"]
@@ -108,9 +108,9 @@ async def test_under_the_floor_sends_get_507_and_come_back_with_space(small_fs: 
         status, body = await _send(d, "during")
         assert status == 507 and body["error"]["code"] == "insufficient_storage"
         assert "disk.reserved_bytes" in body["error"]["message"]
-        assert DaemonClient(d.paths.socket).health()["disk"]["sends_refused"] is True
+        assert Client(d.paths.socket).health()["disk"]["sends_refused"] is True
         assert "during" not in {r["client_message_id"] for r in d.outbox_rows()}
-        metrics = DaemonClient(d.paths.socket).metrics()
+        metrics = Client(d.paths.socket).metrics()
         assert 'cm_daemon_disk_pct{kind="outbox",mesh="t"}' in metrics
         filler.unlink()
         await asyncio.sleep(0.3)
@@ -121,7 +121,7 @@ async def test_under_the_floor_sends_get_507_and_come_back_with_space(small_fs: 
 
 def _events(d: RunningDaemon, since: int) -> list[tuple[str, dict[str, object]]]:
     return [(e.type, e.data)
-            for e in DaemonClient(d.paths.socket).events(since=since, idle_timeout=0.5)]
+            for e in Client(d.paths.socket).events(since=since, idle_timeout=0.5)]
 
 
 async def _prune_events_later(d: RunningDaemon, later_ms: int) -> None:

@@ -15,6 +15,7 @@ import pytest
 from tidemesh.core.outcome import Kind, Settlement
 from tidemesh.core.retention import DAY_MS, HOUR_MS, InboxPolicy
 from tidemesh.core.send import parse_send_request
+from tidemesh.daemon.records import SendKind
 from tidemesh.daemon.service.events import EventBus
 from tidemesh.daemon.service.inbox import InboxService
 from tidemesh.daemon.service.outbox import OutboxService
@@ -71,9 +72,9 @@ async def world(tmp_path: Path) -> AsyncIterator[World]:
 
 async def _send(w: World, cmid: str, body: str = "hi") -> str:
     req = parse_send_request({"to": "topic:ops", "body": body}, cmid)
-    status, answer = await w.outbox.submit(req)
-    assert status == 202
-    return str(answer["outbox_id"])
+    out = await w.outbox.submit(req)
+    assert out.kind is SendKind.NEW
+    return out.row.id
 
 
 async def _settle(w: World, row_id: str, kind: Kind) -> None:
@@ -123,9 +124,8 @@ async def test_a_pruned_id_is_a_fresh_send_again(world: World) -> None:
     w = world
     first = await _send(w, "again")
     await _settle(w, first, Kind.DONE)
-    status, _ = await w.outbox.submit(parse_send_request({"to": "topic:ops", "body": "hi"},
-                                                         "again"))
-    assert status == 200, "before retention, the outbox answers the retry itself"
+    out = await w.outbox.submit(parse_send_request({"to": "topic:ops", "body": "hi"}, "again"))
+    assert out.kind is SendKind.DUPLICATE, "before retention, the outbox answers the retry itself"
     w.clock.advance(MAX_AGE + MARGIN + 1)
     await w.retention.prune_outbox()
     assert await _send(w, "again") != first, "after it, the retry is queued for the broker"

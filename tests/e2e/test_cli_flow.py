@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemon.harness import run_cli
+from tests.daemon.harness import daemon_env, run_cli
 from tests.e2e.harness import Mesh, connected, inbox, pubkey, wait_for
+from tidemesh.client import Client
 from tidemesh.core.exitcodes import Exit
 
 pytestmark = pytest.mark.slow
@@ -22,9 +23,12 @@ async def test_topic_inbox_consumer_and_events_from_the_cli(mesh: Mesh, short_tm
     sub = run_cli(b.home, "topic", "subscribe", "--mesh", "m", "news")
     assert sub.returncode == Exit.REJECTED, "subscribing to a topic that does not exist fails"
     assert run_cli(a.home, "topic", "create", "--mesh", "m", "news").returncode == 0
-    assert run_cli(b.home, "topic", "subscribe", "--mesh", "m", "news").returncode == 0
+    joined = run_cli(b.home, "topic", "subscribe", "--mesh", "m", "news", "--json")
+    assert json.loads(joined.stdout)["name"] == "news", joined.stderr
     listed = json.loads(run_cli(b.home, "topic", "list", "--mesh", "m", "--json").stdout)
     assert [t["name"] for t in listed["items"]] == ["news"]
+    human = run_cli(b.home, "topic", "list", "--mesh", "m").stdout
+    assert "Z" in human.splitlines()[1], "since is a time, not epoch milliseconds"
     for i in range(3):
         res = run_cli(a.home, "send", "--mesh", "m", "--to", "topic:news", f"item {i}",
                       "--id", f"n{i}")
@@ -95,3 +99,27 @@ async def test_dm_sent_via_daemon_then_retried_on_the_cold_path_is_one_send(
     clash = run_cli(a.home, *args, "another body")
     assert clash.returncode == Exit.CONFLICT, clash.stderr
     assert [e["body"] for e in await inbox(b)] == ["sealed once"]
+
+
+async def test_the_only_joined_mesh_is_the_default_and_several_must_be_named(
+    mesh: Mesh, short_tmp: Path
+) -> None:
+    a = mesh.add("a", short_tmp)
+    await wait_for(lambda: connected(a))
+    # Joined as "m" only: no --mesh needed anywhere (the daemon, a send, status).
+    status = json.loads(run_cli(a.home, "daemon", "status", "--json").stdout)
+    assert (status["mesh"], status["running"]) == ("m", True)
+    sent = run_cli(a.home, "send", "--to", "topic:nosuch", "hi", "--id", "d1", "--json")
+    assert json.loads(sent.stdout)["path"] == "daemon", sent.stderr
+    up = run_cli(a.home, "daemon", "up")
+    assert up.returncode == Exit.ALREADY_RUNNING and "mesh m" in up.stderr, up.stderr
+    assert Client.for_mesh(environ=daemon_env(a.home)).health()["connected"] is True
+    # A second joined mesh: guessing could send to the wrong one, so commands ask.
+    other = a.home / "daemon" / "other"
+    other.mkdir(mode=0o700)
+    (other / "mesh.json").write_bytes((a.home / "daemon" / "m" / "mesh.json").read_bytes())
+    ambiguous = run_cli(a.home, "send", "--to", "topic:nosuch", "hi", "--id", "d2")
+    assert ambiguous.returncode == Exit.USAGE, ambiguous.stderr
+    assert "several meshes are joined (m, other)" in ambiguous.stderr
+    named = run_cli(a.home, "daemon", "status", "--mesh", "m", "--json")
+    assert json.loads(named.stdout)["mesh"] == "m"

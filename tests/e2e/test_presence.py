@@ -9,7 +9,7 @@ from typing import Any
 
 from tests.daemon.harness import RunningDaemon, run_cli
 from tests.e2e.harness import Mesh, connected, pubkey, wait_for
-from tidemesh.cli.client import DaemonClient
+from tidemesh.client import Client
 
 
 def _peers(d: RunningDaemon) -> list[dict[str, Any]]:
@@ -17,7 +17,7 @@ def _peers(d: RunningDaemon) -> list[dict[str, Any]]:
 
 
 def _events(d: RunningDaemon) -> list[Any]:
-    return list(DaemonClient(d.paths.socket).events(since=0, idle_timeout=0.5))
+    return list(Client(d.paths.socket).events(since=0, idle_timeout=0.5))
 
 
 async def test_profiles_peers_and_presence_events(mesh: Mesh, short_tmp: Path) -> None:

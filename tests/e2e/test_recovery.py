@@ -14,7 +14,7 @@ import pytest
 
 from tests.daemon.harness import RunningDaemon, run_cli
 from tests.e2e.harness import Broker, Mesh, connected, inbox, pubkey, wait_for
-from tidemesh.cli.client import DaemonClient
+from tidemesh.client import Client
 from tidemesh.core.sealing import UnsealError, unseal
 from tidemesh.daemon.identity import load_or_create_keypair
 from tidemesh.daemon.join import MeshConfig
@@ -36,7 +36,7 @@ async def _send(d: RunningDaemon, cid: str, body: str = "x", to: str = "topic:lo
 
 
 def _events(d: RunningDaemon, since: int = 0) -> list[Any]:
-    return list(DaemonClient(d.paths.socket).events(since=since, idle_timeout=0.5))
+    return list(Client(d.paths.socket).events(since=since, idle_timeout=0.5))
 
 
 async def _pair(mesh: Mesh, root: Path) -> tuple[RunningDaemon, RunningDaemon]:
@@ -139,7 +139,8 @@ async def test_invalid_sequence_after_broker_restored_from_backup(
     await wait_for(lambda: _bodies(b, 5))
     broker.stop()
     for f in backup.iterdir():
-        shutil.copy2(f, broker.home / f.name)
+        if f.is_file():  # the broker's own folder holds running.json, not data
+            shutil.copy2(f, broker.home / f.name)
     for extra in ("broker.db-wal", "broker.db-shm"):
         if not (backup / extra).exists():
             (broker.home / extra).unlink(missing_ok=True)

@@ -13,7 +13,7 @@ import pytest
 
 from tests.daemon.harness import RunningDaemon, start_daemon
 from tests.e2e.harness import Mesh, connected, inbox, wait_for
-from tidemesh.cli.client import DaemonClient
+from tidemesh.client import Client
 from tidemesh.core.retention import HOUR_MS
 from tidemesh.daemon.service.retention import RetentionService, RetentionSettings
 from tidemesh.daemon.stores import open_outbox
@@ -98,7 +98,7 @@ async def test_under_the_floor_a_daemon_refuses_sends_and_keeps_receiving(
     async with b.session() as s, s.post("/v1/topics/subscribe",
                                         json={"name": "ops", "create": True}) as r:
         assert r.status == 200
-    free = DaemonClient(b.paths.socket).health()["disk"]["free_bytes"]
+    free = Client(b.paths.socket).health()["disk"]["free_bytes"]
     (small_fs / "filler").write_bytes(b"\0" * (free - floor + (2 << 20)))
     await asyncio.sleep(0.3)
     assert (await _send(b, "from-b", "refused"))[0] == 507

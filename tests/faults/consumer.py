@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tidemesh.cli.client import DaemonClient
+from tidemesh.client import Client
 from tidemesh.core.errors import TidemeshError
 
 SCHEMA = """
@@ -54,7 +54,7 @@ def persist(conn: sqlite3.Connection, items: list[dict[str, Any]]) -> int:
 
 
 def run(socket_path: Path, outcomes: Path, name: str, crash_flag: Path) -> None:
-    client = DaemonClient(socket_path, timeout=5.0)
+    client = Client(socket_path, timeout=5.0)
     conn = open_outcomes(outcomes)
     while True:
         try:
@@ -71,7 +71,7 @@ def run(socket_path: Path, outcomes: Path, name: str, crash_flag: Path) -> None:
             crash_flag.unlink()
             os._exit(3)  # processed, not acked: the daemon must hand these out again
         try:
-            client.inbox_ack(name, last)
+            client.ack(name, last)
         except TidemeshError:
             time.sleep(0.1)
 

@@ -20,7 +20,7 @@ import pytest
 
 from tests.daemon.harness import RunningDaemon, daemon_env
 from tests.e2e.harness import Broker, Mesh, connected, inbox, wait_for
-from tidemesh.cli.client import DaemonClient, DaemonNotRunning
+from tidemesh.client import Client, DaemonNotRunning
 
 pytestmark = pytest.mark.slow
 LIMIT = 3 << 20  # bytes any one file of the daemon may reach while the "disk is full"
@@ -41,7 +41,7 @@ def _start_limited(home: Path) -> RunningDaemon:
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         try:
-            DaemonClient(d.paths.socket, timeout=1.0).version()
+            Client(d.paths.socket, timeout=1.0).version()
             return d
         except DaemonNotRunning:
             time.sleep(0.05)

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.daemon.harness import RunningDaemon, start_daemon
-from tidemesh.cli.client import DaemonClient
+from tidemesh.client import Client
 from tidemesh.core.errors import TidemeshError
 
 
@@ -37,7 +37,7 @@ def daemon() -> Iterator[RunningDaemon]:
         shutil.rmtree(home, ignore_errors=True)
 
 
-def _send(client: DaemonClient, key: str, body: str, topic: str) -> int:
+def _send(client: Client, key: str, body: str, topic: str) -> int:
     try:
         resp = client.request("POST", "/v1/send", {"to": f"topic:{topic}", "body": body},
                               headers={"Idempotency-Key": key})
@@ -65,7 +65,7 @@ requests = st.lists(st.tuples(st.integers(0, 3), st.sampled_from(["a", "b", "Ã¼â
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 def test_answers_follow_the_idempotency_table(daemon: RunningDaemon,
                                               seq: list[tuple[int, str, str]]) -> None:
-    client = DaemonClient(daemon.paths.socket)
+    client = Client(daemon.paths.socket)
     prefix = uuid.uuid4().hex[:12]
     first: dict[str, tuple[str, str]] = {}
     for k, body, topic in seq:
@@ -95,7 +95,7 @@ bad_keys = st.one_of(st.just(""), st.text(min_size=256, max_size=300),
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_a_bad_client_message_id_is_400_and_stores_nothing(daemon: RunningDaemon,
                                                            key: str) -> None:
-    client = DaemonClient(daemon.paths.socket)
+    client = Client(daemon.paths.socket)
     before = len(_rows(daemon, ""))
     with pytest.raises(TidemeshError) as info:
         client.request("POST", "/v1/send", {"to": "topic:ops", "body": "x",

@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import sqlite3
+import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -138,9 +139,10 @@ def _awaited(batch: list[Any]) -> Counter[str]:
     return ids
 
 
-def _drain(ws: ClientConnection, pending: Counter[str]) -> tuple[int, int | None]:
+def _drain(ws: ClientConnection, pending: Counter[str]) -> tuple[int, int | None, int]:
     """Read until every send was answered and the probe came back (or the broker closed);
-    returns (201s seen, close code). Sends are answered when committed, in any order."""
+    returns (201s seen, close code, send frames left unanswered). Sends are answered when
+    committed, in any order."""
     created = 0
     pending["probe"] += 1
     with contextlib.suppress(ConnectionClosed):
@@ -150,8 +152,9 @@ def _drain(ws: ClientConnection, pending: Counter[str]) -> tuple[int, int | None
             created += _created(frame)
             if isinstance(frame.get("id"), str) and pending[frame["id"]] > 0:
                 pending[frame["id"]] -= 1
-        return created, None
-    return created, ws.close_code
+        return created, None, 0
+    pending["probe"] = 0
+    return created, ws.close_code, sum(pending.values())
 
 
 def _dedupe_rows(db: Path) -> int:
@@ -160,6 +163,15 @@ def _dedupe_rows(db: Path) -> int:
         return int(conn.execute("SELECT COUNT(*) FROM client_message_dedupe").fetchone()[0])
     finally:
         conn.close()
+
+
+def _settled_rows(db: Path) -> int:
+    """The dedupe row count once sends still committing after a close have landed."""
+    rows, seen = _dedupe_rows(db), -1
+    while rows != seen:
+        time.sleep(0.3)
+        rows, seen = _dedupe_rows(db), rows
+    return rows
 
 
 # `make fuzz` raises this for the long run (scripts/fuzz.py); the suite keeps it short.
@@ -177,7 +189,12 @@ def test_the_broker_survives_any_frame_and_stores_only_what_it_accepted(
         with contextlib.suppress(ConnectionClosed):
             for frame in batch:
                 ws.send(json.dumps(frame) if isinstance(frame, dict) else frame)
-        created, close_code = _drain(ws, _awaited(batch))
+        created, close_code, unanswered = _drain(ws, _awaited(batch))
     assert close_code in (None, 1000, 1008), f"the broker closed with {close_code}"
     target.created += created
-    assert _dedupe_rows(target.db) == target.created, "a refused frame left a row"
+    rows = _settled_rows(target.db) if unanswered else _dedupe_rows(target.db)
+    # A send already accepted when the broker closed the connection (too many bad frames)
+    # still commits; its answer just has nowhere to go, and a daemon's retry gets 200
+    # duplicate. Such rows are bounded by the sends left unanswered, never by refused frames.
+    assert target.created <= rows <= target.created + unanswered, "a refused frame left a row"
+    target.created = rows

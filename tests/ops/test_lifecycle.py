@@ -17,7 +17,7 @@ import aiohttp
 
 from tests.daemon.harness import RunningDaemon, daemon_env, run_cli, start_daemon
 from tests.e2e.harness import Broker, Mesh, connected, wait_for
-from tidemesh.cli.client import DaemonClient
+from tidemesh.client import Client
 from tidemesh.core.exitcodes import Exit
 from tidemesh.core.paths import daemon_paths
 from tidemesh.daemon.lock import holder_pid
@@ -80,7 +80,7 @@ async def test_drain_deadline_cuts_off_stuck_work_and_exits_non_zero(short_tmp: 
 
 
 def _events_of(d: RunningDaemon, kind: str) -> list[dict[str, Any]]:
-    return [e.data for e in DaemonClient(d.paths.socket).events(since=0, idle_timeout=0.5)
+    return [e.data for e in Client(d.paths.socket).events(since=0, idle_timeout=0.5)
             if e.type == kind]
 
 

@@ -15,6 +15,7 @@ import pytest
 
 from tests.conftest import unavailable
 from tests.ops.conftest import Host
+from tidemesh.core.exitcodes import Exit
 from tidemesh.core.service_unit import ServiceSpec, ci_environment, systemd_unit
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,6 +73,17 @@ def test_generated_unit_passes_systemd_analyze_and_runs_the_console_script(
         assert "User=tidemesh" in text
     if role == "daemon":
         assert "--foreground" in program and "ExecReload=/bin/kill -HUP $MAINPID" in text
+
+
+@pytest.mark.parametrize("role", ["daemon", "broker"])
+def test_a_revoked_daemon_is_not_restarted_by_systemd(host: Host, role: str) -> None:
+    code, unit, err = host.run(*ROLES[role], "--manager", "systemd", "--dry-run")
+    assert code == 0, err
+    prevent = [line for line in unit.decode().splitlines()
+               if line.startswith("RestartPreventExitStatus=")]
+    # The broker never exits "revoked"; only the daemon's unit names the code.
+    assert prevent == ([f"RestartPreventExitStatus={int(Exit.REVOKED)}"]
+                       if role == "daemon" else [])
 
 
 def test_paths_with_blanks_and_percent_are_quoted_for_systemd(short_tmp: Path) -> None:

@@ -11,7 +11,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "importcheck.py"
-FOLDERS = ("tidemesh", "core", "daemon", "broker", "cli", "spark", "schemas", "migrations")
+FOLDERS = ("tidemesh", "core", "storage", "daemon", "broker", "cli", "client", "spark", "schemas",
+           "migrations")
 
 
 def _check(repo: Path) -> subprocess.CompletedProcess[str]:
@@ -39,7 +40,13 @@ def test_every_contract_holds_on_the_tree() -> None:
      "the daemon's HTTP layer reaches storage only through services"),
     ("cli/commands/send.py", "from tidemesh.daemon import relay as _r",
      "cli reaches daemon and broker only through their roots and admin facades"),
+    ("client/sync.py", "from tidemesh.daemon import records as _d",
+     "the SDK imports only core and itself"),
     ("core/fingerprint.py", "import tidemesh.daemon.main as _m",
+     "core imports none of tidemesh's I/O packages"),
+    ("storage/sqlite.py", "from tidemesh.daemon import relay as _r",
+     "storage (the write engines) imports only core and itself"),
+    ("core/fingerprint.py", "import tidemesh.storage.sqlite as _s",
      "core imports none of tidemesh's I/O packages"),
     ("daemon/relay.py", "from tidemesh.broker import accept as _a",
      "daemon and broker never import each other"),

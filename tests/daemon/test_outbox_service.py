@@ -1,0 +1,57 @@
+"""``OutboxService.submit`` on a real outbox.db: what the accept table made of each send,
+as a typed outcome with the row it hit; no HTTP involved (``api/responses`` maps it)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from tidemesh.core.send import SendRequest, parse_send_request
+from tidemesh.daemon.records import SendKind
+from tidemesh.daemon.service.outbox import OutboxService
+from tidemesh.daemon.stores import open_outbox
+
+
+@pytest.fixture
+async def outbox(tmp_path: Path) -> AsyncIterator[OutboxService]:
+    db = await open_outbox(tmp_path / "outbox.db", 64)
+    try:
+        yield OutboxService(db)
+    finally:
+        await db.close()
+
+
+def _req(body: str, cmid: str = "id-1") -> SendRequest:
+    return parse_send_request({"to": "topic:ops", "body": body}, cmid)
+
+
+async def test_submit_of_a_new_id_queues_a_new_pending_row(outbox: OutboxService) -> None:
+    out = await outbox.submit(_req("hi"))
+    assert (out.kind, out.queue_status, out.row.status) == (SendKind.NEW, "queued", "pending")
+    assert out.client_message_id == "id-1" and out.row.fingerprint_prefix == out.fingerprint_prefix
+    assert outbox.accepted.is_set(), "a new row wakes the sender"
+
+
+async def test_submit_of_the_same_request_again_replays_its_row(outbox: OutboxService) -> None:
+    first = await outbox.submit(_req("hi"))
+    outbox.accepted.clear()
+    again = await outbox.submit(_req("hi"))
+    assert (again.kind, again.queue_status, again.row.id) == (SendKind.REPLAY, "queued",
+                                                              first.row.id)
+    assert not outbox.accepted.is_set(), "a replay queues nothing new"
+
+
+async def test_submit_of_another_request_under_the_id_is_a_conflict(
+        outbox: OutboxService) -> None:
+    first = await outbox.submit(_req("hi"))
+    out = await outbox.submit(_req("something else"))
+    assert (out.kind, out.conflict) == (SendKind.CONFLICT, "outbox_pending_fingerprint_mismatch")
+    assert out.row.id == first.row.id
+    assert out.row.fingerprint_prefix != out.fingerprint_prefix
+
+
+async def test_submit_without_an_id_makes_one(outbox: OutboxService) -> None:
+    out = await outbox.submit(parse_send_request({"to": "topic:ops", "body": "hi"}))
+    assert out.kind is SendKind.NEW and out.client_message_id
