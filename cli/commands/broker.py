@@ -123,8 +123,12 @@ def invite_group() -> None:
 @click.option("--expires", default="7d", show_default=True, help="30m, 12h, 7d, 2w.")
 @click.option("--url", default=None, help="Broker address in the invite; default "
               "broker.public_url, else the address the broker serves (recorded when it starts).")
-def invite_create(store: str | None, mesh: str, uses: int, expires: str, url: str | None) -> None:
-    """Print an invite string for `tidemesh daemon join`."""
+@json_option
+def invite_create(store: str | None, mesh: str, uses: int, expires: str, url: str | None,
+                  as_json: bool) -> None:
+    """Print an invite string for `tidemesh daemon join`.
+
+    With --json, prints {invite, invite_id, mesh, expires_at}."""
     settings = _settings({"broker.store": store})
 
     async def make(s: Store) -> admin.CreatedInvite:
@@ -132,7 +136,12 @@ def invite_create(store: str | None, mesh: str, uses: int, expires: str, url: st
                                             broker_main.public_url(settings))
         return await admin.create_invite(s, mesh, broker_url, uses, expires)
 
-    click.echo(_run(store, make).text)
+    created = _run(store, make)
+    if as_json:
+        emit_json({"invite": created.text, "invite_id": created.invite_id, "mesh": mesh,
+                   "expires_at": created.expires_at})
+    else:
+        click.echo(created.text)
 
 
 @broker_group.group("member")
@@ -159,11 +168,17 @@ def member_list(store: str | None, as_json: bool, mesh: str) -> None:
 @store_option
 @click.option("--mesh", required=True, help="Mesh name.")
 @click.argument("pubkey")
-def member_revoke(store: str | None, mesh: str, pubkey: str) -> None:
-    """Revoke a member: its connections close (4002) and it can never connect again."""
+@json_option
+def member_revoke(store: str | None, mesh: str, pubkey: str, as_json: bool) -> None:
+    """Revoke a member: its connections close (4002) and it can never connect again.
+
+    With --json, prints {mesh, pubkey, revoked: true}."""
     if not _run(store, lambda s: admin.revoke(s, mesh, pubkey)):
-        fail(NotFound(f"no active member {pubkey} in mesh {mesh}"))
-    click.echo(f"revoked {pubkey}")
+        fail(NotFound(f"no active member {pubkey} in mesh {mesh}"), as_json)
+    if as_json:
+        emit_json({"mesh": mesh, "pubkey": pubkey, "revoked": True})
+    else:
+        click.echo(f"revoked {pubkey}")
 
 
 @broker_group.group("topic")
@@ -175,10 +190,16 @@ def topic_group() -> None:
 @store_option
 @click.option("--mesh", required=True, help="Mesh name.")
 @click.argument("name")
-def topic_create(store: str | None, mesh: str, name: str) -> None:
-    """Create a topic (members subscribe to it from their daemon)."""
+@json_option
+def topic_create(store: str | None, mesh: str, name: str, as_json: bool) -> None:
+    """Create a topic (members subscribe to it from their daemon).
+
+    With --json, prints {mesh, topic}."""
     _run(store, lambda s: admin.create_topic(s, mesh, name))
-    click.echo(f"topic {name} exists in mesh {mesh}")
+    if as_json:
+        emit_json({"mesh": mesh, "topic": name})
+    else:
+        click.echo(f"topic {name} exists in mesh {mesh}")
 
 
 @click.command("join")
@@ -186,18 +207,35 @@ def topic_create(store: str | None, mesh: str, name: str) -> None:
 @click.option("--mesh", default=None, help="Local mesh name; default: the invite's mesh.")
 @click.option("--name", "display_name", default=None, help="How other members see this host.")
 @click.option("--broker-url", default=None, help="Override the broker address in the invite.")
+@json_option
 def join_cmd(invite: str, mesh: str | None, display_name: str | None,
-             broker_url: str | None) -> None:
-    """Join a mesh: create this host's key, register it with the broker, save the config."""
+             broker_url: str | None, as_json: bool) -> None:
+    """Join a mesh: create this host's key, register it with the broker, save the config.
+
+    With --json, prints {mesh, broker_mesh, mesh_id, member_pubkey, broker_url, joined_at,
+    config}: mesh is the local name that --mesh takes."""
     try:
         parsed = invites.decode(invite)
         paths = paths_for(mesh or parsed.mesh)
         config = asyncio.run(join(invite, paths, display_name, broker_url))
     except TidemeshError as exc:
-        fail(exc)
+        fail(exc, as_json)
     except LinkError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(int(Exit.REJECTED if not exc.retryable else Exit.FAILURE))
+        code = Exit.REJECTED if not exc.retryable else Exit.FAILURE
+        if as_json:
+            # The broker's close reason (invite_used_up, member_revoked …) is the code.
+            emit_json({"error": {"code": getattr(exc, "reason", "join_failed"), "message": str(exc),
+                                 "retryable": exc.retryable}})
+        else:
+            click.echo(f"error: {exc}", err=True)
+        sys.exit(int(code))
+    if as_json:
+        # "mesh" is the local name later commands take with --mesh; the broker's may differ.
+        emit_json({"mesh": mesh or parsed.mesh, "broker_mesh": config.mesh,
+                   "mesh_id": config.mesh_id, "member_pubkey": config.member_pubkey,
+                   "broker_url": config.broker_url,
+                   "joined_at": config.joined_at, "config": str(paths.mesh_file)})
+        return
     click.echo(f"joined mesh {config.mesh} as {config.member_pubkey}\n"
                f"config saved to {paths.mesh_file}")
 

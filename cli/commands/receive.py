@@ -38,7 +38,7 @@ def inbox_cmd(mesh: str, after: int | None, limit: int, topic: str | None, sende
     if as_json:
         emit_json(page)
         return
-    rows = [{"seq": e["seq"], "from": e["from"][:16], "to": f"{e['to']['kind']}:{e['to']['ref']}",
+    rows = [{"seq": e["seq"], "from": e["from"], "to": f"{e['to']['kind']}:{e['to']['ref']}",
              "id": e["client_message_id"], "body": _short(e["body"])} for e in page["items"]]
     table(rows, ["seq", "from", "to", "id", "body"])
 
@@ -74,7 +74,7 @@ def events_cmd(mesh: str, since: int | None, idle_exit: float | None, as_json: b
 
 def _summary(data: dict[str, Any]) -> str:
     if "body" in data:
-        return f"from {data['from'][:16]} to {data['to']['kind']}:{data['to']['ref']}: " \
+        return f"from {data['from']} to {data['to']['kind']}:{data['to']['ref']}: " \
                f"{_short(data['body'])}"
     return _short(json.dumps(data), 100)
 
@@ -147,7 +147,7 @@ def peers_cmd(mesh: str, as_json: bool) -> None:
     if as_json:
         emit_json(data)
         return
-    rows = [{"pubkey": p["pubkey"][:16] + ("  (this host)" if p.get("self") else ""),
+    rows = [{"pubkey": p["pubkey"] + ("  (this host)" if p.get("self") else ""),
              "name": p.get("display_name"), "status": (p.get("profile") or {}).get("status"),
              "summary": _short((p.get("profile") or {}).get("summary") or "", 40),
              "connections": p["connections"]} for p in data["peers"]]

@@ -39,3 +39,19 @@ def test_mesh_invite_member_commands(runner: CliRunner, tmp_path: Path) -> None:
     assert runner.invoke(cli, ["broker", "topic", "create", "--mesh", "team", "ops"]).exit_code == 0
     unknown = runner.invoke(cli, ["broker", "invite", "create", "--mesh", "nope"])
     assert unknown.exit_code == 8 and "no mesh named" in unknown.output
+
+
+def test_operator_commands_answer_in_json(runner: CliRunner) -> None:
+    assert runner.invoke(cli, ["broker", "mesh", "create", "team"]).exit_code == 0
+    inv = runner.invoke(cli, ["broker", "invite", "create", "--mesh", "team", "--json",
+                              "--url", "ws://127.0.0.1:7801"])
+    assert inv.exit_code == 0, inv.output
+    body = json.loads(inv.stdout)
+    assert body["mesh"] == "team" and body["expires_at"] > 0 and body["invite_id"]
+    assert invite.decode(body["invite"]).url == "ws://127.0.0.1:7801"
+    topic = runner.invoke(cli, ["broker", "topic", "create", "--mesh", "team", "ops", "--json"])
+    assert json.loads(topic.stdout) == {"mesh": "team", "topic": "ops"}
+    gone = runner.invoke(cli, ["broker", "member", "revoke", "--mesh", "team", "f" * 64,
+                               "--json"])
+    assert gone.exit_code == 8
+    assert json.loads(gone.stdout)["error"]["code"] == "not_found"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemon.harness import daemon_env, run_cli
+from tests.daemon.harness import RunningDaemon, daemon_env, run_cli
 from tests.e2e.harness import Mesh, connected, inbox, pubkey, wait_for
 from tidemesh.client import Client
 from tidemesh.core.exitcodes import Exit
@@ -123,3 +123,30 @@ async def test_the_only_joined_mesh_is_the_default_and_several_must_be_named(
     assert "several meshes are joined (m, other)" in ambiguous.stderr
     named = run_cli(a.home, "daemon", "status", "--mesh", "m", "--json")
     assert json.loads(named.stdout)["mesh"] == "m"
+
+
+async def test_join_answers_in_json_and_printed_keys_are_ones_send_accepts(
+    mesh: Mesh, short_tmp: Path
+) -> None:
+    home = short_tmp / "j"
+    home.mkdir()
+    joined = run_cli(home, "daemon", "join", mesh.broker.invite(mesh.name), "--mesh", "m",
+                     "--name", "j", "--json")
+    assert joined.returncode == 0, joined.stderr
+    body = json.loads(joined.stdout)
+    assert (body["mesh"], body["broker_mesh"]) == ("m", mesh.name)
+    assert len(body["member_pubkey"]) == 64
+    assert body["config"].endswith("mesh.json")
+    a, b = mesh.add("a", short_tmp), mesh.add("b", short_tmp)
+    await wait_for(lambda: connected(a))
+    await wait_for(lambda: connected(b))
+    # A key copied from the human `peers` table is a key `--to dm:` takes as it is.
+    await wait_for(lambda: pubkey(b) in run_cli(a.home, "peers").stdout)
+    sent = run_cli(a.home, "send", "--to", f"dm:{pubkey(b)}", "copied key", "--id", "k1")
+    assert sent.returncode == 0, sent.stderr
+    await wait_for(lambda: _has_bodies(b, ["copied key"]))
+    assert pubkey(a) in run_cli(b.home, "inbox").stdout
+
+
+async def _has_bodies(d: RunningDaemon, bodies: list[str]) -> bool:
+    return [e["body"] for e in await inbox(d)] == bodies
