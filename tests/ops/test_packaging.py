@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.ops.test_service import ROOT, _console_script_name, _verify
+from tidemesh.core.exitcodes import Exit
 from tidemesh.core.service_unit import ServiceSpec, launchd_plist, systemd_unit
 
 SYSTEM_ENV = (("TIDEMESH_HOME", "/var/lib/tidemesh"), ("TIDEMESH_LOG_FORMAT", "json"))
@@ -29,7 +30,7 @@ EXAMPLES: dict[str, bytes] = {
         name="tidemesh-daemon-default", label="dev.tidemesh.daemon.default",
         description="tidemesh daemon for mesh default", scope="system", argv=DAEMON,
         environment=SYSTEM_ENV, state_directory="tidemesh", user="tidemesh",
-        reloads_on_sighup=True)).encode(),
+        reloads_on_sighup=True, final_exits=(int(Exit.REVOKED),))).encode(),
     "systemd/tidemesh-broker.service": systemd_unit(ServiceSpec(
         name="tidemesh-broker", label="dev.tidemesh.broker", description="tidemesh broker",
         scope="system", argv=BROKER, environment=SYSTEM_ENV, state_directory="tidemesh",

@@ -115,6 +115,9 @@ def cluster(tmp_path: Path, spark: SparkSession) -> Iterator[Cluster]:
         _stop(master)
 
 
+# Starting a master, a worker and a spark-submit takes minutes on a busy 2-core host; the
+# default 120 s would interrupt a py4j call and break the session every later test shares.
+@pytest.mark.timeout(600)
 def test_audit_on_a_standalone_cluster_finds_what_local_finds(
     cluster: Cluster, spark: SparkSession, pg_database: str, tmp_path: Path
 ) -> None:
