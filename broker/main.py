@@ -23,9 +23,10 @@ from tidemesh.broker.accept import Limits
 from tidemesh.broker.config import BrokerSettings, config_file, load, read_file, store_url
 from tidemesh.broker.server import BrokerServer
 from tidemesh.broker.service import BrokerService
-from tidemesh.broker.store import open_store
+from tidemesh.broker.store import open_store, sqlite_file
 from tidemesh.broker.store.base import Store
 from tidemesh.core.exitcodes import Exit
+from tidemesh.storage.lock import AlreadyRunning, InstanceLock
 
 T = TypeVar("T")
 log = structlog.get_logger(__name__)
@@ -81,11 +82,35 @@ async def _watch_writers(tasks: Sequence[asyncio.Task[None]]) -> None:
     raise WriterStopped(", ".join(sorted(t.get_name() for t in done)))
 
 
+def single_broker_lock(url: str) -> InstanceLock | None:
+    """The embedded SQLite store serves one broker: a second one's members would miss the
+    first's sessions, presence and wake-ups. Several brokers share PostgreSQL instead."""
+    path = sqlite_file(url)
+    if path is None:
+        return None
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return InstanceLock(path.with_name(path.name + ".broker-lock"),
+                        holder=f"a broker on the SQLite store {path}")
+
+
 async def run(settings: BrokerSettings, stop: asyncio.Event,
               ready: Callable[[int], None] | None = None,
               environ: Mapping[str, str] | None = None) -> None:
     env = os.environ if environ is None else environ
-    store = await open_store(store_url(settings, env), batch_max=settings.store_batch_max,
+    url = store_url(settings, env)
+    lock = single_broker_lock(url)
+    if lock is not None:
+        lock.acquire()
+    try:
+        await _run(settings, url, stop, ready)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+async def _run(settings: BrokerSettings, url: str, stop: asyncio.Event,
+               ready: Callable[[int], None] | None) -> None:
+    store = await open_store(url, batch_max=settings.store_batch_max,
                              pool_size=settings.store_pool_size, writers=settings.store_writers)
     limits = Limits(settings.limits_inline_bytes, settings.dedupe_mode,
                     settings.dedupe_retention_days)
@@ -168,6 +193,10 @@ def up(settings: BrokerSettings) -> None:
         runner(main())
     except WriterStopped:  # logged as broker_store_writer_stopped; let the manager restart us
         sys.exit(Exit.FAILURE)
+    except AlreadyRunning as exc:
+        print(f"error: {exc}; the SQLite store serves one broker, so run several brokers "
+              "on one PostgreSQL store (broker.store = postgresql://…)", file=sys.stderr)
+        sys.exit(Exit.ALREADY_RUNNING)
     finally:
         running.remove(record, os.getpid())
         sys.stdout.flush()

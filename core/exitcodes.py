@@ -11,7 +11,7 @@ class Exit(IntEnum):
     USAGE = 2                # bad flags or configuration
     NOT_RUNNING = 3          # no daemon answers for this mesh
     HOST_MISMATCH = 4        # host fingerprint differs; run `tidemesh daemon accept-host`
-    ALREADY_RUNNING = 5      # another daemon holds this mesh's lock
+    ALREADY_RUNNING = 5      # a daemon holds this mesh's lock, or a broker the SQLite store's
     UNHEALTHY = 6            # running but unhealthy, or a damaged/too-new store
     CONFLICT = 7             # a 409: the id is bound to another request or state
     REJECTED = 8             # any other 4xx: the request was refused, nothing stored

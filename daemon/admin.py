@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from tidemesh.daemon.lock import holder_pid, is_held
+from tidemesh.storage.lock import holder_pid, is_held
 
 if TYPE_CHECKING:
     from tidemesh.daemon import coldpath, offline, revocation

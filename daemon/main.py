@@ -49,7 +49,6 @@ from tidemesh.daemon.api.keys import (
 from tidemesh.daemon.hooks.service import HookService, load_plan
 from tidemesh.daemon.join import MeshConfig
 from tidemesh.daemon.lifecycle import Drain, Reloader
-from tidemesh.daemon.lock import AlreadyRunning, InstanceLock
 from tidemesh.daemon.relay import Relay, RelayFatal, RelayMetrics, RelaySettings
 from tidemesh.daemon.server import IpcServer, build_app
 from tidemesh.daemon.service.disk import DiskMonitor
@@ -64,6 +63,7 @@ from tidemesh.daemon.store.db import Database, StoreDamaged
 from tidemesh.daemon.store.migrate import SchemaTooNew
 from tidemesh.daemon.store.migrate import load as load_migrations
 from tidemesh.daemon.stores import open_inbox, open_outbox
+from tidemesh.storage.lock import AlreadyRunning, InstanceLock
 
 log = structlog.get_logger("tidemesh.daemon")
 

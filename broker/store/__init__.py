@@ -11,13 +11,17 @@ from tidemesh.broker.store.base import Store
 from tidemesh.core.errors import InvalidRequest
 
 
+def sqlite_file(url: str) -> Path | None:
+    """The database file of an embedded store's URL; None for PostgreSQL."""
+    return Path(url.removeprefix("sqlite://")) if url.startswith("sqlite:///") else None
+
+
 async def open_store(url: str, *, batch_max: int = 512, pool_size: int = 4, writers: int = 2,
                      migrate_now: bool = True) -> Store:
-    if url.startswith("sqlite:///"):
+    if (path := sqlite_file(url)) is not None:
         from tidemesh.broker.store.sqlite import SqliteStore
 
-        return await SqliteStore.open(Path(url.removeprefix("sqlite://")), batch_max=batch_max,
-                                      migrate_now=migrate_now)
+        return await SqliteStore.open(path, batch_max=batch_max, migrate_now=migrate_now)
     if url.startswith(("postgresql://", "postgres://")):
         from tidemesh.broker.store.postgres import PostgresStore
 

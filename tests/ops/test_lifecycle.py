@@ -20,7 +20,7 @@ from tests.e2e.harness import Broker, Mesh, connected, wait_for
 from tidemesh.client import Client
 from tidemesh.core.exitcodes import Exit
 from tidemesh.core.paths import daemon_paths
-from tidemesh.daemon.lock import holder_pid
+from tidemesh.storage.lock import holder_pid
 
 BURST = 200  # below ipc.max_inflight, so none is refused as busy
 

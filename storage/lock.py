@@ -1,7 +1,9 @@
-"""One daemon per (user, mesh): an exclusive ``flock`` held for the life of the process.
+"""One process per database: an exclusive ``flock`` held for the life of the process.
 
-The kernel drops the lock when the process dies, however it dies, so there is no stale-pid
-race. The file also records the holder's pid for ``daemon down`` and ``status``.
+A daemon holds one per (user, mesh); a broker on the embedded SQLite store holds one beside
+the file, because SQLite has one writer and no way to tell a second broker's sessions about
+the first's. The kernel drops the lock when the process dies, however it dies, so there is
+no stale-pid race. The file also records the holder's pid for ``daemon down`` and ``status``.
 """
 
 from __future__ import annotations
@@ -12,14 +14,15 @@ from pathlib import Path
 
 
 class AlreadyRunning(RuntimeError):
-    def __init__(self, pid: int | None) -> None:
-        super().__init__(f"a daemon for this mesh is already running (pid {pid})")
+    def __init__(self, pid: int | None, holder: str = "a daemon for this mesh") -> None:
+        super().__init__(f"{holder} is already running (pid {pid})")
         self.pid = pid
 
 
 class InstanceLock:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, holder: str = "a daemon for this mesh") -> None:
         self.path = path
+        self.holder = holder
         self._fd: int | None = None
 
     def acquire(self) -> None:
@@ -28,7 +31,7 @@ class InstanceLock:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise AlreadyRunning(holder_pid(self.path)) from None
+            raise AlreadyRunning(holder_pid(self.path), self.holder) from None
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         os.fsync(fd)
