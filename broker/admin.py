@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tidemesh.broker import config as settings
@@ -11,7 +12,13 @@ from tidemesh.broker.config import BrokerSettings, broker_home
 from tidemesh.broker.store import migrate
 from tidemesh.broker.store.base import Member, Mesh, Store
 from tidemesh.core.errors import NotFound
-from tidemesh.core.invite import Invite, new_token, parse_duration_ms, token_hash
+from tidemesh.core.invite import (
+    Invite,
+    check_broker_urls,
+    new_token,
+    parse_duration_ms,
+    token_hash,
+)
 
 # What the CLI uses besides the functions below (the import contract allows it this module
 # and broker.main only).
@@ -51,13 +58,16 @@ async def invite_url(store: Store, configured: str | None, default: str) -> str:
     return configured or await store.get_info(PUBLIC_URL) or default
 
 
-async def create_invite(store: Store, mesh_name: str, url: str, uses: int,
+async def create_invite(store: Store, mesh_name: str, urls: Sequence[str], uses: int,
                         expires: str | None) -> CreatedInvite:
+    """An invite naming ``urls``, the mesh's brokers in the order daemons try them."""
+    check_broker_urls(tuple(urls), "url")
     mesh = await mesh_by_name(store, mesh_name)
     token, now = new_token(), now_ms()
     expires_at = now + parse_duration_ms(expires) if expires else None
     invite_id = await store.create_invite(mesh.id, token_hash(token), uses, expires_at, now)
-    return CreatedInvite(invite_id, Invite(url, mesh.id, mesh.name, token).encode(), expires_at)
+    invite = Invite(urls[0], mesh.id, mesh.name, token, tuple(urls[1:]))
+    return CreatedInvite(invite_id, invite.encode(), expires_at)
 
 
 async def list_members(store: Store, mesh_name: str) -> list[Member]:

@@ -1,4 +1,6 @@
-"""Invite strings: ``tm1.`` + base64url(JSON {url, mesh_id, mesh, token}), no padding.
+"""Invite strings: ``tm1.`` + base64url(JSON {url, mesh_id, mesh, token[, fallbacks]}), no
+padding. ``fallbacks`` lists further brokers of the mesh (several brokers on one PostgreSQL);
+an invite with one broker omits it, so older hosts still read it.
 
 The token is a random secret; the broker keeps only its sha256 (``token_hash``). A refused
 invite closes the join with reason ``invite_invalid:<why>`` (``Refusal``), which the joining
@@ -26,9 +28,17 @@ class Invite:
     mesh_id: str
     mesh: str         # mesh name
     token: str
+    fallbacks: tuple[str, ...] = ()   # the mesh's other brokers, tried in order
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        return (self.url, *self.fallbacks)
 
     def encode(self) -> str:
-        data = {"url": self.url, "mesh_id": self.mesh_id, "mesh": self.mesh, "token": self.token}
+        data: dict[str, object] = {"url": self.url, "mesh_id": self.mesh_id, "mesh": self.mesh,
+                                   "token": self.token}
+        if self.fallbacks:
+            data["fallbacks"] = list(self.fallbacks)
         raw = json.dumps(data, separators=(",", ":"), sort_keys=True).encode()
         return PREFIX + base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
 
@@ -97,13 +107,22 @@ def decode(text: str) -> Invite:
     body = text.removeprefix(PREFIX)
     try:
         data = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+        fallbacks = data.get("fallbacks", [])
+        if not isinstance(fallbacks, list):
+            raise TypeError("fallbacks must be a list")
         invite = Invite(str(data["url"]), str(data["mesh_id"]), str(data["mesh"]),
-                        str(data["token"]))
-    except (binascii.Error, ValueError, KeyError, TypeError) as exc:
+                        str(data["token"]), tuple(str(u) for u in fallbacks))
+    except (binascii.Error, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise InvalidRequest(f"the invite is damaged: {exc}", field="invite") from exc
-    if not invite.url.startswith(("ws://", "wss://")):
-        raise InvalidRequest("the invite's broker url must be ws:// or wss://", field="invite")
+    check_broker_urls(invite.urls, "invite")
     return invite
+
+
+def check_broker_urls(urls: tuple[str, ...], field: str) -> None:
+    for url in urls:
+        if not url.startswith(("ws://", "wss://")):
+            raise InvalidRequest(f"a broker url must be ws:// or wss://, not {url!r}",
+                                 field=field)
 
 
 _UNITS_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}

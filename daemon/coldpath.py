@@ -14,15 +14,17 @@ import dataclasses
 from typing import Any
 
 from tidemesh.core.errors import InvalidRequest, NotFound, TidemeshError, Unavailable, from_body
+from tidemesh.core.failover import BrokerRotation
 from tidemesh.core.ids import new_ulid
 from tidemesh.core.paths import DaemonPaths
 from tidemesh.core.sealing import seal
 from tidemesh.core.send import DestinationKind, parse_send_request
 from tidemesh.daemon import revocation
 from tidemesh.daemon.api.validation import checked
+from tidemesh.daemon.dial import dial_first
 from tidemesh.daemon.identity import load_or_create_keypair
 from tidemesh.daemon.join import MeshConfig
-from tidemesh.daemon.link import BrokerLink, HandshakeRejected, LinkError
+from tidemesh.daemon.link import HandshakeRejected, LinkError
 
 
 def send(paths: DaemonPaths, request: dict[str, Any], client_message_id: str | None,
@@ -53,7 +55,8 @@ def send(paths: DaemonPaths, request: dict[str, Any], client_message_id: str | N
 
 
 def _unreachable(mesh: MeshConfig, exc: Exception, cmid: str) -> Unavailable:
-    return Unavailable(f"the broker at {mesh.broker_url} could not be reached ({exc}); "
+    where = " or ".join(mesh.broker_urls)
+    return Unavailable(f"the broker at {where} could not be reached ({exc}); "
                        f"nothing is queued on the cold path: retry with --id {cmid}",
                        client_message_id=cmid)
 
@@ -61,7 +64,8 @@ def _unreachable(mesh: MeshConfig, exc: Exception, cmid: str) -> Unavailable:
 async def _send(mesh: MeshConfig, key: Any, cmid: str, payload: dict[str, Any],
                 within: float) -> dict[str, Any]:
     async with asyncio.timeout(within):
-        async with await BrokerLink.connect(mesh.broker_url, mesh.mesh_id, key) as link:
+        link = await dial_first(BrokerRotation.of(mesh.broker_urls), mesh.mesh_id, key)
+        async with link:
             return await link.send(cmid, payload)
 
 

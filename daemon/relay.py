@@ -25,6 +25,7 @@ from prometheus_client import Counter
 
 from tidemesh.core.backoff import Backoff
 from tidemesh.core.exitcodes import Exit
+from tidemesh.core.failover import BrokerRotation
 from tidemesh.core.features import DEDUPE
 from tidemesh.core.maxage import DedupeWindow, MaxAgeError, max_age_hours
 from tidemesh.core.metrics import CollectorRegistry
@@ -110,13 +111,16 @@ class Relay:
         self.live = LiveLink()
         self.dead = DeadLetters(outbox, inbox)
         self.metrics = metrics or RelayMetrics.register(CollectorRegistry(), mesh.mesh)
+        self.rotation = BrokerRotation.of(mesh.broker_urls)
 
     async def run(self) -> None:
-        """Connect, serve, reconnect, forever; raises RelayFatal for what cannot heal."""
+        """Connect, serve, reconnect, forever; raises RelayFatal for what cannot heal. A broker
+        that fails hands over to the mesh's next address (``core/failover.py``)."""
         attempt = 0
         while True:
             try:
-                link = await BrokerLink.connect(self.mesh.broker_url, self.mesh.mesh_id, self.key)
+                link = await BrokerLink.connect(self.rotation.current, self.mesh.mesh_id,
+                                                self.key)
             except FeatureUnavailable as exc:
                 raise RelayFatal(Exit.FEATURE_UNAVAILABLE, str(exc)) from exc
             except HandshakeRejected as exc:
@@ -139,6 +143,9 @@ class Relay:
             attempt = await self._pause(attempt, "connection lost")
 
     async def _pause(self, attempt: int, reason: str) -> int:
+        failed = self.rotation.current
+        if self.rotation.failed() != failed:
+            log.info("broker_failed_over", failed=failed, next=self.rotation.current)
         attempt += 1
         self.metrics.reconnects.labels(mesh=self.mesh.mesh).inc()
         delay = self.settings.backoff.delay(attempt, self.rng)
@@ -159,7 +166,7 @@ class Relay:
                 log.info("outbox_inflight_released", rows=released)
             await link.set_profile(await self.inbox.profile())
             self.live.current = link
-            await self.on_status(True, {"state": "connected", "broker": self.mesh.broker_url})
+            await self.on_status(True, {"state": "connected", "broker": self.rotation.current})
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(self._sender(link, max_age_ms).run(), name="outbox-sender")
                 tg.create_task(self._receiver(link).run(), name="inbox-receiver")

@@ -121,10 +121,12 @@ def invite_group() -> None:
 @click.option("--mesh", required=True, help="Mesh name.")
 @click.option("--uses", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--expires", default="7d", show_default=True, help="30m, 12h, 7d, 2w.")
-@click.option("--url", default=None, help="Broker address in the invite; default "
-              "broker.public_url, else the address the broker serves (recorded when it starts).")
+@click.option("--url", "urls", multiple=True, help="Broker address in the invite; repeat it "
+              "for a mesh served by several brokers (daemons fail over in this order). "
+              "Default broker.public_url, else the address the broker serves (recorded when "
+              "it starts).")
 @json_option
-def invite_create(store: str | None, mesh: str, uses: int, expires: str, url: str | None,
+def invite_create(store: str | None, mesh: str, uses: int, expires: str, urls: tuple[str, ...],
                   as_json: bool) -> None:
     """Print an invite string for `tidemesh daemon join`.
 
@@ -132,9 +134,9 @@ def invite_create(store: str | None, mesh: str, uses: int, expires: str, url: st
     settings = _settings({"broker.store": store})
 
     async def make(s: Store) -> admin.CreatedInvite:
-        broker_url = await admin.invite_url(s, url or settings.broker_public_url,
-                                            broker_main.public_url(settings))
-        return await admin.create_invite(s, mesh, broker_url, uses, expires)
+        chosen = urls or (await admin.invite_url(s, settings.broker_public_url,
+                                                 broker_main.public_url(settings)),)
+        return await admin.create_invite(s, mesh, chosen, uses, expires)
 
     created = _run(store, make)
     if as_json:
@@ -206,18 +208,19 @@ def topic_create(store: str | None, mesh: str, name: str, as_json: bool) -> None
 @click.argument("invite")
 @click.option("--mesh", default=None, help="Local mesh name; default: the invite's mesh.")
 @click.option("--name", "display_name", default=None, help="How other members see this host.")
-@click.option("--broker-url", default=None, help="Override the broker address in the invite.")
+@click.option("--broker-url", "broker_urls", multiple=True,
+              help="Override the broker addresses in the invite (repeat for several).")
 @json_option
 def join_cmd(invite: str, mesh: str | None, display_name: str | None,
-             broker_url: str | None, as_json: bool) -> None:
+             broker_urls: tuple[str, ...], as_json: bool) -> None:
     """Join a mesh: create this host's key, register it with the broker, save the config.
 
-    With --json, prints {mesh, broker_mesh, mesh_id, member_pubkey, broker_url, joined_at,
+    With --json, prints {mesh, broker_mesh, mesh_id, member_pubkey, broker_urls, joined_at,
     config}: mesh is the local name that --mesh takes."""
     try:
         parsed = invites.decode(invite)
         paths = paths_for(mesh or parsed.mesh)
-        config = asyncio.run(join(invite, paths, display_name, broker_url))
+        config = asyncio.run(join(invite, paths, display_name, broker_urls))
     except TidemeshError as exc:
         fail(exc, as_json)
     except LinkError as exc:
@@ -233,7 +236,7 @@ def join_cmd(invite: str, mesh: str | None, display_name: str | None,
         # "mesh" is the local name later commands take with --mesh; the broker's may differ.
         emit_json({"mesh": mesh or parsed.mesh, "broker_mesh": config.mesh,
                    "mesh_id": config.mesh_id, "member_pubkey": config.member_pubkey,
-                   "broker_url": config.broker_url,
+                   "broker_urls": list(config.broker_urls),
                    "joined_at": config.joined_at, "config": str(paths.mesh_file)})
         return
     click.echo(f"joined mesh {config.mesh} as {config.member_pubkey}\n"

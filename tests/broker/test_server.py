@@ -279,7 +279,7 @@ async def test_metrics_are_served_on_the_same_port(broker: Broker) -> None:
 async def test_join_registers_the_key_and_saves_mesh_config(
     broker: Broker, tmp_path: Path
 ) -> None:
-    inv = await admin.create_invite(broker.store, "team", broker.url, 1, "1h")
+    inv = await admin.create_invite(broker.store, "team", [broker.url], 1, "1h")
     paths = daemon_paths("team", {"TIDEMESH_HOME": str(tmp_path / "home")})
     config = await join(inv.text, paths, display_name="laptop")
     assert MeshConfig.load(paths.mesh_file) == config

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 from importlib import resources
 
 import pytest
@@ -54,3 +55,15 @@ def test_durations() -> None:
     for bad in ("", "7", "0d", "-1h", "1y"):
         with pytest.raises(InvalidRequest):
             parse_duration_ms(bad)
+
+
+def test_invite_with_several_brokers_round_trips_and_one_broker_stays_as_it_was() -> None:
+    several = Invite("ws://a:1", "M", "team", "tok", ("ws://b:1", "wss://c:443"))
+    assert decode(several.encode()) == several
+    assert several.urls == ("ws://a:1", "ws://b:1", "wss://c:443")
+    # An invite with one broker has no fallbacks key: hosts that predate it still read it.
+    one = Invite("ws://a:1", "M", "team", "tok").encode()
+    assert "fallbacks" not in base64.urlsafe_b64decode(one[4:] + "=" * (-len(one[4:]) % 4)
+                                                       ).decode()
+    with pytest.raises(InvalidRequest):
+        decode(Invite("ws://a:1", "M", "team", "tok", ("http://b",)).encode())
