@@ -89,20 +89,7 @@ def steps(items: Sequence[AcceptInput]) -> Steps:
     found: dict[Destination, list[str]] = (
         (yield Step("destinations", ([a for a in items if a.key in ours],))) if ours else {})
     held: dict[Key, DedupeRow | None] = {k: None if k in ours else r for k, r in rows.items()}
-    results: dict[int, AcceptResult] = {}
-    winners: dict[Key, tuple[int, list[str]]] = {}
-    for i, a in enumerate(items):
-        row = held[a.key]
-        if row is not None:
-            results[i] = answer_existing(a, row)
-            continue
-        recipients = _recipients(a, found)
-        if isinstance(recipients, TidemeshError):   # B2: the key stays free for a later send
-            results[i] = failed(a, recipients)
-            continue
-        winners[a.key] = (i, recipients)
-        held[a.key] = DedupeRow(a.broker_message_id, a.history_id, a.fingerprint, True,
-                                a.now_ms)
+    results, winners = _decide(items, held, found)
     # The claim holds each key's first send; where another won (or none did), move it.
     moved = [k for k in ours if winners.get(k, (-1,))[0] != first_at[k]]
     if moved:
@@ -118,6 +105,28 @@ def steps(items: Sequence[AcceptInput]) -> Steps:
         for i, _ in accepted:
             results[i] = created(items[i], deliveries.get(items[i].broker_message_id, []))
     return [results[i] for i in range(len(items))]
+
+
+def _decide(items: Sequence[AcceptInput], held: dict[Key, DedupeRow | None],
+            found: dict[Destination, list[str]]
+            ) -> tuple[dict[int, AcceptResult], dict[Key, tuple[int, list[str]]]]:
+    """Each send in order against the row its key holds (None: free to claim): the answers
+    so far, and each key's winner (its position and recipients), still to be inserted."""
+    results: dict[int, AcceptResult] = {}
+    winners: dict[Key, tuple[int, list[str]]] = {}
+    for i, a in enumerate(items):
+        row = held[a.key]
+        if row is not None:
+            results[i] = answer_existing(a, row)
+            continue
+        recipients = _recipients(a, found)
+        if isinstance(recipients, TidemeshError):   # B2: the key stays free for a later send
+            results[i] = failed(a, recipients)
+            continue
+        winners[a.key] = (i, recipients)
+        held[a.key] = DedupeRow(a.broker_message_id, a.history_id, a.fingerprint, True,
+                                a.now_ms)
+    return results, winners
 
 
 def _recipients(a: AcceptInput, found: dict[Destination, list[str]]
