@@ -1,9 +1,10 @@
 """The websockets adapter: one handler per connection, plus ``/metrics`` on the same port.
 
-Reads frames, feeds them to the pure ``Session``, and carries out its actions. Sends are
-pipelined: each runs in its own task (at most ``max_inflight`` per connection; past that the
-reader stops reading, which pushes back on the daemon through TCP), and results go out as
-they commit, matched by ``id``. Every task of a connection lives in that connection's
+Reads frames, feeds them to the pure ``Session``, and carries out its actions. Send frames
+are pipelined: each ``send`` or ``send_batch`` runs in its own task as one store operation
+(at most ``max_inflight`` sends per connection; past that the reader stops reading, which
+pushes back on the daemon through TCP), and its answer goes out when it has committed,
+matched by ``id``. Every task of a connection lives in that connection's
 ``TaskGroup``. The only module of the broker that imports websockets.
 """
 
@@ -163,31 +164,30 @@ class BrokerServer:
     async def _dispatch(self, tg: asyncio.TaskGroup, inflight: asyncio.Semaphore, conn: Conn,
                         frame: dict[str, Any]) -> None:
         route = self.service.routes[FrameType(frame["type"])]
-        if route.pipelined is None:
+        if route.sends is None:
             answer = await routes.handle(route, conn, frame)
             if answer is not None:
                 await conn.peer.send_frame(answer)
             return
-        # Every accept is started here, one task per send in frame order, and reaches the
-        # store's queue on its first step: so one connection's sends are accepted in the order
-        # they arrived, whether they came alone or in a send_batch.
-        sends = route.pipelined.split(frame)
+        # Each frame's accept is started here, one task per frame in arrival order, and
+        # reaches the store's queue on its first step: so one connection's sends are accepted
+        # in the order they arrived, whether they came alone or in a send_batch.
         # One permit per send, capped so that one batch can always get its permits.
-        permits = min(len(sends), self.max_inflight)
+        permits = min(route.sends(frame), self.max_inflight)
         for _ in range(permits):
             await inflight.acquire()
-        accepts = [tg.create_task(route.handle(conn, send)) for send in sends]
-        tg.create_task(self._answer(inflight, permits, conn, frame, route.pipelined, accepts))
+        tg.create_task(self._accept(inflight, permits, conn, route, frame))
 
-    async def _answer(self, inflight: asyncio.Semaphore, permits: int, conn: Conn,
-                      frame: dict[str, Any], pipelined: routes.Pipelined,
-                      accepts: list[asyncio.Task[dict[str, Any] | None]]) -> None:
+    async def _accept(self, inflight: asyncio.Semaphore, permits: int, conn: Conn,
+                      route: routes.Route, frame: dict[str, Any]) -> None:
         try:
-            results = [r for r in await asyncio.gather(*accepts) if r is not None]
-            await conn.peer.send_frame(pipelined.join(frame, results))
+            answer = await route.handle(conn, frame)
+            if answer is not None:
+                await conn.peer.send_frame(answer)
         except ConnectionClosed:
             # Committed (or not) all the same; the daemon's retry gets 200 duplicate.
-            log.info("broker_result_undelivered", id=frame["id"], sends=len(accepts))
+            log.info("broker_result_undelivered", id=frame["id"],
+                     sends=len(frame.get("sends", [frame])))
         finally:
             for _ in range(permits):
                 inflight.release()

@@ -35,15 +35,25 @@ class Metrics:
                                          "Duration of each group-commit accept transaction.",
                                          registry=r)
         self.accept_batch = Histogram("cm_broker_accept_batch_size",
-                                      "Sends in each group-commit accept transaction.",
+                                      "Sends (rows) decided in each accept transaction.",
                                       registry=r, buckets=BATCH_BUCKETS)
+        self.accept_frames = Histogram("cm_broker_accept_frames",
+                                       "Queued writes in each group commit of the store's "
+                                       "writer: a send or send_batch frame counts once.",
+                                       registry=r, buckets=BATCH_BUCKETS)
         CallbackGauge("cm_broker_connections_active", "Authenticated connections.", [], active, r)
+        rows = store.accept_rows
         CallbackGauge("cm_broker_group_commit_batches", "Accept transactions since start.", [],
-                      lambda: [({}, float(store.stats.batches))], r)
+                      lambda: [({}, float(rows.transactions))], r)
         CallbackGauge("cm_broker_group_commit_sends", "Sends in those transactions since start.",
-                      [], lambda: [({}, float(store.stats.items))], r)
-        store.stats.on_batch = self.observe_accept
+                      [], lambda: [({}, float(rows.rows))], r)
+        self.store = store
+        store.stats.on_batch = self.observe_commit
 
-    def observe_accept(self, sends: int, seconds: float) -> None:
-        self.accept_batch.observe(sends)
+    def observe_commit(self, frames: int, seconds: float) -> None:
+        """After each group commit of the store's writer (on SQLite every write's)."""
+        self.accept_frames.observe(frames)
         self.accept_duration.observe(seconds)
+        sends = self.store.accept_rows.committed()
+        if sends:
+            self.accept_batch.observe(sends)

@@ -2,9 +2,10 @@
 
 The session (``broker/session.py``) decides which frames are legal in which phase; this
 table decides who handles each one; the server (``broker/server.py``) only carries it out.
-Accepts are *pipelined*: the server starts one task per send, in frame order, under the
-connection's in-flight limit, and answers when they have committed; every other frame is
-handled before the next one is read.
+Accepts are *pipelined*: the server starts one task per frame (a ``send`` or a whole
+``send_batch``, one store operation either way), in arrival order, under the connection's
+in-flight limit, and answers when it has committed; every other frame is handled before the
+next one is read.
 """
 
 from __future__ import annotations
@@ -25,29 +26,25 @@ Handler = Callable[[Conn, Frame], Coroutine[Any, Any, Frame | None]]
 
 
 @dataclass(frozen=True, slots=True)
-class Pipelined:
-    """How a frame of sends is taken apart into accepts and its answer put together."""
-
-    split: Callable[[Frame], list[Frame]]
-    join: Callable[[Frame, list[Frame]], Frame]
-
-
-@dataclass(frozen=True, slots=True)
 class Route:
-    handle: Handler                       # for a pipelined route: one send of the frame
-    pipelined: Pipelined | None = None
+    handle: Handler
+    # For a pipelined route (the accepts): how many sends the frame carries, which is how
+    # many of the connection's in-flight permits it holds until answered.
+    sends: Callable[[Frame], int] | None = None
 
 
-SINGLE = Pipelined(split=lambda f: [f], join=lambda f, results: results[0])
-BATCH = Pipelined(split=lambda f: list(f["sends"]),
-                  join=lambda f, results: {"type": "send_results", "id": f["id"],
-                                           "results": results})
+def one(frame: Frame) -> int:
+    return 1
+
+
+def carried(frame: Frame) -> int:
+    return len(frame["sends"])
 
 
 def route_table(svc: BrokerService) -> dict[FrameType, Route]:
     return {
-        FrameType.SEND: Route(svc.sends.send, SINGLE),
-        FrameType.SEND_BATCH: Route(svc.sends.one_of_batch, BATCH),
+        FrameType.SEND: Route(svc.sends.send, one),
+        FrameType.SEND_BATCH: Route(svc.sends.send_batch, carried),
         FrameType.REQUEST: Route(svc.destinations.request),
         FrameType.ACK: Route(svc.deliveries.ack),
         FrameType.RESUME: Route(svc.deliveries.resume),

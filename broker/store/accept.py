@@ -1,20 +1,22 @@
 """The accept transaction of spec §4.7.2, written once for both databases.
 
-``steps(items)`` is the sequence for a batch of sends with distinct keys, as a generator
-that yields what it needs from the database (a ``Step`` naming an ``AcceptPort`` method) and
-is sent the answer: claim every dedupe row (in key order, so that brokers sharing a database
-cannot deadlock), read them back, branch each with ``broker/accept.branch`` (201 / 200
-duplicate / 409), check B2 for the claimed ones (a failure deletes its claim in the same
-transaction, which is the same as rolling it back), then insert message, history and a
-gapless delivery row per recipient for the winners. Each dialect implements the port with
-batch statements (PostgreSQL: one round trip per statement per batch, through arrays and
-``unnest``) and drives the sequence: ``run`` for SQLite's writer thread, ``run_async`` for
+``steps(items)`` is the sequence for a batch of sends (one frame's, or several frames'
+that the write engine grouped), as a generator that yields what it needs from the database
+(a ``Step`` naming an ``AcceptPort`` method) and is sent the answer: claim the dedupe row of
+every key (in key order, so that brokers sharing a database cannot deadlock), read them
+back, branch each with ``broker/accept.branch`` (201 / 200 duplicate / 409), check B2 for
+the claimed ones (a failure deletes its claim in the same transaction, which is the same as
+rolling it back), then insert message, history and a gapless delivery row per recipient for
+the winners, in arrival order. A key sent twice in one batch is decided in memory against
+what its earlier send left. Each dialect implements the port with batch statements
+(PostgreSQL: one round trip per statement per batch, through arrays and ``unnest``; never
+one per send) and drives the sequence: ``run`` for SQLite's writer thread, ``run_async`` for
 asyncpg. Runs inside the caller's transaction; must not import a driver.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Generator, Sequence
+from collections.abc import Awaitable, Callable, Generator, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -72,35 +74,59 @@ _MISSING = {"topic": "no topic {!r} in this mesh", "dm": "no such member in this
 
 
 def steps(items: Sequence[AcceptInput]) -> Steps:
-    """Spec §4.7.2 for ``items`` (distinct keys), in arrival order."""
-    yield Step("claim", (sorted(items, key=lambda a: a.key),))
-    rows: dict[Key, DedupeRow] = yield Step("read_back", (items,))
-    results: dict[int, AcceptResult] = {}
-    claimed: list[int] = []
+    """Spec §4.7.2 for ``items`` in arrival order. A key may come more than once (a frame
+    that sends it twice, or two frames of one batch): each later send of a key is decided
+    against what the ones before it left, exactly as if they had run one after another,
+    without a statement per send."""
+    first_at: dict[Key, int] = {}
     for i, a in enumerate(items):
-        if branch(a, rows[a.key]) is Branch.CREATED:
-            claimed.append(i)
-        else:
-            results[i] = answer_existing(a, rows[a.key])
+        first_at.setdefault(a.key, i)
+    firsts = {k: items[i] for k, i in first_at.items()}
+    yield Step("claim", (sorted(firsts.values(), key=lambda a: a.key),))
+    rows: dict[Key, DedupeRow] = yield Step("read_back", (list(firsts.values()),))
+    # Keys whose row is the claim just made: their sends are decided here, in order.
+    ours = {k for k, a in firsts.items() if branch(a, rows[k]) is Branch.CREATED}
     found: dict[Destination, list[str]] = (
-        (yield Step("destinations", ([items[i] for i in claimed],))) if claimed else {})
-    accepted: list[tuple[int, list[str]]] = []
-    refused: list[str] = []
-    for i in claimed:
-        recipients = _recipients(items[i], found)
-        if isinstance(recipients, TidemeshError):
-            results[i] = failed(items[i], recipients)
-            refused.append(items[i].broker_message_id)
-        else:
-            accepted.append((i, recipients))
-    if refused:
-        yield Step("unclaim", (refused,))
-    if accepted:
+        (yield Step("destinations", ([a for a in items if a.key in ours],))) if ours else {})
+    held: dict[Key, DedupeRow | None] = {k: None if k in ours else r for k, r in rows.items()}
+    results, winners = _decide(items, held, found)
+    # The claim holds each key's first send; where another won (or none did), move it.
+    moved = [k for k in ours if winners.get(k, (-1,))[0] != first_at[k]]
+    if moved:
+        yield Step("unclaim", ([firsts[k].broker_message_id for k in moved],))
+        again = sorted((items[winners[k][0]] for k in moved if k in winners),
+                       key=lambda a: a.key)
+        if again:
+            yield Step("claim", (again,))
+    if winners:
+        accepted = sorted(winners.values())
         deliveries: dict[str, list[Delivery]] = yield Step(
             "insert", ([(items[i], r) for i, r in accepted],))
         for i, _ in accepted:
             results[i] = created(items[i], deliveries.get(items[i].broker_message_id, []))
     return [results[i] for i in range(len(items))]
+
+
+def _decide(items: Sequence[AcceptInput], held: dict[Key, DedupeRow | None],
+            found: dict[Destination, list[str]]
+            ) -> tuple[dict[int, AcceptResult], dict[Key, tuple[int, list[str]]]]:
+    """Each send in order against the row its key holds (None: free to claim): the answers
+    so far, and each key's winner (its position and recipients), still to be inserted."""
+    results: dict[int, AcceptResult] = {}
+    winners: dict[Key, tuple[int, list[str]]] = {}
+    for i, a in enumerate(items):
+        row = held[a.key]
+        if row is not None:
+            results[i] = answer_existing(a, row)
+            continue
+        recipients = _recipients(a, found)
+        if isinstance(recipients, TidemeshError):   # B2: the key stays free for a later send
+            results[i] = failed(a, recipients)
+            continue
+        winners[a.key] = (i, recipients)
+        held[a.key] = DedupeRow(a.broker_message_id, a.history_id, a.fingerprint, True,
+                                a.now_ms)
+    return results, winners
 
 
 def _recipients(a: AcceptInput, found: dict[Destination, list[str]]
@@ -134,3 +160,43 @@ async def run_async(port: Any, items: Sequence[AcceptInput]) -> list[AcceptResul
             step = seq.send(await method(*step.args))
         except StopIteration as done:
             return list(done.value)
+
+
+def flatten(frames: Sequence[Sequence[AcceptInput]]) -> list[AcceptInput]:
+    """The sends of several callers' frames, in queue order: one batch for ``steps``."""
+    return [a for f in frames for a in f]
+
+
+def regroup(frames: Sequence[Sequence[AcceptInput]], results: Sequence[AcceptResult]
+            ) -> list[list[AcceptResult]]:
+    """``results`` of ``flatten(frames)`` handed back to each frame."""
+    out, at = [], 0
+    for f in frames:
+        out.append(list(results[at:at + len(f)]))
+        at += len(f)
+    return out
+
+
+class AcceptRows:
+    """Sends decided per accept transaction, for the broker's metrics. The accept op counts
+    what it decided (``ran``) and the engine's after-commit callback takes the count
+    (``committed``); ``writer()`` tells the two calls of one writer apart from another's
+    (PostgreSQL runs several writers at once; SQLite has one)."""
+
+    def __init__(self, writer: Callable[[], Hashable]) -> None:
+        self.writer = writer
+        self._running: dict[Hashable, int] = {}
+        self.transactions = 0    # accept transactions since the store opened
+        self.rows = 0            # sends decided in them
+
+    def ran(self, sends: int) -> None:
+        key = self.writer()
+        self._running[key] = self._running.get(key, 0) + sends
+
+    def committed(self) -> int:
+        """The sends of the transaction this writer just ended (0: it held no accept)."""
+        sends = self._running.pop(self.writer(), 0)
+        if sends:
+            self.transactions += 1
+            self.rows += sends
+        return sends

@@ -1,8 +1,10 @@
 """The broker's ``Store`` port: one Protocol, two adapters (SQLite default, PostgreSQL).
 
-Row values are frozen dataclasses. Every method is one transaction; ``accept`` calls from
-concurrent sessions are group-committed by the adapter (one transaction, a savepoint per
-send), and each answer leaves only after COMMIT. Must not import websockets or the server.
+Row values are frozen dataclasses. Every method is one transaction; ``accept_batch`` calls
+(a frame's sends each) from concurrent sessions are group-committed by the adapter (one
+transaction, one batch of statements for all their sends, a savepoint per send only when a
+statement fails), and each answer leaves only after COMMIT. Must not import websockets or
+the server.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 from tidemesh.broker.accept import AcceptInput, AcceptResult
+from tidemesh.broker.store.accept import AcceptRows
 from tidemesh.core import invite as invites
 from tidemesh.core.errors import NotFound
 from tidemesh.storage.postgres import Database as PostgresDatabase
@@ -158,7 +161,17 @@ class Store(Protocol):
     async def remove_queue_consumer(self, mesh_id: str, queue: str, pubkey: str) -> None: ...
 
     # the accept transaction (spec §4.7.2)
-    async def accept(self, item: AcceptInput) -> AcceptResult: ...
+    accept_rows: AcceptRows  # sends per accept transaction, taken after each commit
+
+    async def accept_batch(self, items: Sequence[AcceptInput]) -> list[AcceptResult]:
+        """One frame's sends (B1 passed; one sender's, in arrival order) as one operation of
+        the write engine; a result per send, in order. Never raises for a send: a failure
+        is that send's 5xx result."""
+        ...
+
+    async def accept(self, item: AcceptInput) -> AcceptResult:
+        """``accept_batch([item])``."""
+        ...
 
     # receive path (DESIGN §6)
     async def cursor(self, mesh_id: str, pubkey: str) -> Cursor: ...

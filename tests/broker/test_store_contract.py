@@ -265,3 +265,24 @@ async def test_postgres_send_the_database_refuses_fails_alone(pg_database: str) 
         assert (counts["client_message_dedupe"], counts["delivery_queue"]) == (20, 40)
     finally:
         await store.close()
+
+
+@pytest.mark.postgres
+async def test_postgres_send_the_database_refuses_fails_alone_in_its_frame(
+    pg_database: str,
+) -> None:
+    # The same refusal inside one frame: the frame is redone one savepoint per send, in
+    # order, so a later send of a key is still decided against the earlier one.
+    store = await open_store(pg_database)
+    try:
+        w = await _world(store)
+        good = [accept_input(w.mesh_id, w.alice, f"c{i}") for i in range(20)]
+        bad = replace(accept_input(w.mesh_id, w.alice, "bad"), ref="o\x00ps")
+        again = accept_input(w.mesh_id, w.alice, "c3")
+        results = await store.accept_batch([*good[:10], bad, *good[10:], again])
+        assert [r.status for r in results] == [201] * 10 + [503] + [201] * 10 + [200]
+        assert results[-1].broker_message_id == results[3].broker_message_id
+        counts = await store.counts()
+        assert (counts["client_message_dedupe"], counts["delivery_queue"]) == (20, 40)
+    finally:
+        await store.close()

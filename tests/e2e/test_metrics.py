@@ -20,7 +20,8 @@ DAEMON_HISTOGRAMS = {
     "cm_daemon_db_batch_rows": {"db"},
 }
 BROKER_HISTOGRAMS = {"cm_broker_accept_duration_seconds": set(),
-                     "cm_broker_accept_batch_size": set()}
+                     "cm_broker_accept_batch_size": set(),
+                     "cm_broker_accept_frames": set()}
 
 # Names the spec (claudemesh §10) fixes that promtool's lint objects to; docs/operations.md
 # lists the same. Anything else promtool reports fails the test.

@@ -28,6 +28,7 @@ class PostgresStore(OnEngine[Database], Membership, Accept, Delivery, Retention)
         self.dsn = dsn
         self.db = db
         self.pool = db.pool
+        self._init_accept()
 
     @classmethod
     async def open(cls, dsn: str, *, pool_size: int = 4, batch_max: int = 512,

@@ -1,35 +1,100 @@
 """The accept (PostgreSQL): the shared sequence (``broker/store/accept.py``) over this port,
-run by the engine's writers for a whole batch of sends at once.
+run by the engine's writers for every frame they drained at once.
 
-Each port method is one statement for the whole batch (arrays and ``unnest()``), so a batch
-takes seven round trips whatever its size: BEGIN; claim; read back ``FOR SHARE``; B2 in one
-query; (unclaim the refused); messages with their history rows; cursors and gapless delivery
-rows; COMMIT. Claims are made in key order and cursor rows locked in (mesh, recipient)
-order, so several brokers on one database cannot deadlock; the engine keeps sends of one key
-out of one batch, so each is decided against what the first one wrote.
+A frame's sends are one item of a writer's queue. Each port method is one statement for the
+whole batch (arrays and ``unnest()``), so a batch takes seven round trips whatever its size
+and however many frames it holds: BEGIN; claim; read back ``FOR SHARE``; B2 in one query;
+(unclaim the refused); messages with their history rows; cursors and gapless delivery rows;
+COMMIT. Claims are made in key order and cursor rows locked in (mesh, recipient) order, so
+several brokers on one database cannot deadlock; a key sent twice in a batch is decided
+against its earlier send by the sequence itself. If a statement fails, the engine redoes the
+batch with a savepoint per frame; a frame that fails again is redone with a savepoint per
+send, so only the send that fails on its own gets a 5xx.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
+
+import asyncpg
+import structlog
 
 from tidemesh.broker.accept import AcceptInput, AcceptResult, DedupeRow, Delivery, failed
 from tidemesh.broker.store import accept
 from tidemesh.broker.store.postgres.base import PostgresBase
 from tidemesh.core.errors import TidemeshError
-from tidemesh.storage.postgres import BatchOp
+from tidemesh.storage.postgres import BatchOp, storage_error
+
+log = structlog.get_logger(__name__)
+# The server or the connection failed, not a send: no savepoint can help; the engine answers.
+CONNECTION_ERRORS = (asyncpg.exceptions.OperatorInterventionError,
+                     asyncpg.exceptions.PostgresConnectionError)
+
+
+@dataclass(slots=True, eq=False)
+class Frame:
+    """One caller's sends, one arg of the engine's accept op. ``tried``: they ran once in a
+    batch, so a second run is the engine's redo after a failed statement."""
+
+    items: Sequence[AcceptInput]
+    tried: bool = False
 
 
 class Accept(PostgresBase):
+    accept_rows: accept.AcceptRows
+    _accept_op: BatchOp[Frame, list[AcceptResult]]
+
+    def _init_accept(self) -> None:
+        # The op and the after-commit callback both run in the writer's task.
+        self.accept_rows = accept.AcceptRows(asyncio.current_task)
+        self._accept_op = BatchOp("accept", self._accept_frames)
+
     async def accept(self, item: AcceptInput) -> AcceptResult:
-        # Each sender belongs to one writer, which keeps its sends in arrival order: a
+        return (await self.accept_batch([item]))[0]
+
+    async def accept_batch(self, items: Sequence[AcceptInput]) -> list[AcceptResult]:
+        if not items:
+            return []
+        # Each sender belongs to one writer, which keeps its frames in arrival order: a
         # recipient's seq follows the order the broker received one sender's sends in.
         try:
-            return await self.db.submit(ACCEPT, item, shard=(item.mesh_id, item.sender_pubkey))
+            return await self.db.submit(self._accept_op, Frame(items),
+                                        shard=(items[0].mesh_id, items[0].sender_pubkey))
         except TidemeshError as exc:
-            return failed(item, exc)
+            return [failed(a, exc) for a in items]
+
+    async def _accept_frames(self, conn: Any, frames: Sequence[Frame]
+                             ) -> list[list[AcceptResult]]:
+        if len(frames) == 1 and frames[0].tried:
+            out = [await _accept_alone(conn, frames[0].items)]
+        else:
+            for f in frames:
+                f.tried = True
+            sends = [f.items for f in frames]
+            out = accept.regroup(sends, await accept.run_async(PgAcceptPort(conn),
+                                                               accept.flatten(sends)))
+        self.accept_rows.ran(sum(len(f.items) for f in frames))
+        return out
+
+
+async def _accept_alone(conn: Any, items: Sequence[AcceptInput]) -> list[AcceptResult]:
+    """Run ``items`` in a savepoint; if a statement fails, each send in its own, in order."""
+    try:
+        async with conn.transaction():
+            return await accept.run_async(PgAcceptPort(conn), items)
+    except asyncpg.PostgresError as exc:
+        if isinstance(exc, CONNECTION_ERRORS):
+            raise
+        if len(items) == 1:
+            log.error("broker_accept_failed", client_message_id=items[0].client_message_id,
+                      error=str(exc))
+            return [failed(items[0], storage_error(exc, "broker", "rejected this write"))]
+        log.warning("broker_accept_frame_split", error=str(exc), sends=len(items))
+    return [(await _accept_alone(conn, [a]))[0] for a in items]
 
 
 class PgAcceptPort:
@@ -81,13 +146,6 @@ class PgAcceptPort:
                 by_message.setdefault(bm, []).append(Delivery(pubkey, epoch, seq))
         return {bm: sorted(ds, key=lambda d: d.recipient_pubkey)
                 for bm, ds in by_message.items()}
-
-
-async def _accept_batch(conn: Any, items: Sequence[AcceptInput]) -> list[AcceptResult]:
-    return await accept.run_async(PgAcceptPort(conn), items)
-
-
-ACCEPT = BatchOp("accept", _accept_batch, key=lambda a: a.key)
 
 
 CLAIM_SQL = """

@@ -40,6 +40,7 @@ class SqliteStore(OnEngine[Database], Membership, Accept, Delivery, Retention):
     def __init__(self, db: Database) -> None:
         self.db = db
         self.path = db.path
+        self._init_accept()
 
     @classmethod
     async def open(cls, path: Path, *, batch_max: int = 512,

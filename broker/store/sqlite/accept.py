@@ -1,6 +1,9 @@
-"""The accept (SQLite): the shared sequence (``broker/store/accept.py``) over this port, one
-send per savepoint of the writer's group commit, so that later sends of one key are decided
-against what earlier ones wrote."""
+"""The accept (SQLite): the shared sequence (``broker/store/accept.py``) over this port.
+
+A frame's sends are one item of the writer's queue; the writer runs every frame it drained
+as one batch of the sequence, in one savepoint of its group commit. Should a statement fail,
+the savepoint is rolled back and each send is redone in its own savepoint, in order, so one
+bad send fails alone and later sends of a key are still decided against earlier ones."""
 
 from __future__ import annotations
 
@@ -8,18 +11,77 @@ import json
 import sqlite3
 from collections.abc import Sequence
 
+import structlog
+
 from tidemesh.broker.accept import AcceptInput, AcceptResult, DedupeRow, Delivery, failed
 from tidemesh.broker.store import accept
 from tidemesh.broker.store.sqlite.base import SqliteBase
-from tidemesh.core.errors import TidemeshError
+from tidemesh.core.errors import InsufficientStorage, TidemeshError, Unavailable
+from tidemesh.storage.sqlite import BatchOp, storage_error
+
+log = structlog.get_logger(__name__)
+Frames = Sequence[Sequence[AcceptInput]]
 
 
 class Accept(SqliteBase):
+    accept_rows: accept.AcceptRows
+    _accept_op: BatchOp[Sequence[AcceptInput], list[AcceptResult]]
+
+    def _init_accept(self) -> None:
+        self.accept_rows = accept.AcceptRows(lambda: None)  # one writer
+        self._accept_op = BatchOp("accept", self._accept_frames)
+
     async def accept(self, item: AcceptInput) -> AcceptResult:
+        return (await self.accept_batch([item]))[0]
+
+    async def accept_batch(self, items: Sequence[AcceptInput]) -> list[AcceptResult]:
+        if not items:
+            return []
         try:
-            return await self._write(lambda c: accept.run(SqliteAcceptPort(c), [item])[0])
+            return await self._submit(self._accept_op, items)
         except TidemeshError as exc:
-            return failed(item, exc)
+            return [failed(a, exc) for a in items]
+
+    def _accept_frames(self, conn: sqlite3.Connection, frames: Frames
+                       ) -> list[list[AcceptResult]]:
+        items = accept.flatten(frames)
+        conn.execute("SAVEPOINT accept")
+        try:
+            results = accept.run(SqliteAcceptPort(conn), items)
+        except Exception as exc:
+            conn.execute("ROLLBACK TO accept")
+            conn.execute("RELEASE accept")
+            _raise_if_disk_full(exc)
+            log.warning("broker_accept_batch_split", error=str(exc), sends=len(items))
+            results = [_accept_alone(conn, a) for a in items]
+        else:
+            conn.execute("RELEASE accept")
+        self.accept_rows.ran(len(items))
+        return accept.regroup(frames, results)
+
+
+def _accept_alone(conn: sqlite3.Connection, a: AcceptInput) -> AcceptResult:
+    conn.execute("SAVEPOINT send")
+    try:
+        result = accept.run(SqliteAcceptPort(conn), [a])[0]
+    except Exception as exc:
+        conn.execute("ROLLBACK TO send")
+        conn.execute("RELEASE send")
+        _raise_if_disk_full(exc)
+        log.error("broker_accept_failed", client_message_id=a.client_message_id,
+                  error=str(exc))
+        err = (storage_error(exc, "broker") if isinstance(exc, sqlite3.Error)
+               else Unavailable(f"the broker could not accept this send: {exc}"))
+        return failed(a, err)
+    conn.execute("RELEASE send")
+    return result
+
+
+def _raise_if_disk_full(exc: Exception) -> None:
+    """A full disk fails the whole group commit (the engine answers every caller 507)."""
+    if isinstance(exc, sqlite3.Error) and isinstance(storage_error(exc, "broker"),
+                                                     InsufficientStorage):
+        raise exc
 
 
 class SqliteAcceptPort:

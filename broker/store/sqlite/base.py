@@ -8,9 +8,10 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from tidemesh.core.errors import TidemeshError, Unavailable
-from tidemesh.storage.sqlite import Database
+from tidemesh.storage.sqlite import BatchOp, Database
 
 T = TypeVar("T")
+A = TypeVar("A")
 
 
 class SqliteBase:
@@ -22,6 +23,14 @@ class SqliteBase:
         except TidemeshError:
             raise
         except Exception as exc:  # a write's own failure is this call's 503
+            raise Unavailable(f"the broker database write failed: {exc}") from exc
+
+    async def _submit(self, op: BatchOp[A, T], arg: A) -> T:
+        try:
+            return await self.db.submit(op, arg)
+        except TidemeshError:
+            raise
+        except Exception as exc:  # as in _write
             raise Unavailable(f"the broker database write failed: {exc}") from exc
 
     async def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T:

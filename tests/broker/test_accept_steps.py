@@ -1,0 +1,93 @@
+"""The accept sequence (``broker/store/accept.steps``) without a database: an in-memory port
+that records each statement the sequence asks for."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tests.broker.conftest import accept_input, new_pubkey
+from tidemesh.broker.accept import AcceptInput, DedupeRow, Delivery
+from tidemesh.broker.store import accept
+
+MESH = "01J0000000000000000000MESH"
+
+
+class MemoryPort:
+    """``accept.AcceptPort`` over dicts: one topic ``ops`` with one subscriber."""
+
+    def __init__(self, subscriber: str) -> None:
+        self.dedupe: dict[accept.Key, DedupeRow] = {}
+        self.messages: list[str] = []
+        self.subscriber = subscriber
+        self.calls: list[str] = []
+
+    def claim(self, items: Sequence[AcceptInput]) -> None:
+        self.calls.append("claim")
+        for a in items:
+            self.dedupe.setdefault(a.key, DedupeRow(a.broker_message_id, a.history_id,
+                                                    a.fingerprint, True, a.now_ms))
+
+    def read_back(self, items: Sequence[AcceptInput]) -> dict[accept.Key, DedupeRow]:
+        self.calls.append("read_back")
+        return {a.key: self.dedupe[a.key] for a in items}
+
+    def destinations(self, items: Sequence[AcceptInput]
+                     ) -> dict[accept.Destination, list[str]]:
+        self.calls.append("destinations")
+        return {("topic", MESH, "ops"): [self.subscriber]}
+
+    def unclaim(self, broker_message_ids: Sequence[str]) -> None:
+        self.calls.append("unclaim")
+        gone = set(broker_message_ids)
+        self.dedupe = {k: r for k, r in self.dedupe.items() if r.broker_message_id not in gone}
+
+    def insert(self, accepted: Sequence[tuple[AcceptInput, list[str]]]
+               ) -> dict[str, list[Delivery]]:
+        self.calls.append("insert")
+        self.messages += [a.client_message_id for a, _ in accepted]
+        return {a.broker_message_id: [Delivery(p, 1, len(self.messages)) for p in r]
+                for a, r in accepted}
+
+
+def _sends(sender: str, n: int) -> list[AcceptInput]:
+    """Fresh keys, every fifth a repeat of the one before it, and a key first refused by
+    B2 then sent to a topic that exists."""
+    out = []
+    for i in range(n):
+        cmid = f"c{i - 1}" if i % 5 == 4 else f"c{i}"
+        body = f"b{i - 1}" if i % 5 == 4 else f"b{i}"
+        out.append(accept_input(MESH, sender, cmid, body=body))
+    out += [accept_input(MESH, sender, "x", ref="nowhere"),
+            accept_input(MESH, sender, "x", body="then"),
+            accept_input(MESH, sender, "x", body="then")]
+    return out
+
+
+def test_steps_take_the_same_statements_for_5_sends_as_for_500() -> None:
+    calls = []
+    for n in (5, 500):
+        port = MemoryPort(new_pubkey())
+        accept.run(port, _sends(new_pubkey(), n))
+        calls.append(port.calls)
+    assert calls[0] == calls[1] == ["claim", "read_back", "destinations", "unclaim", "claim",
+                                   "insert"]
+
+
+def test_steps_decide_a_repeated_key_against_the_send_before_it() -> None:
+    port = MemoryPort(new_pubkey())
+    items = _sends(new_pubkey(), 10)
+    results = accept.run(port, items)
+    assert [r.status for r in results] == [201, 201, 201, 201, 200] * 2 + [404, 201, 200]
+    assert results[4].broker_message_id == results[3].broker_message_id
+    assert results[-1].broker_message_id == results[-2].broker_message_id
+    assert port.dedupe[items[-2].key].broker_message_id == items[-2].broker_message_id
+    assert port.messages == ["c0", "c1", "c2", "c3", "c5", "c6", "c7", "c8", "x"]
+
+
+def test_steps_answer_keys_held_before_the_batch_without_claiming_again() -> None:
+    port, sender = MemoryPort(new_pubkey()), new_pubkey()
+    first = accept.run(port, [accept_input(MESH, sender, "k")])
+    again = accept.run(port, [accept_input(MESH, sender, "k"),
+                              accept_input(MESH, sender, "k", body="other")])
+    assert [r.status for r in first + again] == [201, 200, 409]
+    assert port.calls[-2:] == ["claim", "read_back"]

@@ -1,0 +1,127 @@
+"""A ``send_batch`` frame is one store operation: a real broker on each store, answering one
+frame of 500 sends exactly as 500 lone sends in the same order would have been answered."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nacl.signing import SigningKey
+from prometheus_client.parser import text_string_to_metric_families
+from websockets.asyncio.client import ClientConnection, connect
+
+from tests.broker.test_server import Broker, _start, payload, pub
+from tidemesh.core import handshake
+from tidemesh.core.metrics import render
+from tidemesh.core.wire import decode, encode
+
+Frame = dict[str, Any]
+
+
+async def _hello(ws: ClientConnection, b: Broker, key: SigningKey) -> None:
+    nonce = decode(await ws.recv())["nonce"]
+    pk, sig = handshake.sign(key, b.mesh_id, nonce)
+    await ws.send(encode({"type": "hello", "mesh_id": b.mesh_id, "pubkey": pk, "nonce": nonce,
+                          "signature": sig}))
+    assert decode(await ws.recv())["type"] == "hello_ack"
+
+
+async def _answer(ws: ClientConnection) -> Frame:
+    while True:
+        frame = decode(await ws.recv())
+        if frame["type"] in ("send_result", "send_results"):
+            return frame
+
+
+async def _alone(ws: ClientConnection, send: Frame) -> Frame:
+    """A lone send's result. One that fails its schema goes as a batch of one: a lone frame
+    would get an error frame, and fifty of them close the connection as a flood."""
+    if send["to"]["kind"] == "fax":
+        await ws.send(encode({"type": "send_batch", "id": "one", "sends": [send]}))
+        return (await _answer(ws))["results"][0]
+    await ws.send(encode({"type": "send", **send}))
+    return await _answer(ws)
+
+
+def _mixed_sends(n: int = 500) -> list[Frame]:
+    """Fresh keys, with repeats inside the frame (same body: duplicate; other body:
+    conflict), schema rejects, a B1 reject, a B2 refusal whose key a later send then wins,
+    and keys an earlier frame already holds."""
+    sends: list[Frame] = []
+    for i in range(n):
+        cmid, item = f"c{i}", payload(body=f"b{i}")
+        if i % 10 == 3:
+            cmid, item = f"c{i - 3}", payload(body=f"b{i - 3}")
+        elif i % 10 == 5:
+            cmid, item = f"c{i - 5}", payload(body="other")
+        elif i % 10 == 7:
+            item = payload(to={"kind": "fax", "ref": "x"})
+        elif i % 50 == 9:
+            cmid, item = f"x{i}", payload(ref="nowhere")
+        elif i % 50 == 19:
+            cmid = f"x{i - 10}"
+        elif i % 50 == 29:
+            cmid, item = f"x{i - 20}", payload(body=f"b{i - 10}")
+        elif i % 100 == 41:
+            item = payload(body="not base64!", body_encoding="base64")
+        elif i % 100 == 61:
+            cmid, item = "early", payload(body="e")
+        elif i % 100 == 81:
+            cmid, item = "early", payload(body="changed")
+        sends.append({"id": f"s{i}", "client_message_id": cmid, **item})
+    return sends
+
+
+def _shape(results: list[Frame]) -> list[tuple[Any, ...]]:
+    """What a result says, with 200s naming the position of the send they repeat."""
+    created = {r["broker_message_id"]: i for i, r in enumerate(results) if r["status"] == 201}
+    return [(r["id"], r["status"], r.get("error", {}).get("code"),
+             created.get(r["broker_message_id"], "earlier") if r["status"] == 200 else None)
+            for r in results]
+
+
+def _accepts_histogram(b: Broker) -> tuple[float, float]:
+    """(sum, count) of the sends-per-accept-transaction histogram, as /metrics renders it."""
+    families = text_string_to_metric_families(render(b.service.metrics.registry).decode())
+    samples = {s.name: s.value for f in families if f.name == "cm_broker_accept_batch_size"
+               for s in f.samples}
+    return samples["cm_broker_accept_batch_size_sum"], samples["cm_broker_accept_batch_size_count"]
+
+
+async def test_a_batch_is_answered_as_its_sends_one_by_one_in_order(store_url: str) -> None:
+    b, server = await _start(store_url)
+    sends = _mixed_sends()
+    early = {"id": "e", "client_message_id": "early", **payload(body="e")}
+    try:
+        async with connect(b.url) as ws:  # alice: the whole frame at once
+            await _hello(ws, b, b.alice)
+            await ws.send(encode({"type": "send_batch", "id": "pre", "sends": [early]}))
+            assert (await _answer(ws))["results"][0]["status"] == 201
+            before = _accepts_histogram(b)
+            await ws.send(encode({"type": "send_batch", "id": "big", "sends": sends}))
+            batch = await _answer(ws)
+            after = _accepts_histogram(b)
+        async with connect(b.url) as ws:  # bob: the same sends alone, each awaited
+            await _hello(ws, b, b.bob)
+            await ws.send(encode({"type": "send", **early}))
+            await _answer(ws)
+            singles = [await _alone(ws, s) for s in sends]
+        counts = await b.store.counts()
+        received = await b.store.deliveries_after(b.mesh_id, pub(b.bob), 1, 0, 1000)
+    finally:
+        await server.stop()
+        await b.store.close()
+    assert (batch["type"], batch["id"], len(batch["results"])) == ("send_results", "big", 500)
+    assert _shape(batch["results"]) == _shape(singles)
+    statuses = [r["status"] for r in batch["results"]]
+    assert {s: statuses.count(s) for s in set(statuses)} == {
+        201: 315, 200: 65, 409: 55, 400: 55, 404: 10}
+    winners = [s["client_message_id"] for s, r in zip(sends, batch["results"], strict=True)
+               if r["status"] == 201]
+    assert len(set(winners)) == len(winners)
+    # One message per winning key, for each sender, and nothing for anything else.
+    for table in ("client_message_dedupe", "topic_message", "message_history"):
+        assert counts[table] == 2 * (len(winners) + 1), table
+    # Bob receives alice's messages in the order she sent them.
+    assert [r.client_message_id for r in received] == ["early", *winners]
+    # The frame's sends that passed B1 (all but the 55 400s) were one accept transaction.
+    assert (after[0] - before[0], after[1] - before[1]) == (500 - 55, 1)
