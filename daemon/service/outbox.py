@@ -11,19 +11,19 @@ import asyncio
 import dataclasses
 import sqlite3
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 import orjson
 
 from tidemesh.core.accept import Action
-from tidemesh.core.errors import InvalidRequest
+from tidemesh.core.errors import InvalidRequest, TidemeshError
 from tidemesh.core.fingerprint import prefix, request_fingerprint
 from tidemesh.core.ids import client_message_id_problem, new_ulid
 from tidemesh.core.outcome import Settlement
 from tidemesh.core.send import DestinationKind, SendRequest
-from tidemesh.daemon.records import BoundRow, SendKind, SendOutcome
+from tidemesh.daemon.records import BatchItem, BoundRow, SendKind, SendOutcome
 from tidemesh.daemon.store import outbox
 from tidemesh.daemon.store.db import Database
 
@@ -128,14 +128,45 @@ class OutboxService:
             self.admit()
         if self.gate is not None:
             await self.gate(req)
-        cmid = req.client_message_id or new_ulid()
-        new = self._new_row(req, cmid)
-        res = await self.db.submit(outbox.ACCEPT, new)
+        new = self._new_row(req, req.client_message_id or new_ulid())
+        return self._outcome(await self.db.submit(outbox.ACCEPT, new), new)
+
+    async def submit_many(self, items: Sequence[BatchItem]) -> list[SendOutcome | TidemeshError]:
+        """Accept a batch as if each send came on its own, in order, and all in one outbox
+        transaction: the answer of each, or the 4xx that refused it (kept from ``items``,
+        or the pre-send hook's veto). A refusal of the whole batch (the disk floor, the
+        database) raises, and then nothing was stored."""
+        if self.admit is not None:
+            self.admit()
+        prepared = [await self._prepared(it) for it in items]
+        rows = [p for p in prepared if isinstance(p, outbox.NewRow)]
+        # One write: the whole batch commits in one transaction, each decided in order.
+        results = await self.db.write(lambda conn: outbox.accept_many(conn, rows)) if rows else []
+        accepted = iter(zip(results, rows, strict=True))
+        return [p if isinstance(p, TidemeshError) else self._outcome(*next(accepted))
+                for p in prepared]
+
+    async def _prepared(self, item: BatchItem) -> outbox.NewRow | TidemeshError:
+        """The row to accept for one item of a batch, past the pre-send hook and sealing as
+        ``submit`` takes it; or the 4xx that refused it (403 send_vetoed, a DM key that is
+        no member's)."""
+        if isinstance(item, TidemeshError):
+            return item
+        try:
+            if self.gate is not None:
+                await self.gate(item)
+            return self._new_row(item, item.client_message_id or new_ulid())
+        except TidemeshError as exc:
+            if exc.http_status >= 500:
+                raise
+            return exc
+
+    def _outcome(self, res: outbox.AcceptResult, new: outbox.NewRow) -> SendOutcome:
         oc = res.outcome
         if oc.action is Action.INSERT:
             self.accepted.set()
         return SendOutcome(
-            KINDS[oc.action], cmid, prefix(new.fingerprint), _bound(res, new),
+            KINDS[oc.action], new.client_message_id, prefix(new.fingerprint), _bound(res, new),
             queue_status=oc.status, conflict=oc.conflict, shows_broker_id=oc.with_broker_id,
             shows_reason=oc.with_reason,
         )
