@@ -48,6 +48,13 @@ def _bound(res: outbox.AcceptResult, new: outbox.NewRow) -> BoundRow:
                     row.history_id, row.last_error)
 
 
+def _ascending(rows: list[outbox.NewRow]) -> list[outbox.NewRow]:
+    """The rows with their ids rising in request order: the sender sends by (due time, id),
+    and ULIDs minted in one millisecond would otherwise go out in random order."""
+    ids = sorted(r.id for r in rows)
+    return [dataclasses.replace(r, id=i) for r, i in zip(rows, ids, strict=True)]
+
+
 def fingerprint_of(req: SendRequest) -> bytes:
     return request_fingerprint(req.to.kind.value, req.to.ref, req.body, req.priority.value,
                                req.meta, req.reply_to, req.meta_jcs)
@@ -139,7 +146,7 @@ class OutboxService:
         if self.admit is not None:
             self.admit()
         prepared = [await self._prepared(it) for it in items]
-        rows = [p for p in prepared if isinstance(p, outbox.NewRow)]
+        rows = _ascending([p for p in prepared if isinstance(p, outbox.NewRow)])
         # One write: the whole batch commits in one transaction, each decided in order.
         results = await self.db.write(lambda conn: outbox.accept_many(conn, rows)) if rows else []
         accepted = iter(zip(results, rows, strict=True))
