@@ -48,11 +48,11 @@ def _bound(res: outbox.AcceptResult, new: outbox.NewRow) -> BoundRow:
                     row.history_id, row.last_error)
 
 
-def _ascending(rows: list[outbox.NewRow]) -> list[outbox.NewRow]:
-    """The rows with their ids rising in request order: the sender sends by (due time, id),
-    and ULIDs minted in one millisecond would otherwise go out in random order."""
-    ids = sorted(r.id for r in rows)
-    return [dataclasses.replace(r, id=i) for r, i in zip(rows, ids, strict=True)]
+def _item_refusal(exc: TidemeshError) -> TidemeshError:
+    """A 4xx refuses one send of a batch; a 5xx is the daemon's own and fails the batch."""
+    if exc.http_status >= 500:
+        raise exc
+    return exc
 
 
 def fingerprint_of(req: SendRequest) -> bytes:
@@ -109,11 +109,12 @@ class OutboxService:
         return int(self.clock() * 1000)
 
     def _new_row(
-        self, req: SendRequest, cmid: str, supersedes: str | None = None
+        self, req: SendRequest, cmid: str, supersedes: str | None = None,
+        row_id: str | None = None, now: int | None = None,
     ) -> outbox.NewRow:
-        now = self._now_ms()
+        now = self._now_ms() if now is None else now
         return outbox.NewRow(
-            id=new_ulid(now), client_message_id=cmid, fingerprint=fingerprint_of(req),
+            id=row_id or new_ulid(now), client_message_id=cmid, fingerprint=fingerprint_of(req),
             payload=orjson.dumps(self._sealed(req, cmid).to_payload()), dest_kind=req.to.kind.value,
             dest_ref=req.to.ref, now_ms=now, supersedes=supersedes,
         )
@@ -145,28 +146,38 @@ class OutboxService:
         database) raises, and then nothing was stored."""
         if self.admit is not None:
             self.admit()
-        prepared = [await self._prepared(it) for it in items]
-        rows = _ascending([p for p in prepared if isinstance(p, outbox.NewRow)])
+        gated = [await self._gated(it) for it in items]
+        # Row ids rising in request order: the sender sends by (due time, id), and ULIDs
+        # minted in one millisecond would otherwise go out in random order.
+        now = self._now_ms()
+        ids = iter(sorted(new_ulid(now) for g in gated if isinstance(g, SendRequest)))
+        prepared = [g if isinstance(g, TidemeshError) else self._batch_row(g, next(ids), now)
+                    for g in gated]
+        rows = [p for p in prepared if isinstance(p, outbox.NewRow)]
         # One write: the whole batch commits in one transaction, each decided in order.
         results = await self.db.write(lambda conn: outbox.accept_many(conn, rows)) if rows else []
         accepted = iter(zip(results, rows, strict=True))
         return [p if isinstance(p, TidemeshError) else self._outcome(*next(accepted))
                 for p in prepared]
 
-    async def _prepared(self, item: BatchItem) -> outbox.NewRow | TidemeshError:
-        """The row to accept for one item of a batch, past the pre-send hook and sealing as
-        ``submit`` takes it; or the 4xx that refused it (403 send_vetoed, a DM key that is
-        no member's)."""
-        if isinstance(item, TidemeshError):
+    async def _gated(self, item: BatchItem) -> BatchItem:
+        """The item, or the 4xx the pre-send hook refused it with (403 send_vetoed)."""
+        if self.gate is None or isinstance(item, TidemeshError):
             return item
         try:
-            if self.gate is not None:
-                await self.gate(item)
-            return self._new_row(item, item.client_message_id or new_ulid())
+            await self.gate(item)
         except TidemeshError as exc:
-            if exc.http_status >= 500:
-                raise
-            return exc
+            return _item_refusal(exc)
+        return item
+
+    def _batch_row(self, req: SendRequest, row_id: str, now: int) -> outbox.NewRow | TidemeshError:
+        """The row of one send of a batch, or the 4xx sealing refused it with (a DM key that
+        is no member's)."""
+        try:
+            return self._new_row(req, req.client_message_id or new_ulid(now), row_id=row_id,
+                                 now=now)
+        except TidemeshError as exc:
+            return _item_refusal(exc)
 
     def _outcome(self, res: outbox.AcceptResult, new: outbox.NewRow) -> SendOutcome:
         oc = res.outcome
