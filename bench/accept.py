@@ -1,12 +1,16 @@
-"""bench/accept: POST /v1/send over the daemon's Unix socket at concurrency 1, 16 and 64.
+"""bench/accept: POST /v1/send over the daemon's Unix socket at concurrency 1, 16 and 64,
+then POST /v1/send_batch (100 sends per request).
 
 Durable (synchronous=FULL, each answer after its group commit). In the same run, a trivial
-aiohttp handler on the same kind of socket (uvloop, orjson, no storage) gives the ceiling.
-The load generator is a separate process with raw keep-alive HTTP/1.1 connections, so the
-client's CPU does not share the server's event loop. Prints sends/s, p50, p99, the ratio to
-the ceiling, and the daemon's rows per transaction.
+aiohttp handler on the same kind of socket (uvloop, orjson, no storage) gives the ceiling in
+requests/s at each concurrency. The load generator is a separate process with raw keep-alive
+HTTP/1.1 connections, so the client's CPU does not share the server's event loop. Prints
+sends/s (for a batch: messages/s), requests/s, p50 and p99 per request, the ratio of sends/s
+to the ceiling's requests/s, and the daemon's CPU per send (user + system, all its threads,
+from /proc, over the whole load including the warm-up).
 
     .venv/bin/python bench/accept.py [--seconds 8] [--concurrency 1,16,64]
+                                     [--batch 100] [--batch-concurrency 4]
 """
 
 from __future__ import annotations
@@ -60,10 +64,18 @@ def _child(*args: str) -> list[str]:
 LOADGEN = str(Path(__file__).with_name("loadgen.py"))
 
 
-def _run_load(sock: Path, conc: int, seconds: float, warmup: float, tag: str) -> dict[str, float]:
+def _run_load(sock: Path, conc: int, seconds: float, warmup: float, tag: str,
+              batch: int = 0) -> dict[str, float]:
     out = subprocess.run([sys.executable, LOADGEN, str(sock), str(conc), str(seconds),
-                          str(warmup), tag], capture_output=True, text=True, check=True)
+                          str(warmup), tag, "bench", str(batch)],
+                         capture_output=True, text=True, check=True)
     return json.loads(out.stdout)  # type: ignore[no-any-return]
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process, all its threads (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _wait_socket(sock: Path, proc: subprocess.Popen[bytes]) -> None:
@@ -89,47 +101,72 @@ def _outbox_rows(db: Path) -> int:
         conn.close()
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--seconds", type=float, default=8.0)
-    ap.add_argument("--warmup", type=float, default=1.0)
-    ap.add_argument("--concurrency", default="1,16,64")
-    args = ap.parse_args()
-    levels = [int(c) for c in args.concurrency.split(",")]
-    home = Path(tempfile.mkdtemp(prefix="tm-bench-", dir="/tmp"))
-    env = {**os.environ, "TIDEMESH_HOME": str(home), "TIDEMESH_LOG_LEVEL": "warning",
-           "TIDEMESH_LOG_FORMAT": "json"}
-    triv_sock = home / "trivial.sock"
-    print(f"bench/accept: {args.seconds:.0f} s per cell after {args.warmup:.0f} s warm-up; "
-          f"durable: synchronous=FULL, one answer per committed row")
-    print(f"{'server':8} {'conc':>4} {'sends/s':>9} {'p50 ms':>7} {'p99 ms':>7} {'errors':>6} "
-          f"{'vs ceiling':>10}")
-    results: dict[tuple[str, int], dict[str, float]] = {}
-    for conc in levels:
-        triv = subprocess.Popen(_child("--trivial", str(triv_sock)), stdout=subprocess.PIPE)
-        _wait_socket(triv_sock, triv)
-        results[("trivial", conc)] = _run_load(triv_sock, conc, args.seconds, args.warmup,
-                                               f"t{conc}")
+def _trivial_cell(home: Path, conc: int, args: argparse.Namespace) -> dict[str, float]:
+    sock = home / "trivial.sock"
+    triv = subprocess.Popen(_child("--trivial", str(sock)), stdout=subprocess.PIPE)
+    try:
+        _wait_socket(sock, triv)
+        return _run_load(sock, conc, args.seconds, args.warmup, f"t{conc}")
+    finally:
         triv.send_signal(signal.SIGTERM)
         triv.wait()
-        with open(home / "daemon.out", "ab") as log:
-            daemon = subprocess.Popen(
-                [sys.executable, "-m", "tidemesh", "daemon", "up", "--foreground", "--mesh",
-                 f"bench{conc}", "--no-tcp"], env=env, stdout=log, stderr=log)
-        sock = home / "daemon" / f"bench{conc}" / "sock"
+
+
+def _daemon_cell(home: Path, mesh: str, conc: int, batch: int, args: argparse.Namespace
+                 ) -> dict[str, float]:
+    env = {**os.environ, "TIDEMESH_HOME": str(home), "TIDEMESH_LOG_LEVEL": "warning",
+           "TIDEMESH_LOG_FORMAT": "json"}
+    with open(home / "daemon.out", "ab") as log:
+        daemon = subprocess.Popen(
+            [sys.executable, "-m", "tidemesh", "daemon", "up", "--foreground", "--mesh", mesh,
+             "--no-tcp"], env=env, stdout=log, stderr=log)
+    sock = home / "daemon" / mesh / "sock"
+    try:
         _wait_socket(sock, daemon)
         time.sleep(0.3)
-        results[("daemon", conc)] = _run_load(sock, conc, args.seconds, args.warmup, f"d{conc}")
+        cpu = _cpu_s(daemon.pid)
+        r = _run_load(sock, conc, args.seconds, args.warmup, mesh, batch)
+        r["cpu_us"] = 1e6 * (_cpu_s(daemon.pid) - cpu) / max(r["all_ok"], 1)
+    finally:
         daemon.send_signal(signal.SIGTERM)
         daemon.wait()
-        rows = _outbox_rows(home / "daemon" / f"bench{conc}" / "outbox.db")
-        for server in ("trivial", "daemon"):
-            r = results[(server, conc)]
-            ratio = r["rps"] / results[("trivial", conc)]["rps"]
-            print(f"{server:8} {conc:>4} {r['rps']:>9.0f} {r['p50_ms']:>7.2f} {r['p99_ms']:>7.2f} "
-                  f"{r['errors']:>6.0f} {ratio:>9.0%}")
-        print(f"         (daemon outbox rows after the run: {rows})")
-    ratios = [results[("daemon", c)]["rps"] / results[("trivial", c)]["rps"] for c in levels]
+    r["rows"] = _outbox_rows(home / "daemon" / mesh / "outbox.db")
+    return r
+
+
+def _line(server: str, conc: int, r: dict[str, float], ceiling: float) -> None:
+    cpu = f"{r['cpu_us']:>11.0f}" if "cpu_us" in r else ""
+    print(f"{server:9} {conc:>4} {r['mps']:>9.0f} {r['rps']:>8.0f} {r['p50_ms']:>7.2f} "
+          f"{r['p99_ms']:>7.2f} {r['errors']:>6.0f} {r['mps'] / ceiling:>10.0%} {cpu}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n", 1)[0])
+    ap.add_argument("--seconds", type=float, default=8.0)
+    ap.add_argument("--warmup", type=float, default=1.0)
+    ap.add_argument("--concurrency", default="1,16,64",
+                    help="levels of single sends, comma-separated ('' for none)")
+    ap.add_argument("--batch", type=int, default=100,
+                    help="sends per /v1/send_batch request (0: no batch cell)")
+    ap.add_argument("--batch-concurrency", type=int, default=4,
+                    help="batch requests in flight")
+    args = ap.parse_args()
+    cells = [(int(c), 0) for c in args.concurrency.split(",") if c]
+    if args.batch:
+        cells.append((args.batch_concurrency, args.batch))
+    home = Path(tempfile.mkdtemp(prefix="tm-bench-", dir="/tmp"))
+    print(f"bench/accept: {args.seconds:.0f} s per cell after {args.warmup:.0f} s warm-up; "
+          f"durable: synchronous=FULL, one answer per committed request")
+    print(f"{'server':9} {'conc':>4} {'sends/s':>9} {'req/s':>8} {'p50 ms':>7} {'p99 ms':>7} "
+          f"{'errors':>6} {'vs ceiling':>10} {'cpu µs/send':>11}")
+    ratios = []
+    for conc, batch in cells:
+        ceiling = _trivial_cell(home, conc, args)
+        r = _daemon_cell(home, f"bench{conc}{'b' if batch else ''}", conc, batch, args)
+        _line("trivial", conc, ceiling, ceiling["rps"])
+        _line(f"batch{batch}" if batch else "daemon", conc, r, ceiling["rps"])
+        ratios.append(r["mps"] / ceiling["rps"])
+        print(f"          (daemon outbox rows after the run: {r['rows']:.0f})")
     print(f"median ratio to ceiling: {statistics.median(ratios):.0%}; data in {home}")
 
 

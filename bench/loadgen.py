@@ -1,8 +1,9 @@
 """A closed-loop HTTP/1.1 load generator over a Unix socket: raw keep-alive connections, one
 request in flight per connection, unique Idempotency-Key per request. Run as its own process
-so the client's CPU does not share the server's event loop.
+so the client's CPU does not share the server's event loop. With BATCH > 0 each request is a
+POST /v1/send_batch of BATCH sends, each under its own client_message_id.
 
-    python bench/loadgen.py SOCKET CONCURRENCY SECONDS WARMUP TAG [TOPIC]   → one JSON line
+    python bench/loadgen.py SOCKET CONCURRENCY SECONDS WARMUP TAG [TOPIC [BATCH]]  → JSON line
 """
 
 from __future__ import annotations
@@ -18,8 +19,24 @@ def body_for(topic: str) -> bytes:
             + b"x" * 200 + b'","meta":{"n":1}}')
 
 
+def _single(body: bytes, key: bytes) -> bytes:
+    return (b"POST /v1/send HTTP/1.1\r\nHost: localhost\r\nContent-Type: "
+            b"application/json\r\nIdempotency-Key: " + key + b"\r\nContent-Length: "
+            + str(len(body)).encode() + b"\r\n\r\n" + body)
+
+
+def _batch(body: bytes, key: bytes, size: int) -> bytes:
+    # Each send is the single body with its own id spliced in before the closing brace.
+    sends = b",".join(body[:-1] + b',"client_message_id":"' + key + b"." + str(j).encode()
+                      + b'"}' for j in range(size))
+    payload = b'{"sends":[' + sends + b"]}"
+    return (b"POST /v1/send_batch HTTP/1.1\r\nHost: localhost\r\nContent-Type: "
+            b"application/json\r\nContent-Length: " + str(len(payload)).encode()
+            + b"\r\n\r\n" + payload)
+
+
 async def _conn_loop(path: str, prefix: str, body: bytes, stop_at: float, warm_until: float,
-                     lat: list[float], counts: list[int]) -> None:
+                     lat: list[float], counts: list[int], batch: int) -> None:
     reader, writer = await asyncio.open_unix_connection(path)
     i = 0
     while True:
@@ -28,34 +45,40 @@ async def _conn_loop(path: str, prefix: str, body: bytes, stop_at: float, warm_u
             break
         key = f"{prefix}-{i}".encode()
         i += 1
-        writer.write(b"POST /v1/send HTTP/1.1\r\nHost: localhost\r\nContent-Type: "
-                     b"application/json\r\nIdempotency-Key: " + key + b"\r\nContent-Length: "
-                     + str(len(body)).encode() + b"\r\n\r\n" + body)
+        writer.write(_batch(body, key, batch) if batch else _single(body, key))
         head = await reader.readuntil(b"\r\n\r\n")
         status = int(head[9:12])
         length = 0
         for line in head.split(b"\r\n"):
             if line[:15].lower() == b"content-length:":
                 length = int(line[15:])
-        await reader.readexactly(length)
+        answer = await reader.readexactly(length)
         done = time.perf_counter()
+        # A batch is 200 with one result per send; a send counts when its result is 202.
+        sent = answer.count(b'{"status":202') if batch else int(status in (200, 202))
+        counts[2] += sent
         if now >= warm_until:
             lat.append(done - now)
-            counts[0 if status in (200, 202) else 1] += 1
+            counts[0] += sent
+            counts[1] += (batch or 1) - sent
+            counts[3] += status in (200, 202)
     writer.close()
 
 
 async def run(path: str, conc: int, seconds: float, warmup: float, tag: str,
-              topic: str = "bench") -> dict[str, float]:
+              topic: str = "bench", batch: int = 0) -> dict[str, float]:
     lat: list[float] = []
-    counts = [0, 0]
+    # After the warm-up: sends accepted, sends refused; sends accepted in all; requests answered
+    # 2xx after the warm-up.
+    counts = [0, 0, 0, 0]
     body = body_for(topic)
     start = time.perf_counter()
     warm_until, stop_at = start + warmup, start + warmup + seconds
-    await asyncio.gather(*(_conn_loop(path, f"{tag}-{c}", body, stop_at, warm_until, lat, counts)
-                           for c in range(conc)))
+    await asyncio.gather(*(_conn_loop(path, f"{tag}-{c}", body, stop_at, warm_until, lat, counts,
+                                      batch) for c in range(conc)))
     lat.sort()
-    return {"ok": counts[0], "errors": counts[1], "rps": counts[0] / seconds,
+    return {"ok": counts[0], "errors": counts[1], "all_ok": counts[2],
+            "rps": counts[3] / seconds, "mps": counts[0] / seconds,
             "p50_ms": 1000 * lat[len(lat) // 2] if lat else 0.0,
             "p99_ms": 1000 * lat[int(len(lat) * 0.99)] if lat else 0.0}
 
@@ -65,4 +88,6 @@ if __name__ == "__main__":
 
     sock, conc, secs, warm, tag = sys.argv[1:6]
     topic = sys.argv[6] if len(sys.argv) > 6 else "bench"
-    print(json.dumps(uvloop.run(run(sock, int(conc), float(secs), float(warm), tag, topic))))
+    batch = int(sys.argv[7]) if len(sys.argv) > 7 else 0
+    print(json.dumps(uvloop.run(run(sock, int(conc), float(secs), float(warm), tag, topic,
+                                    batch))))

@@ -14,8 +14,6 @@ find a daemon with ``for_mesh(name)`` as the CLI does, or take ``socket_path=``,
 daemon that does not answer is ``DaemonNotRunning``, whose ``hint`` says how to start one.
 docs/sdk.md has an example and the reference.
 
-Coming: ``send_many``, for the daemon's ``POST /v1/send_batch`` once it exists.
-
 Layout: ``calls`` says what each call asks and how its answer reads, and ``stream`` parses
 and resumes the event stream, both without I/O; ``sync`` and ``aio`` carry them over a
 socket; ``endpoint`` finds the daemon; ``wire`` types the JSON bodies.
@@ -29,6 +27,7 @@ from tidemesh.client.stream import Event, Notice
 from tidemesh.client.sync import Client
 from tidemesh.client.wire import (
     AckResult,
+    BatchResult,
     InboxEntry,
     InboxPage,
     Memberships,
@@ -55,6 +54,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "AckResult",
     "AsyncClient",
+    "BatchResult",
     "Client",
     "DaemonNotRunning",
     "Event",

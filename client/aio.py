@@ -7,7 +7,7 @@ Connections are not pooled, so a daemon restart never leaves a stale one behind.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, TypeVar
@@ -98,6 +98,10 @@ class AsyncClient(Located):
     async def send(self, message: Mapping[str, Any], idempotency_key: str | None = None
                    ) -> wire.SendResult:
         return await self._call(calls.send(message, idempotency_key))
+
+    async def send_many(self, messages: Iterable[Mapping[str, Any]]
+                        ) -> list[wire.BatchResult]:
+        return await self._call(calls.send_many(messages))
 
     async def outbox_list(self, status: str | None = None, limit: int = 50,
                           before: str | None = None) -> wire.OutboxPage:

@@ -7,7 +7,7 @@ is asked and how the answer is read lives here, once.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 from urllib.parse import quote, urlencode
@@ -75,6 +75,11 @@ def metrics() -> Call[str]:
 def send(message: Mapping[str, Any], idempotency_key: str | None) -> Call[wire.SendResult]:
     headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
     return Call("POST", "/v1/send", _body, dict(message), headers)
+
+
+def send_many(messages: Iterable[Mapping[str, Any]]) -> Call[list[wire.BatchResult]]:
+    return Call("POST", "/v1/send_batch", lambda r: r.body["results"],
+                {"sends": [dict(m) for m in messages]})
 
 
 def outbox_list(status: str | None, limit: int, before: str | None) -> Call[wire.OutboxPage]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import http.client
 import socket
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Literal, TypeVar
 
 from tidemesh.client import calls, wire
@@ -95,6 +95,12 @@ class Client(Located):
         """Hand one message to the daemon; it is on disk when this returns. A retry with the
         same ``idempotency_key`` (or ``client_message_id``) and body is sent once."""
         return self._call(calls.send(message, idempotency_key))
+
+    def send_many(self, messages: Iterable[Mapping[str, Any]]) -> list[wire.BatchResult]:
+        """Hand 1-1000 messages to the daemon in one request and one outbox transaction; all
+        accepted ones are on disk when this returns. One ``BatchResult`` per message, in
+        order, each what ``send`` would have got: a refused message fails no other."""
+        return self._call(calls.send_many(messages))
 
     def outbox_list(self, status: str | None = None, limit: int = 50,
                     before: str | None = None) -> wire.OutboxPage:

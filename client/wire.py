@@ -41,6 +41,16 @@ class SendResult(TypedDict):
     history_id: NotRequired[str | None]
 
 
+class BatchResult(TypedDict):
+    """One send of ``send_many``: the ``status`` and ``body`` ``send`` would have got, a
+    ``SendResult`` for 202/200, else the error body ``{"error": {"code", "message", ...}}``
+    (400 not a valid send, 403 vetoed, 409 the accept table); ``core.errors.from_body(status,
+    body)`` makes it the exception ``send`` would have raised."""
+
+    status: int
+    body: SendResult | dict[str, Any]
+
+
 class RequeueResult(TypedDict):
     aborted_row_id: str
     new_row_id: str

@@ -8,6 +8,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from tidemesh.core.errors import TidemeshError
+from tidemesh.core.send import SendRequest
+
 
 @dataclass(frozen=True, slots=True)
 class Event:
@@ -67,3 +70,7 @@ class SendOutcome:
     conflict: str | None = None
     shows_broker_id: bool = False
     shows_reason: bool = False
+
+
+# One send of a batch as the HTTP layer hands it over: parsed, or the 4xx that refused it.
+BatchItem = SendRequest | TidemeshError

@@ -14,7 +14,7 @@ from aiohttp import web
 
 from tidemesh.core import metrics
 from tidemesh.core.errors import InvalidRequest
-from tidemesh.core.send import parse_send_request
+from tidemesh.core.send import SendRequest, parse_send_request
 from tidemesh.daemon.api.keys import (
     DISK,
     INBOX,
@@ -24,9 +24,9 @@ from tidemesh.daemon.api.keys import (
     RETENTION,
     STATE,
 )
-from tidemesh.daemon.api.responses import send_response
+from tidemesh.daemon.api.responses import batch_item, send_response
 from tidemesh.daemon.api.validation import checked, parse_json
-from tidemesh.daemon.records import Page
+from tidemesh.daemon.records import BatchItem, Page
 
 _STATUSES = ("pending", "inflight", "done", "dead", "aborted")
 
@@ -50,7 +50,7 @@ async def get_version(request: web.Request) -> web.Response:
     return _json({
         "daemon_version": info.version,
         "ipc_api": "v1",
-        "ipc_features": ["version", "health", "send", "outbox", "inbox", "consumers",
+        "ipc_features": ["version", "health", "send", "send_batch", "outbox", "inbox", "consumers",
                          "events", "metrics"],
         "schema_version": info.schema_version,
         "mesh": info.mesh,
@@ -79,11 +79,32 @@ async def get_health(request: web.Request) -> web.Response:
     })
 
 
+def _send_request(data: Any, header_id: str | None = None) -> SendRequest:
+    """A send body validated against its schema and parsed, once."""
+    return parse_send_request(checked("send_request.schema.json", data), header_id)
+
+
 async def post_send(request: web.Request) -> web.Response:
-    data = checked("send_request.schema.json", parse_json(await request.read()))
-    req = parse_send_request(data, request.headers.get("Idempotency-Key"))
+    req = _send_request(parse_json(await request.read()), request.headers.get("Idempotency-Key"))
     status, body = send_response(await request.app[OUTBOX].submit(req))
     return _json(body, status)
+
+
+def _batch_item(data: Any) -> BatchItem:
+    """One send of a batch, or the 400 /v1/send would have answered it with."""
+    try:
+        return _send_request(data)
+    except InvalidRequest as exc:
+        return exc
+
+
+async def post_send_batch(request: web.Request) -> web.Response:
+    if "Idempotency-Key" in request.headers:
+        raise InvalidRequest("a batch takes no Idempotency-Key header; give each send its own "
+                             "client_message_id", field="Idempotency-Key")
+    data = checked("send_batch_request.schema.json", parse_json(await request.read()))
+    outcomes = await request.app[OUTBOX].submit_many([_batch_item(d) for d in data["sends"]])
+    return _json({"results": [batch_item(o) for o in outcomes]})
 
 
 async def get_outbox(request: web.Request) -> web.Response:

@@ -24,6 +24,9 @@ class IpcMetrics:
 
     requests: Counter
     duration: Histogram
+    # (endpoint, status, transport) -> the two labelled children. ``labels()`` takes a lock
+    # and checks the label names on every call; the set of keys is small (routes x statuses).
+    _children: dict[tuple[str, int, str], tuple[Any, Any]] = field(default_factory=dict)
 
     @classmethod
     def register(cls, registry: CollectorRegistry) -> IpcMetrics:
@@ -33,6 +36,17 @@ class IpcMetrics:
             Histogram("cm_daemon_ipc_duration_seconds",
                       "IPC request duration by route template", ["endpoint"], registry=registry),
         )
+
+    def record(self, endpoint: str, status: int, transport: str, seconds: float) -> None:
+        """One answered request, in both series."""
+        key = (endpoint, status, transport)
+        pair = self._children.get(key)
+        if pair is None:
+            pair = self._children[key] = (
+                self.requests.labels(endpoint=endpoint, status=str(status), transport=transport),
+                self.duration.labels(endpoint=endpoint))
+        pair[0].inc()
+        pair[1].observe(seconds)
 
 
 @dataclass(frozen=True, slots=True)

@@ -95,9 +95,7 @@ async def ipc(request: web.Request, handler: Handler) -> web.StreamResponse:
     finally:
         route = request.match_info.route.resource
         endpoint = route.canonical if route is not None else "unmatched"
-        state.metrics.requests.labels(endpoint=endpoint, status=str(status),
-                                      transport=transport).inc()
-        state.metrics.duration.labels(endpoint=endpoint).observe(time.perf_counter() - started)
+        state.metrics.record(endpoint, status, transport, time.perf_counter() - started)
 
 
 async def _guarded(request: web.Request, handler: Handler, transport: str) -> web.StreamResponse:
@@ -105,7 +103,9 @@ async def _guarded(request: web.Request, handler: Handler, transport: str) -> we
     if request.query_string and any(k.lower() in _TOKEN_PARAMS for k in request.query):
         log.warning("ipc_token_in_query_refused", path=request.path)
         raise TokenInQuery("tokens are accepted only in the Authorization header, never the URL")
-    capability = await _check_capability(request)
+    # Most requests carry no token (every one on the Unix socket from a program): no
+    # capability lookup for them.
+    capability = "Authorization" in request.headers and await _check_capability(request)
     if transport == "tcp":
         _check_tcp(request, capability)
     if request.path in _STREAMING:

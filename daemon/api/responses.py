@@ -2,14 +2,15 @@
 of the accept table (spec §4.5.1; docs/ipc.md). Pure: no aiohttp, no I/O.
 
 A conflict is the error envelope of ``IdempotencyConflict`` (409), raised for the middleware
-to render like every other error.
+to render like every other error. In a batch each send's answer is that same status and body,
+carried as one item of the 200 (``batch_item``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from tidemesh.core.errors import IdempotencyConflict
+from tidemesh.core.errors import IdempotencyConflict, TidemeshError
 from tidemesh.daemon.records import SendKind, SendOutcome
 
 _STATUS = {SendKind.NEW: 202, SendKind.REPLAY: 202, SendKind.DUPLICATE: 200}
@@ -47,3 +48,14 @@ def send_conflict(out: SendOutcome) -> IdempotencyConflict:
         f"{row.id} ({row.status}); a 409 is final, send again under a new id",
         **details,
     )
+
+
+def batch_item(out: SendOutcome | TidemeshError) -> dict[str, Any]:
+    """One send of a batch as ``{"status", "body"}``: exactly what POST /v1/send would have
+    answered it, the error envelope included."""
+    if isinstance(out, SendOutcome):
+        if out.kind is not SendKind.CONFLICT:
+            status, body = send_response(out)
+            return {"status": status, "body": body}
+        out = send_conflict(out)
+    return {"status": out.http_status, "body": out.to_body()}

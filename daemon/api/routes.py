@@ -47,6 +47,12 @@ TABLE: tuple[Route, ...] = (
           request="send_request.schema.json",
           responses={202: "send_response.schema.json", 200: "send_response.schema.json",
                      400: ERROR, 409: ERROR, 413: ERROR, 429: ERROR, 503: ERROR, 507: ERROR}),
+    Route("POST", "/v1/send_batch", handlers.post_send_batch,
+          "Accept 1-1000 sends in one outbox transaction, each as /v1/send would; one result "
+          "each, in order",
+          request="send_batch_request.schema.json",
+          responses={200: "send_batch_response.schema.json",
+                     400: ERROR, 413: ERROR, 429: ERROR, 503: ERROR, 507: ERROR}),
     Route("GET", "/v1/outbox", handlers.get_outbox, "List outbox rows, newest first",
           responses={200: "outbox_list_response.schema.json", 400: ERROR}),
     # Not "requeue" or "prune": those paths are POSTs below; a GET there is a 405, not a lookup.

@@ -11,19 +11,19 @@ import asyncio
 import dataclasses
 import sqlite3
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 import orjson
 
 from tidemesh.core.accept import Action
-from tidemesh.core.errors import InvalidRequest
+from tidemesh.core.errors import InvalidRequest, TidemeshError
 from tidemesh.core.fingerprint import prefix, request_fingerprint
 from tidemesh.core.ids import client_message_id_problem, new_ulid
 from tidemesh.core.outcome import Settlement
 from tidemesh.core.send import DestinationKind, SendRequest
-from tidemesh.daemon.records import BoundRow, SendKind, SendOutcome
+from tidemesh.daemon.records import BatchItem, BoundRow, SendKind, SendOutcome
 from tidemesh.daemon.store import outbox
 from tidemesh.daemon.store.db import Database
 
@@ -46,6 +46,13 @@ def _bound(res: outbox.AcceptResult, new: outbox.NewRow) -> BoundRow:
         return BoundRow(res.outbox_id, "pending", prefix(new.fingerprint))
     return BoundRow(row.id, row.status, prefix(row.fingerprint), row.broker_message_id,
                     row.history_id, row.last_error)
+
+
+def _item_refusal(exc: TidemeshError) -> TidemeshError:
+    """A 4xx refuses one send of a batch; a 5xx is the daemon's own and fails the batch."""
+    if exc.http_status >= 500:
+        raise exc
+    return exc
 
 
 def fingerprint_of(req: SendRequest) -> bytes:
@@ -102,11 +109,12 @@ class OutboxService:
         return int(self.clock() * 1000)
 
     def _new_row(
-        self, req: SendRequest, cmid: str, supersedes: str | None = None
+        self, req: SendRequest, cmid: str, supersedes: str | None = None,
+        row_id: str | None = None, now: int | None = None,
     ) -> outbox.NewRow:
-        now = self._now_ms()
+        now = self._now_ms() if now is None else now
         return outbox.NewRow(
-            id=new_ulid(now), client_message_id=cmid, fingerprint=fingerprint_of(req),
+            id=row_id or new_ulid(now), client_message_id=cmid, fingerprint=fingerprint_of(req),
             payload=orjson.dumps(self._sealed(req, cmid).to_payload()), dest_kind=req.to.kind.value,
             dest_ref=req.to.ref, now_ms=now, supersedes=supersedes,
         )
@@ -128,14 +136,55 @@ class OutboxService:
             self.admit()
         if self.gate is not None:
             await self.gate(req)
-        cmid = req.client_message_id or new_ulid()
-        new = self._new_row(req, cmid)
-        res = await self.db.submit(outbox.ACCEPT, new)
+        new = self._new_row(req, req.client_message_id or new_ulid())
+        return self._outcome(await self.db.submit(outbox.ACCEPT, new), new)
+
+    async def submit_many(self, items: Sequence[BatchItem]) -> list[SendOutcome | TidemeshError]:
+        """Accept a batch as if each send came on its own, in order, and all in one outbox
+        transaction: the answer of each, or the 4xx that refused it (kept from ``items``,
+        or the pre-send hook's veto). A refusal of the whole batch (the disk floor, the
+        database) raises, and then nothing was stored."""
+        if self.admit is not None:
+            self.admit()
+        gated = [await self._gated(it) for it in items]
+        # Row ids rising in request order: the sender sends by (due time, id), and ULIDs
+        # minted in one millisecond would otherwise go out in random order.
+        now = self._now_ms()
+        ids = iter(sorted(new_ulid(now) for g in gated if isinstance(g, SendRequest)))
+        prepared = [g if isinstance(g, TidemeshError) else self._batch_row(g, next(ids), now)
+                    for g in gated]
+        rows = [p for p in prepared if isinstance(p, outbox.NewRow)]
+        # One write: the whole batch commits in one transaction, each decided in order.
+        results = await self.db.write(lambda conn: outbox.accept_many(conn, rows)) if rows else []
+        accepted = iter(zip(results, rows, strict=True))
+        return [p if isinstance(p, TidemeshError) else self._outcome(*next(accepted))
+                for p in prepared]
+
+    async def _gated(self, item: BatchItem) -> BatchItem:
+        """The item, or the 4xx the pre-send hook refused it with (403 send_vetoed)."""
+        if self.gate is None or isinstance(item, TidemeshError):
+            return item
+        try:
+            await self.gate(item)
+        except TidemeshError as exc:
+            return _item_refusal(exc)
+        return item
+
+    def _batch_row(self, req: SendRequest, row_id: str, now: int) -> outbox.NewRow | TidemeshError:
+        """The row of one send of a batch, or the 4xx sealing refused it with (a DM key that
+        is no member's)."""
+        try:
+            return self._new_row(req, req.client_message_id or new_ulid(now), row_id=row_id,
+                                 now=now)
+        except TidemeshError as exc:
+            return _item_refusal(exc)
+
+    def _outcome(self, res: outbox.AcceptResult, new: outbox.NewRow) -> SendOutcome:
         oc = res.outcome
         if oc.action is Action.INSERT:
             self.accepted.set()
         return SendOutcome(
-            KINDS[oc.action], cmid, prefix(new.fingerprint), _bound(res, new),
+            KINDS[oc.action], new.client_message_id, prefix(new.fingerprint), _bound(res, new),
             queue_status=oc.status, conflict=oc.conflict, shows_broker_id=oc.with_broker_id,
             shows_reason=oc.with_reason,
         )

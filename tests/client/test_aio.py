@@ -25,6 +25,11 @@ async def test_send_and_errors_over_the_socket_and_tcp(daemon: RunningDaemon) ->
             await c.send({"to": "topic:ops", "body": "y"}, "job-1")
     async with AsyncClient(port=daemon.port, token_file=daemon.paths.token_file) as tcp:
         assert (await tcp.outbox_inspect(sent["outbox_id"]))["client_message_id"] == "job-1"
+        many = await tcp.send_many([{"to": "topic:ops", "body": "x", "client_message_id": "job-1"},
+                                    {"to": "topic:ops", "body": "y", "client_message_id": "job-1"},
+                                    {"to": "topic:ops", "body": "z"}])
+        assert [r["status"] for r in many] == [202, 409, 202]
+        assert many[0]["body"] == sent
 
 
 async def test_no_daemon_is_daemon_not_running(short_tmp: Path) -> None:

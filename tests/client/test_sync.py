@@ -105,3 +105,33 @@ def test_events_resume_across_a_daemon_restart_with_no_gap_and_no_repeat(team: T
         "one", "two", "three", "four"]
     assert not any(isinstance(i, Notice) for i in seen)
     assert client(team.alice).version()["mesh"] == MESH
+
+
+def test_send_many_answers_each_message_as_send_would(daemon: RunningDaemon) -> None:
+    c = Client(daemon.paths.socket)
+    c.send({"to": "topic:ops", "body": "earlier"}, "many-0")
+    results = c.send_many([
+        {"to": "topic:ops", "body": "a", "client_message_id": "many-1"},
+        {"to": "topic:ops", "body": "a", "client_message_id": "many-1"},
+        {"to": "nowhere:x", "body": "b"},
+        {"to": "topic:ops", "body": "changed", "client_message_id": "many-0"},
+    ])
+    assert [r["status"] for r in results] == [202, 202, 400, 409]
+    assert results[0]["body"] == results[1]["body"]
+    assert results[0]["body"]["client_message_id"] == "many-1"
+    refused = errors.from_body(results[3]["status"], results[3]["body"])
+    assert isinstance(refused, errors.IdempotencyConflict)
+    assert isinstance(errors.from_body(results[2]["status"], results[2]["body"]),
+                      errors.InvalidRequest)
+    assert {r["client_message_id"] for r in c.outbox_list()["items"]} == {"many-0", "many-1"}
+    with pytest.raises(errors.InvalidRequest):
+        c.send_many([])
+
+
+def test_send_many_delivers_the_messages_in_order(team: Team) -> None:
+    bodies = [f"step {i}" for i in range(50)]
+    results = client(team.alice).send_many(
+        [{"to": "topic:deploys", "body": b, "client_message_id": f"o-{b}"} for b in bodies])
+    assert {r["status"] for r in results} == {202}
+    wait_inbox(team.bob, 50)
+    assert [e["body"] for e in client(team.bob).inbox(limit=1000)["items"]] == bodies

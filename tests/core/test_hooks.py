@@ -116,6 +116,8 @@ def test_capability_allows_one_send_to_its_target_only() -> None:
     assert not hooks.capability_allows(scope, "POST", "/v1/send", ("topic", "ab" * 32))
     assert not hooks.capability_allows(scope, "POST", "/v1/send", None)
     assert not hooks.capability_allows(scope, "GET", "/v1/inbox", ("dm", "ab" * 32))
+    # A batch could carry any target: a reply token never opens it.
+    assert not hooks.capability_allows(scope, "POST", "/v1/send_batch", ("dm", "ab" * 32))
 
 
 def test_sample_events_fire_their_own_hook() -> None:

@@ -63,3 +63,12 @@ def test_meta_with_an_integer_beyond_ieee_range_is_refused() -> None:
 def test_ulids_sort_by_time_and_have_the_right_shape() -> None:
     a, b = new_ulid(1_000), new_ulid(2_000)
     assert ULID_PATTERN.fullmatch(a) and a < b
+
+
+@pytest.mark.parametrize(("rand", "text"), [
+    (bytes(10), "0000000000000000"),
+    (b"\xff" * 10, "ZZZZZZZZZZZZZZZZ"),
+    (bytes(range(1, 11)), "041061050R3GG28A"),   # RFC 4648 base32 of 01..0a, re-lettered
+])
+def test_ulid_random_part_is_the_80_bits_in_crockford_base32(rand: bytes, text: str) -> None:
+    assert new_ulid(0, rand) == "0000000000" + text

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from tidemesh.core.errors import InsufficientStorage, InvalidRequest, SendVetoed
 from tidemesh.core.send import SendRequest, parse_send_request
-from tidemesh.daemon.records import SendKind
+from tidemesh.daemon.records import SendKind, SendOutcome
 from tidemesh.daemon.service.outbox import OutboxService
 from tidemesh.daemon.stores import open_outbox
 
@@ -55,3 +56,45 @@ async def test_submit_of_another_request_under_the_id_is_a_conflict(
 async def test_submit_without_an_id_makes_one(outbox: OutboxService) -> None:
     out = await outbox.submit(parse_send_request({"to": "topic:ops", "body": "hi"}))
     assert out.kind is SendKind.NEW and out.client_message_id
+
+
+async def test_submit_many_decides_in_order_and_keeps_refused_items(
+        outbox: OutboxService) -> None:
+    refused = InvalidRequest("body: must be string", field="body")
+    out = await outbox.submit_many([_req("hi"), refused, _req("hi"), _req("other"),
+                                    _req("x", "id-2")])
+    first, kept, again, conflict, second = out
+    assert isinstance(first, SendOutcome) and first.kind is SendKind.NEW
+    assert kept is refused
+    assert isinstance(again, SendOutcome) and isinstance(conflict, SendOutcome)
+    assert (again.kind, again.row.id) == (SendKind.REPLAY, first.row.id)
+    assert (conflict.kind, conflict.conflict) == (SendKind.CONFLICT,
+                                                  "outbox_pending_fingerprint_mismatch")
+    assert isinstance(second, SendOutcome) and second.kind is SendKind.NEW
+
+
+async def test_submit_many_keeps_a_gate_veto_to_its_item(tmp_path: Path) -> None:
+    async def gate(req: SendRequest) -> None:
+        if req.body == b"no":
+            raise SendVetoed("vetoed", reason="no")
+
+    db = await open_outbox(tmp_path / "outbox.db", 64)
+    try:
+        out = await OutboxService(db, gate=gate).submit_many([_req("no", "a"), _req("ok", "b")])
+        assert isinstance(out[0], SendVetoed)
+        assert isinstance(out[1], SendOutcome) and out[1].kind is SendKind.NEW
+    finally:
+        await db.close()
+
+
+async def test_submit_many_refuses_the_whole_batch_under_the_disk_floor(
+        tmp_path: Path) -> None:
+    def admit() -> None:
+        raise InsufficientStorage("under the floor")
+
+    db = await open_outbox(tmp_path / "outbox.db", 64)
+    try:
+        with pytest.raises(InsufficientStorage):
+            await OutboxService(db, admit=admit).submit_many([_req("hi")])
+    finally:
+        await db.close()

@@ -9,8 +9,8 @@ import orjson
 import pytest
 
 from tidemesh.core.accept import TABLE, Action
-from tidemesh.core.errors import IdempotencyConflict
-from tidemesh.daemon.api.responses import send_response
+from tidemesh.core.errors import IdempotencyConflict, InvalidRequest
+from tidemesh.daemon.api.responses import batch_item, send_response
 from tidemesh.daemon.records import BoundRow, SendKind, SendOutcome
 from tidemesh.daemon.service.outbox import KINDS
 
@@ -89,3 +89,22 @@ def test_every_row_of_the_accept_table_gets_the_status_the_spec_gives_it(key: An
     except IdempotencyConflict as exc:
         status = exc.http_status
     assert status == SPEC_STATUS[row.action]
+
+
+@pytest.mark.parametrize("key", list(TABLE), ids=[f"{s}-{m}" for s, m in TABLE])
+def test_batch_item_is_the_status_and_body_of_v1_send(key: Any) -> None:
+    row = TABLE[key]
+    out = outcome(KINDS[row.action], BoundRow("01ROW", "done", "bbbb", "B1", "H1", "gone"),
+                  queue_status=row.status, conflict=row.conflict,
+                  shows_broker_id=row.with_broker_id, shows_reason=row.with_reason)
+    try:
+        status, body = send_response(out)
+    except IdempotencyConflict as exc:
+        status, body = exc.http_status, exc.to_body()
+    assert batch_item(out) == {"status": status, "body": body}
+
+
+def test_batch_item_of_a_refused_send_is_its_error_envelope() -> None:
+    err = InvalidRequest("to.ref: must be a name", field="to.ref")
+    assert batch_item(err) == {"status": 400, "body": {"error": {
+        "code": "invalid_request", "message": "to.ref: must be a name", "field": "to.ref"}}}

@@ -9,12 +9,14 @@ first accepted under it. Bodies and keys that break the rules are 400s that stor
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sqlite3
 import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -102,3 +104,42 @@ def test_a_bad_client_message_id_is_400_and_stores_nothing(daemon: RunningDaemon
                                             "client_message_id": key})
     assert info.value.http_status == 400
     assert len(_rows(daemon, "")) == before
+
+
+def _answer(client: Client, item: dict[str, Any]) -> tuple[int, Any]:
+    try:
+        resp = client.request("POST", "/v1/send", item)
+    except TidemeshError as exc:
+        return exc.http_status, exc.to_body()
+    return resp.status, resp.body
+
+
+def _named_alike(answers: list[tuple[int, Any]], prefix: str) -> list[tuple[int, Any]]:
+    """Each answer with the key space's prefix dropped and row ids numbered by appearance."""
+    names: dict[str, str] = {}
+    text = json.dumps(answers).replace(prefix, "K")
+    return [tuple(a) for a in json.loads(re.sub(
+        r"[0-9A-HJKMNP-TV-Z]{26}", lambda m: names.setdefault(m.group(0), f"r{len(names)}"),
+        text))]
+
+
+items = st.lists(st.tuples(st.integers(0, 3), st.sampled_from(["a", "b", ""]),
+                           st.sampled_from(["ops", "dev", "bad name"])), min_size=1,
+                 max_size=20)
+
+
+@given(items)
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+def test_a_batch_is_answered_as_its_sends_one_at_a_time(
+        daemon: RunningDaemon, seq: list[tuple[int, str, str]]) -> None:
+    client = Client(daemon.paths.socket)
+    one, many = uuid.uuid4().hex[:12], uuid.uuid4().hex[:12]
+
+    def item(prefix: str, k: int, body: str, topic: str) -> dict[str, Any]:
+        return {"to": f"topic:{topic}", "body": body, "client_message_id": f"{prefix}-{k}"}
+
+    alone = [_answer(client, item(one, *x)) for x in seq]
+    results = client.send_many([item(many, *x) for x in seq])
+    batched = [(r["status"], r["body"]) for r in results]
+    assert _named_alike(batched, many) == _named_alike(alone, one)
