@@ -13,7 +13,6 @@ import contextlib
 import json
 import os
 import sqlite3
-import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -43,6 +42,10 @@ class Target:
     mesh_id: str
     key: SigningKey
     created: int = 0  # 201 answers seen so far
+    # Sends the broker had taken when it closed the connection: each may commit later, with
+    # no answer to count. Kept as a running bound, because a loaded writer can commit one
+    # long after the close.
+    unanswered: int = 0
 
 
 async def _make_topic(url: str, mesh_id: str, key: SigningKey) -> None:
@@ -60,7 +63,8 @@ def target(joined: tuple[Broker, Path]) -> Iterator[Target]:
     asyncio.run(_make_topic(broker.url, mesh_id, key.signing_key))
     t = Target(broker, broker.home / "broker.db", mesh_id, key.signing_key)
     yield t
-    print(f"ws fuzz: {t.created} generated sends accepted")
+    print(f"ws fuzz: {t.created} generated sends accepted, {t.unanswered} sends left "
+          "unanswered by a close")
 
 
 json_leaf = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text()
@@ -165,15 +169,6 @@ def _dedupe_rows(db: Path) -> int:
         conn.close()
 
 
-def _settled_rows(db: Path) -> int:
-    """The dedupe row count once sends still committing after a close have landed."""
-    rows, seen = _dedupe_rows(db), -1
-    while rows != seen:
-        time.sleep(0.3)
-        rows, seen = _dedupe_rows(db), rows
-    return rows
-
-
 # `make fuzz` raises this for the long run (scripts/fuzz.py); the suite keeps it short.
 EXAMPLES = int(os.environ.get("TIDEMESH_FUZZ_EXAMPLES", "120"))
 
@@ -192,9 +187,10 @@ def test_the_broker_survives_any_frame_and_stores_only_what_it_accepted(
         created, close_code, unanswered = _drain(ws, _awaited(batch))
     assert close_code in (None, 1000, 1008), f"the broker closed with {close_code}"
     target.created += created
-    rows = _settled_rows(target.db) if unanswered else _dedupe_rows(target.db)
+    target.unanswered += unanswered
+    rows = _dedupe_rows(target.db)
     # A send already accepted when the broker closed the connection (too many bad frames)
     # still commits; its answer just has nowhere to go, and a daemon's retry gets 200
     # duplicate. Such rows are bounded by the sends left unanswered, never by refused frames.
-    assert target.created <= rows <= target.created + unanswered, "a refused frame left a row"
-    target.created = rows
+    assert target.created <= rows <= target.created + target.unanswered, \
+        "a refused frame left a row"
