@@ -9,17 +9,21 @@ closed-loop callers (rows/s, caller p50/p99, rows per transaction) and one seque
 - ``thread``: the peer, a bare group commit on a one-thread executor and a stdlib connection
   (BEGIN IMMEDIATE, the same ``accept_many``, COMMIT): the floor the engine's own work adds to;
 - ``aiosqlite-stmt``: a group commit whose every statement is its own aiosqlite await (what a
-  port that calls ``await conn.execute`` per statement would pay).
+  port that calls ``await conn.execute`` per statement would pay);
+- ``file`` (with ``--file``): another version of the engine module, loaded from a file, for a
+  before/after in one run: ``git show REV:storage/sqlite.py > old_engine.py``.
 
 Prints the median over rounds, [min-max], and each writer's ratio to ``thread``.
 
     .venv/bin/python bench/storage_engine.py [--seconds 3] [--rounds 3] [--modes engine,thread]
+        [--file old_engine.py --modes engine,file,thread]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import os
 import statistics
 import sys
@@ -35,7 +39,7 @@ import aiosqlite
 import uvloop
 
 from tidemesh.daemon.store import outbox
-from tidemesh.daemon.stores import open_outbox
+from tidemesh.daemon.stores import _setup_outbox, open_outbox
 from tidemesh.storage import sqlite as engine_mod
 
 PAYLOAD = b'{"to":"topic:bench","body":"' + b"x" * 200 + b'","body_encoding":"utf8"}'
@@ -68,8 +72,8 @@ class EngineWriter(Writer):
         self.db = db
 
     @classmethod
-    async def open(cls, path: Path) -> EngineWriter:
-        return cls(await open_outbox(path, 512, recover=False))
+    async def open(cls, path: Path, module: Any = engine_mod) -> EngineWriter:
+        return cls(await module.Database.open(path, _setup_outbox(path, False), 512))
 
     async def submit(self, new: outbox.NewRow) -> Any:
         return await self.db.submit(outbox.ACCEPT, new)
@@ -171,12 +175,27 @@ class AiosqliteStatementWriter(_GroupCommit):
         await self.conn.close()
 
 
+def _load_module(path: str) -> Any:
+    spec = importlib.util.spec_from_file_location("bench_engine_from_file", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+FILE_ENGINE: Any = None
+
+
 async def _open(mode: str, path: Path) -> Writer:
     # Every writer starts on the same migrated file, made by the daemon's own open.
     db = await open_outbox(path, 512, recover=False)
     await db.close()
     if mode == "engine":
         return await EngineWriter.open(path)
+    if mode == "file":
+        return await EngineWriter.open(path, FILE_ENGINE)
     if mode == "thread":
         return ThreadWriter(path)
     return await AiosqliteStatementWriter.open(path)
@@ -222,7 +241,10 @@ def _fmt(xs: list[float], unit: str = "", digits: int = 0) -> str:
 
 
 async def main(args: argparse.Namespace) -> None:
+    global FILE_ENGINE
     modes = args.modes.split(",")
+    if "file" in modes:
+        FILE_ENGINE = _load_module(args.file)
     loads = [int(c) for c in args.concurrency.split(",")]
     results: dict[tuple[str, int], list[dict[str, float]]] = {}
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
@@ -256,5 +278,6 @@ if __name__ == "__main__":
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--concurrency", default="64,1")
     ap.add_argument("--modes", default="engine,thread,aiosqlite-stmt")
+    ap.add_argument("--file", help="an engine module's file, measured as the mode 'file'")
     ap.add_argument("--dir", default=None, help="where the database files go (a real disk)")
     uvloop.run(main(ap.parse_args()))
