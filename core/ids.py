@@ -2,45 +2,31 @@
 
 from __future__ import annotations
 
-import os
 import re
 import time
 
-_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+from ulid import ULID, PureRandomPolicy, ULIDGenerator
+
 _ID_PATTERN = re.compile(r"[\x20-\x7e]{1,255}")
 ULID_PATTERN = re.compile(r"[0-9A-HJKMNP-TV-Z]{26}")
 
-
-# Two Crockford characters per 10 bits: 80 random bits are 8 lookups, with no per-character
-# loop and no base64 module (ids are minted on the accept hot path, once per send).
-_PAIRS = [a + b for a in _CROCKFORD for b in _CROCKFORD]
-
-
-def _random_part(rand: bytes) -> str:
-    n, p = int.from_bytes(rand, "big"), _PAIRS
-    return (p[n >> 70] + p[(n >> 60) & 1023] + p[(n >> 50) & 1023] + p[(n >> 40) & 1023]
-            + p[(n >> 30) & 1023] + p[(n >> 20) & 1023] + p[(n >> 10) & 1023] + p[n & 1023])
-
-
-def _time_part(ms: int) -> str:
-    out = []
-    for _ in range(10):
-        out.append(_CROCKFORD[ms & 31])
-        ms >>= 5
-    return "".join(reversed(out))
-
-
-_last_ms, _last_time_part = -1, ""
+# Fresh random bits in every id, also within one millisecond (python-ulid's default generator
+# would count up from the previous id instead): the broker spreads a queue's messages over its
+# consumers by the id's tail, and a batch mints all its ids in one millisecond.
+_GENERATOR = ULIDGenerator(policy=PureRandomPolicy())
 
 
 def new_ulid(now_ms: int | None = None, randomness: bytes | None = None) -> str:
-    """Return a 26-character ULID: 48 bits of milliseconds, 80 random bits."""
-    global _last_ms, _last_time_part
-    ms = int(time.time() * 1000) if now_ms is None else now_ms
-    if ms != _last_ms:
-        _last_ms, _last_time_part = ms, _time_part(ms)
-    rand = os.urandom(10) if randomness is None else randomness
-    return _last_time_part + _random_part(rand)
+    """Return a 26-character ULID (python-ulid): 48 bits of milliseconds, 80 random bits.
+
+    ``now_ms`` is the caller's clock (an injected one in tests); ``randomness`` (10 bytes)
+    makes the id fully determined."""
+    if randomness is not None:
+        ms = time.time_ns() // 1_000_000 if now_ms is None else now_ms
+        return str(ULID.from_bytes(ms.to_bytes(6, "big") + randomness))
+    # The generator, called directly: ULID.from_timestamp would build the id twice. It reads
+    # an int as milliseconds and a float as seconds: int() keeps ours milliseconds.
+    return str(_GENERATOR.generate(None if now_ms is None else int(now_ms)))
 
 
 def client_message_id_problem(value: str) -> str | None:

@@ -1,12 +1,18 @@
-"""The SQLite write engine: one writer connection with group commit, and one reader.
+"""The SQLite write engine on aiosqlite: one writer connection with group commit, and one reader.
 
 Every write is a function ``fn(conn) -> T`` (or a ``BatchOp`` run for many callers at once)
-queued to the writer thread. The writer drains what is queued, runs it all inside one
+queued to the writer. The writer drains what is queued, runs it all inside one
 ``BEGIN IMMEDIATE`` transaction with a savepoint per item (so one failing item cannot take the
 others with it), commits, and only then resolves each caller's future: an answer never leaves
 before its row is durable (``synchronous=FULL``). Later items in a batch see the rows earlier
 items wrote, so decisions stay serial. Reads use a second, read-only connection (WAL: they
 never block the writer). Other processes (the CLI) may write too: ``busy_timeout`` covers them.
+
+Each connection is an aiosqlite connection, whose thread runs one queued call at a time. A
+whole batch's transaction (or a whole read) is one such call on the plain ``sqlite3``
+connection, never one await per statement: aiosqlite's hop to its thread and back costs
+tens of microseconds, so it is paid per batch. bench/storage_engine.py measures the
+difference.
 """
 
 from __future__ import annotations
@@ -14,13 +20,14 @@ from __future__ import annotations
 import asyncio
 import os
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
+import aiosqlite
 import structlog
 
 from tidemesh.core.errors import InsufficientStorage, TidemeshError, Unavailable
@@ -70,6 +77,29 @@ def connect(path: Path, *, readonly: bool = False) -> sqlite3.Connection:
     return conn
 
 
+async def _open_thread(path: Path, *, readonly: bool, thread: str) -> aiosqlite.Connection:
+    """An aiosqlite connection whose thread opened ``connect(path)``: every PRAGMA is set by
+    ``configure`` as for any other connection."""
+
+    def connector() -> sqlite3.Connection:
+        threading.current_thread().name = thread  # names the thread in py-spy and dumps
+        return connect(path, readonly=readonly)
+
+    conn = aiosqlite.Connection(connector, iter_chunk_size=64)
+    # A database left open (a crash before close) must not keep the process from exiting:
+    # aiosqlite's thread waits for work until closed. SQLite's journal makes a cut-off
+    # transaction harmless, and no caller heard back about it.
+    conn._thread.daemon = True
+    return await conn
+
+
+async def _on_thread(conn: aiosqlite.Connection, fn: Callable[[sqlite3.Connection], T]) -> T:
+    """Run ``fn`` on the connection's thread as one call. aiosqlite has no public way to run
+    a callable there; ``_execute`` is what its own methods use (the version is pinned)."""
+    result: T = await conn._execute(lambda: fn(conn._conn))  # type: ignore[no-untyped-call]
+    return result
+
+
 def storage_error(exc: sqlite3.Error, name: str) -> TidemeshError:
     """Map a SQLite failure to the error the caller sees: 507 when the disk is full, else 503;
     ``name`` says which database."""
@@ -107,11 +137,9 @@ class Database(BatchCounters):
         self.path = path
         self.name = name or path.stem
         self.batch_max = batch_max
-        self._writer_pool = ThreadPoolExecutor(1, thread_name_prefix=f"sqlite-w-{path.name}")
-        self._reader_pool = ThreadPoolExecutor(1, thread_name_prefix=f"sqlite-r-{path.name}")
         self._queue: asyncio.Queue[_Item | None] = asyncio.Queue()
-        self._wconn: sqlite3.Connection | None = None
-        self._rconn: sqlite3.Connection | None = None
+        self._wconn: aiosqlite.Connection | None = None
+        self._rconn: aiosqlite.Connection | None = None
         self._task: asyncio.Task[None] | None = None
 
     @classmethod
@@ -119,16 +147,10 @@ class Database(BatchCounters):
                    batch_max: int = 512, *, name: str | None = None) -> Database:
         """Open, run ``setup`` (migrations, checks) on the writer, then start the writer task."""
         db = cls(path, batch_max, name)
-        loop = asyncio.get_running_loop()
-
-        def _open_writer() -> None:
-            db._wconn = connect(path)
-            setup(db._wconn)
-
         try:
-            await loop.run_in_executor(db._writer_pool, _open_writer)
-            db._rconn = await loop.run_in_executor(
-                db._reader_pool, lambda: connect(path, readonly=True))
+            db._wconn = await _open_thread(path, readonly=False, thread=f"sqlite-w-{path.name}")
+            await _on_thread(db._wconn, setup)
+            db._rconn = await _open_thread(path, readonly=True, thread=f"sqlite-r-{path.name}")
         except BaseException:
             await db._close_connections()
             raise
@@ -169,8 +191,7 @@ class Database(BatchCounters):
         if conn is None:
             raise Unavailable(f"the {self.name} database is closed")
         try:
-            return await asyncio.get_running_loop().run_in_executor(
-                self._reader_pool, fn, conn)
+            return await _on_thread(conn, fn)
         except sqlite3.Error as exc:
             raise storage_error(exc, self.name) from exc
 
@@ -182,13 +203,11 @@ class Database(BatchCounters):
         await self._close_connections()
 
     async def _close_connections(self) -> None:
-        loop = asyncio.get_running_loop()
-        for pool, attr in ((self._writer_pool, "_wconn"), (self._reader_pool, "_rconn")):
-            conn = getattr(self, attr)
+        wconn, rconn = self._wconn, self._rconn
+        self._wconn = self._rconn = None  # reads from now on are answered 503
+        for conn in (wconn, rconn):
             if conn is not None:
-                await loop.run_in_executor(pool, conn.close)
-                setattr(self, attr, None)
-            pool.shutdown(wait=True)
+                await conn.close()  # after what its thread has queued; then the thread ends
 
     async def _run(self) -> None:
         batch: list[_Item] = []
@@ -209,14 +228,14 @@ class Database(BatchCounters):
         return batch, take(self._queue, batch, self.batch_max)
 
     async def _commit_batch(self, batch: list[_Item]) -> None:
+        conn = self._wconn
+        assert conn is not None
         started = time.perf_counter()
-        await asyncio.get_running_loop().run_in_executor(self._writer_pool, self._commit, batch)
+        await _on_thread(conn, lambda c: self._commit(c, batch))
         self._record(len(batch), time.perf_counter() - started)
         answer(batch)
 
-    def _commit(self, batch: list[_Item]) -> None:
-        conn = self._wconn
-        assert conn is not None
+    def _commit(self, conn: sqlite3.Connection, batch: list[_Item]) -> None:
         try:
             conn.execute("BEGIN IMMEDIATE")
             start = 0

@@ -9,6 +9,7 @@ import os
 import pwd
 import secrets
 import sqlite3
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -202,3 +203,72 @@ async def test_a_full_disk_is_answered_507_naming_the_postgres_database(
 
     assert isinstance(refused, InsufficientStorage) and refused.http_status == 507
     assert "contract database" in refused.message
+
+
+# ---------------------------------------------------------------- SQLite: reader and threads
+def _engine_threads(path: Path) -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.endswith(f"-{path.name}")]
+
+
+async def test_sqlite_reads_do_not_wait_for_the_writers_open_transaction(tmp_path: Path) -> None:
+    engine = await _open_sqlite(tmp_path)
+    db = engine.db
+    assert isinstance(db, sqlite.Database)
+    inside, release = threading.Event(), threading.Event()
+
+    def slow_insert(conn: sqlite3.Connection) -> str:
+        conn.execute("INSERT INTO item (k, v) VALUES ('held', 1)")
+        inside.set()
+        release.wait(30)  # the transaction stays open until the read below has answered
+        return "held"
+
+    def count(conn: sqlite3.Connection) -> int:
+        return int(conn.execute("SELECT count(*) FROM item").fetchone()[0])
+
+    try:
+        write = asyncio.ensure_future(db.write(slow_insert))
+        await asyncio.to_thread(inside.wait, 30)
+        try:
+            # The guard only keeps a broken engine from hanging the run; no timing is asserted.
+            during = await asyncio.wait_for(db.read(count), 20)
+        finally:
+            release.set()
+        assert await write == "held"
+        after = await db.read(count)
+    finally:
+        await db.close()
+
+    assert (during, after) == (0, 1)  # the reader saw the last commit, not the open write
+
+
+async def test_sqlite_close_ends_its_threads_and_later_reads_are_answered_503(
+        tmp_path: Path) -> None:
+    engine = await _open_sqlite(tmp_path)
+    db = engine.db
+    assert isinstance(db, sqlite.Database)
+    await engine.submit(_row(0))
+    assert len(_engine_threads(db.path)) == 2  # one writer, one reader
+
+    await db.close()
+    for t in _engine_threads(db.path):
+        t.join(10)
+
+    assert _engine_threads(db.path) == []
+    with pytest.raises(Unavailable) as later:
+        await db.read(lambda c: c.execute("SELECT 1").fetchone())
+    assert later.value.http_status == 503
+
+
+async def test_sqlite_a_failing_setup_leaves_no_thread_behind(tmp_path: Path) -> None:
+    path = tmp_path / "broken.db"
+
+    def setup(conn: sqlite3.Connection) -> None:
+        conn.execute("CREATE TABLE t (x)")
+        raise RuntimeError("migration refused")
+
+    with pytest.raises(RuntimeError, match="migration refused"):
+        await sqlite.Database.open(path, setup)
+    for t in _engine_threads(path):
+        t.join(10)
+
+    assert _engine_threads(path) == []

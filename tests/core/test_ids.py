@@ -1,0 +1,37 @@
+"""ULIDs: the fixed vectors the hand-written encoder produced, and random bits that stay
+random within one millisecond (the broker's queue pick reads them)."""
+
+from __future__ import annotations
+
+from itertools import pairwise
+
+import pytest
+from ulid import ULID
+
+from tidemesh.core.ids import ULID_PATTERN, new_ulid
+
+
+@pytest.mark.parametrize(("ms", "randomness", "expected"), [
+    (1_469_918_176_385, bytes(range(10)), "01ARYZ6S41000G40R40M30E209"),
+    (0, bytes(10), "0" * 26),
+    (2**48 - 1, b"\xff" * 10, "7" + "Z" * 25),
+])
+def test_a_given_time_and_randomness_make_the_same_id_as_before(
+        ms: int, randomness: bytes, expected: str) -> None:
+    assert new_ulid(ms, randomness) == expected
+
+
+def test_ids_of_one_millisecond_have_independent_random_bits() -> None:
+    minted = [new_ulid(1_700_000_000_000) for _ in range(1000)]
+    tails = [int.from_bytes(ULID.from_str(i).bytes[6:], "big") for i in minted]
+
+    assert all(ULID_PATTERN.fullmatch(i) for i in minted)
+    assert len(set(minted)) == 1000
+    # A counting generator would make each tail the one before plus one.
+    assert sum(b - a == 1 for a, b in pairwise(tails)) < 10
+
+
+def test_ids_without_a_clock_carry_the_current_time() -> None:
+    earlier, now = new_ulid(1_000), new_ulid()
+
+    assert ULID_PATTERN.fullmatch(now) and earlier < now
