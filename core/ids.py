@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import time
 
-from ulid import ULID, PureRandomPolicy, ULIDGenerator
+from ulid import ULID, LaxMonotonicPolicy, PureRandomPolicy, ULIDGenerator
 
 _ID_PATTERN = re.compile(r"[\x20-\x7e]{1,255}")
 ULID_PATTERN = re.compile(r"[0-9A-HJKMNP-TV-Z]{26}")
@@ -14,6 +14,9 @@ ULID_PATTERN = re.compile(r"[0-9A-HJKMNP-TV-Z]{26}")
 # would count up from the previous id instead): the broker spreads a queue's messages over its
 # consumers by the id's tail, and a batch mints all its ids in one millisecond.
 _GENERATOR = ULIDGenerator(policy=PureRandomPolicy())
+# Outbox rows are sent in (due time, id) order: two sends accepted one after the other in
+# one millisecond must sort in that order, so within a millisecond these ids count up.
+_ORDERED = ULIDGenerator(policy=LaxMonotonicPolicy())
 
 
 def new_ulid(now_ms: int | None = None, randomness: bytes | None = None) -> str:
@@ -27,6 +30,12 @@ def new_ulid(now_ms: int | None = None, randomness: bytes | None = None) -> str:
     # The generator, called directly: ULID.from_timestamp would build the id twice. It reads
     # an int as milliseconds and a float as seconds: int() keeps ours milliseconds.
     return str(_GENERATOR.generate(None if now_ms is None else int(now_ms)))
+
+
+def ordered_ulid(now_ms: int | None = None) -> str:
+    """A ULID above every earlier one of this process minted in the same millisecond (a
+    clock that steps back can still sort it lower: that is the clock's order, not ours)."""
+    return str(_ORDERED.generate(None if now_ms is None else int(now_ms)))
 
 
 def client_message_id_problem(value: str) -> str | None:

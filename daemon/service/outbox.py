@@ -20,7 +20,7 @@ import orjson
 from tidemesh.core.accept import Action
 from tidemesh.core.errors import InvalidRequest, TidemeshError
 from tidemesh.core.fingerprint import prefix, request_fingerprint
-from tidemesh.core.ids import client_message_id_problem, new_ulid
+from tidemesh.core.ids import client_message_id_problem, new_ulid, ordered_ulid
 from tidemesh.core.outcome import Settlement
 from tidemesh.core.send import DestinationKind, SendRequest
 from tidemesh.daemon.records import BatchItem, BoundRow, SendKind, SendOutcome
@@ -114,7 +114,8 @@ class OutboxService:
     ) -> outbox.NewRow:
         now = self._now_ms() if now is None else now
         return outbox.NewRow(
-            id=row_id or new_ulid(now), client_message_id=cmid, fingerprint=fingerprint_of(req),
+            id=row_id or ordered_ulid(now), client_message_id=cmid,
+            fingerprint=fingerprint_of(req),
             payload=orjson.dumps(self._sealed(req, cmid).to_payload()), dest_kind=req.to.kind.value,
             dest_ref=req.to.ref, now_ms=now, supersedes=supersedes,
         )
@@ -147,10 +148,9 @@ class OutboxService:
         if self.admit is not None:
             self.admit()
         gated = [await self._gated(it) for it in items]
-        # Row ids rising in request order: the sender sends by (due time, id), and ULIDs
-        # minted in one millisecond would otherwise go out in random order.
+        # Row ids rising in request order: the sender sends by (due time, id).
         now = self._now_ms()
-        ids = iter(sorted(new_ulid(now) for g in gated if isinstance(g, SendRequest)))
+        ids = iter([ordered_ulid(now) for g in gated if isinstance(g, SendRequest)])
         prepared = [g if isinstance(g, TidemeshError) else self._batch_row(g, next(ids), now)
                     for g in gated]
         rows = [p for p in prepared if isinstance(p, outbox.NewRow)]
@@ -232,7 +232,7 @@ class OutboxService:
                 new = self._new_row(patch, cmid, supersedes=row_id)
             else:
                 new = outbox.NewRow(
-                    id=new_ulid(now), client_message_id=cmid,
+                    id=ordered_ulid(now), client_message_id=cmid,
                     fingerprint=old["request_fingerprint"], payload=old["payload"],
                     dest_kind=old["dest_kind"], dest_ref=old["dest_ref"], now_ms=now,
                     supersedes=row_id,

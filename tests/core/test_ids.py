@@ -8,7 +8,7 @@ from itertools import pairwise
 import pytest
 from ulid import ULID
 
-from tidemesh.core.ids import ULID_PATTERN, new_ulid
+from tidemesh.core.ids import ULID_PATTERN, new_ulid, ordered_ulid
 
 
 @pytest.mark.parametrize(("ms", "randomness", "expected"), [
@@ -35,3 +35,9 @@ def test_ids_without_a_clock_carry_the_current_time() -> None:
     earlier, now = new_ulid(1_000), new_ulid()
 
     assert ULID_PATTERN.fullmatch(now) and earlier < now
+
+
+def test_ordered_ids_of_one_millisecond_sort_in_the_order_they_were_minted() -> None:
+    minted = [ordered_ulid(1_700_000_000_000) for _ in range(1000)]
+    assert minted == sorted(minted) and len(set(minted)) == 1000
+    assert ordered_ulid(1_700_000_000_001) > minted[-1]

@@ -98,3 +98,16 @@ async def test_submit_many_refuses_the_whole_batch_under_the_disk_floor(
             await OutboxService(db, admit=admit).submit_many([_req("hi")])
     finally:
         await db.close()
+
+
+async def test_sends_accepted_one_after_another_in_one_millisecond_go_out_in_that_order(
+        tmp_path: Path) -> None:
+    db = await open_outbox(tmp_path / "o.db", 64)
+    try:
+        frozen = OutboxService(db, clock=lambda: 1_700_000_000.0)  # every send in one ms
+        for i in range(200):
+            await frozen.submit(_req(f"m{i}", f"id-{i:03}"))
+        claimed, _ = await frozen.claim(500, 86_400_000)
+        assert [c.client_message_id for c in claimed] == [f"id-{i:03}" for i in range(200)]
+    finally:
+        await db.close()
