@@ -44,6 +44,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("auth.hello_timeout_s", float, 10.0, "A connection must authenticate within this."),
     Setting("auth.recheck_s", float, 5.0, "How often connected members are re-checked for "
             "revocation."),
+    Setting("cluster.poll_s", float, 5.0, "With several brokers on PostgreSQL: how often each "
+            "looks for deliveries whose wake-up from another broker was lost."),
     Setting("log.level", str, "info", "debug, info, warning or error."),
     Setting("log.format", str, "auto", "json, console, or auto (console on a TTY)."),
 )
@@ -70,6 +72,7 @@ class BrokerSettings:
     limits_bad_frames_window_s: float
     auth_hello_timeout_s: float
     auth_recheck_s: float
+    cluster_poll_s: float
     log_level: str
     log_format: str
 

@@ -23,9 +23,10 @@ from tidemesh.broker.accept import Limits
 from tidemesh.broker.config import BrokerSettings, config_file, load, read_file, store_url
 from tidemesh.broker.server import BrokerServer
 from tidemesh.broker.service import BrokerService
-from tidemesh.broker.store import open_store, sqlite_file
+from tidemesh.broker.store import open_cluster, open_store, sqlite_file
 from tidemesh.broker.store.base import Store
 from tidemesh.core.exitcodes import Exit
+from tidemesh.core.ids import new_ulid
 from tidemesh.storage.lock import AlreadyRunning, InstanceLock
 
 T = TypeVar("T")
@@ -66,6 +67,17 @@ async def _every(interval_s: float, name: str, fn: Callable[[], Awaitable[Any]])
             await fn()
         except Exception as exc:  # a failed sweep must not take the broker down; next run retries
             log.error("broker_background_failed", task=name, error=str(exc), exc_info=True)
+
+
+async def _restarted(name: str, fn: Callable[[], Awaitable[Any]]) -> None:
+    """Run a task until it returns; if it fails, log it and start it again."""
+    while True:
+        try:
+            await fn()
+            return
+        except Exception as exc:  # the broker serves on; this task comes back in a second
+            log.error("broker_background_failed", task=name, error=str(exc), exc_info=True)
+        await asyncio.sleep(1.0)
 
 
 class WriterStopped(Exception):
@@ -115,7 +127,8 @@ async def _run(settings: BrokerSettings, url: str, stop: asyncio.Event,
     limits = Limits(settings.limits_inline_bytes, settings.dedupe_mode,
                     settings.dedupe_retention_days)
     service = BrokerService(store, limits, retention_days=settings.retention_message_days,
-                            stall_window_hours=settings.retention_stall_window_hours)
+                            stall_window_hours=settings.retention_stall_window_hours,
+                            cluster=open_cluster(store, new_ulid()))
     server = BrokerServer(service, max_inflight=settings.limits_max_inflight,
                           max_bad=settings.limits_bad_frames,
                           bad_window_s=settings.limits_bad_frames_window_s,
@@ -150,6 +163,9 @@ async def _serve(settings: BrokerSettings, service: BrokerService, store: Store,
                                        service.recheck_members)),
                  tg.create_task(_every(settings.queue_lease_check_interval_s, "queue_leases",
                                        lambda: service.reassign_lapsed(settings.queue_lease_s))),
+                 tg.create_task(_restarted("cluster", service.peering.run)),
+                 tg.create_task(_every(settings.cluster_poll_s, "cluster_poll",
+                                       service.peering.poll)),
                  tg.create_task(_watch_writers(store.writer_tasks))]
         await stop.wait()
         for t in loops:

@@ -3,6 +3,7 @@
 ``auth`` (who may connect), ``connections`` (the registry and presence), ``send`` (B1, then
 the store's accept), ``delivery`` (resume, the pump, acks, queue leases), ``destinations``
 (topic and queue requests), ``negotiation`` (features), ``retention`` (the sweep),
+``cluster`` (what several brokers on one database tell each other),
 ``metrics`` (the Prometheus series) and ``routes`` (frame type → handler). Independent of
 websockets: a connection is reached through the ``Peer`` protocol. Never awaits the network
 inside a transaction: the store commits first, then frames go out.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 from tidemesh.broker.accept import Limits
 from tidemesh.broker.service.auth import Auth, AuthOutcome
+from tidemesh.broker.service.cluster import Cluster, Peering, SingleBroker
 from tidemesh.broker.service.connections import Conn, Connections, Peer
 from tidemesh.broker.service.delivery import Deliveries, deliver_frame
 from tidemesh.broker.service.destinations import Destinations
@@ -31,10 +33,11 @@ class BrokerService:
     reach them through its attributes and ``routes``."""
 
     def __init__(self, store: Store, limits: Limits, *, retention_days: int = 30,
-                 stall_window_hours: int = 24) -> None:
+                 stall_window_hours: int = 24, cluster: Cluster | None = None) -> None:
         self.store = store
         self.limits = limits
         self.connections = Connections()
+        self.peering = Peering(cluster or SingleBroker(), self.connections)
         self.metrics = Metrics(self.connections.active, store)
         self.auth = Auth(store, self.metrics, self.connections)
         self.sends = Sends(store, limits, self.metrics, self.connections)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -48,6 +48,9 @@ class Connections:
     def __init__(self) -> None:
         self.conns: dict[tuple[str, str], set[Conn]] = {}
         self.profiles: dict[tuple[str, str], dict[str, Any]] = {}
+        # Tells the other brokers on the same database (``service/cluster.py``) about
+        # recipients not connected here; one broker alone has nobody to tell.
+        self.relay: Callable[[set[tuple[str, str]]], None] | None = None
 
     def active(self) -> list[tuple[dict[str, str], float]]:
         return [({}, float(sum(len(c) for c in self.conns.values())))]
@@ -73,10 +76,23 @@ class Connections:
         return not peers
 
     def wake(self, keys: Iterable[tuple[str, str]]) -> None:
-        """Wake the delivery pumps of these (mesh, member) pairs' connections."""
+        """Wake the delivery pumps of these (mesh, member) pairs' connections, here or, for
+        members not connected here, on the other brokers (called after the commit)."""
+        elsewhere = self.wake_local(keys)
+        if elsewhere and self.relay is not None:
+            self.relay(elsewhere)
+
+    def wake_local(self, keys: Iterable[tuple[str, str]]) -> set[tuple[str, str]]:
+        """Wake this broker's pumps for these pairs; returns the pairs not connected here."""
+        absent = set()
         for key in keys:
-            for c in self.conns.get(key, ()):
+            conns = self.conns.get(key)
+            if not conns:
+                absent.add(key)
+                continue
+            for c in conns:
                 c.wake.set()
+        return absent
 
     async def announce(self, conn: Conn, kind: str) -> None:
         """peer_join / peer_leave to the mesh's other members; presence is best effort.

@@ -1,0 +1,119 @@
+"""Brokers on one PostgreSQL telling each other about deliveries (DESIGN §10), in process:
+two services on one real database, each with its own LISTEN connection."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import asyncpg
+import pytest
+
+from tests.broker.conftest import LIMITS, accept_input, new_pubkey, now_ms
+from tidemesh.broker.service import BrokerService
+from tidemesh.broker.store import open_cluster
+from tidemesh.broker.store.base import Store
+from tidemesh.broker.store.postgres.cluster import wake_payloads
+
+pytestmark = pytest.mark.postgres
+
+
+class Silent:
+    """A connection's far end that takes frames and closes; what it gets is not the point."""
+
+    async def send_frame(self, frame: dict[str, Any]) -> None:
+        return None
+
+    async def close(self, code: int, reason: str) -> None:
+        return None
+
+
+@pytest.fixture
+def store_url(pg_database: str) -> str:
+    """The conftest's ``store`` on PostgreSQL only: SQLite serves one broker."""
+    return pg_database
+
+
+def broker(store: Store, broker_id: str) -> BrokerService:
+    return BrokerService(store, LIMITS, cluster=open_cluster(store, broker_id))
+
+
+async def until(predicate: Any, timeout: float = 20.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not predicate():
+            await asyncio.sleep(0.02)
+
+
+async def test_wake_reaches_the_other_broker_and_survives_a_dropped_listener(
+    store: Store, pg_database: str
+) -> None:
+    x, y = broker(store, "x"), broker(store, "y")
+    conn, _ = y.connections.register(Silent(), "m1", "bob")
+    listening = [asyncio.create_task(b.peering.run()) for b in (x, y)]
+    try:
+        await until(lambda: conn.wake.is_set())  # listening starts by waking every pump
+        conn.wake.clear()
+        x.connections.wake({("m1", "bob")})  # bob is not on x: told to the others
+        await until(lambda: conn.wake.is_set())
+        conn.wake.clear()
+
+        admin = await asyncpg.connect(pg_database)
+        try:
+            killed = await admin.fetchval(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                " WHERE datname = current_database()"
+                " AND application_name = 'tidemesh-listen-y'")
+        finally:
+            await admin.close()
+        assert killed == 1
+        # Back to listening, it wakes every pump (what was said meanwhile went unheard) ...
+        await until(lambda: conn.wake.is_set())
+        conn.wake.clear()
+        # ... and hears the others again.
+        x.connections.wake({("m1", "bob")})
+        await until(lambda: conn.wake.is_set())
+    finally:
+        for task in listening:
+            task.cancel()
+
+
+async def test_a_broker_ignores_its_own_wake_ups(store: Store) -> None:
+    x = broker(store, "x")
+    conn, _ = x.connections.register(Silent(), "m1", "bob")
+    listening = asyncio.create_task(x.peering.run())
+    try:
+        await until(lambda: conn.wake.is_set())
+        conn.wake.clear()
+        x.connections.wake({("m1", "carol")})  # published, and heard back by x itself
+        await asyncio.sleep(0.3)
+        assert not conn.wake.is_set()
+    finally:
+        listening.cancel()
+
+
+async def test_the_safety_poll_wakes_pumps_whose_wake_up_was_lost(store: Store) -> None:
+    t = now_ms()
+    mesh = await store.create_mesh("poll", t)
+    alice, bob = new_pubkey(), new_pubkey()
+    for pk in (alice, bob):
+        await store.add_member(mesh.id, pk, t)
+    y = broker(store, "y")
+    conn, _ = y.connections.register(Silent(), mesh.id, bob)
+    conn.epoch, conn.pumping = 1, True
+    assert await y.peering.poll() == 0
+    # Accepted with nobody told (as if the accepting broker died before its NOTIFY).
+    assert (await store.accept(accept_input(mesh.id, alice, "c1", kind="dm",
+                                               ref=bob))).status == 201
+    assert await y.peering.poll() == 1
+    assert conn.wake.is_set()
+    conn.wake.clear()
+    conn.sent_seq = 1  # sent, not yet acked: nothing more to wake for
+    assert await y.peering.poll() == 0
+    assert not conn.wake.is_set()
+
+
+def test_wake_payloads_stay_under_the_notify_limit() -> None:
+    keys = {(f"mesh{i:04}", "k" * 64) for i in range(500)}
+    payloads = list(wake_payloads("b", keys))
+    assert len(payloads) > 1 and all(len(p) < 8000 for p in payloads)
+    assert sum(p.count("mesh") for p in payloads) == 500
