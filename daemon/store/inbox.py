@@ -117,13 +117,11 @@ def store_frame(conn: sqlite3.Connection,
     each new one, and advance the receive cursor past each, void ones too (None for those);
     all in the caller's transaction, so a crash keeps the whole frame (messages, events and
     cursor) or none of it, and the broker sends what is missing again."""
-    out: list[StoreResult | None] = []
-    for d in items:
-        if isinstance(d, Void):
-            _advance_cursor(conn, d.epoch, d.seq, d.at)
-            out.append(None)
-        else:
-            out.append(_store_one(conn, d))
+    out = [None if isinstance(d, Void) else _store_one(conn, d) for d in items]
+    if items:  # once per frame, to the furthest position: it only ever moves forward
+        last = max(items, key=lambda d: (d.epoch, d.seq))
+        _advance_cursor(conn, last.epoch, last.seq,
+                        last.at if isinstance(last, Void) else last.received_at)
     return out
 
 
@@ -137,7 +135,6 @@ STORE_FRAMES = BatchOp("inbox_store_frames", _store_frames)
 
 
 def _store_one(conn: sqlite3.Connection, d: Delivery) -> StoreResult:
-    _advance_cursor(conn, d.epoch, d.seq, d.received_at)
     if conn.execute("SELECT 1 FROM inbox WHERE sender_pubkey = ? AND client_message_id = ?",
                     (d.sender_pubkey, d.client_message_id)).fetchone():
         return StoreResult(None, None)
