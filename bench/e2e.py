@@ -11,7 +11,13 @@ exactly once).
 NATS: publish with Nats-Msg-Id (256 in flight, file storage) → durable pull consumer with
 explicit ack; latency from publish to receipt. Default JetStream acks before fsync.
 
+With ``--backlog`` bob is stopped while alice sends, then started: the figure is how fast a
+returning recipient drains what queued for it, from the first delivery it stores (the broker
+pushes it as deliver_batch frames), against a JetStream consumer draining the same number of
+messages published before it started.
+
     .venv/bin/python bench/e2e.py [--seconds 8] [--stores sqlite,postgres] [--pg-dsn DSN]
+                                  [--backlog]
 """
 
 from __future__ import annotations
@@ -67,7 +73,20 @@ def _pct(xs: list[float], p: float) -> float:
     return xs[min(len(xs) - 1, int(len(xs) * p))] if xs else 0.0
 
 
-def run_tidemesh(store: str, seconds: float, root: Path) -> dict[str, Any]:
+def _daemon(env: dict[str, str], home: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tidemesh", "daemon", "up", "--foreground", "--mesh", "bench",
+         "--no-tcp"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env={**env, "TIDEMESH_HOME": str(home)})
+
+
+def _stop(p: subprocess.Popen[bytes]) -> None:
+    p.send_signal(signal.SIGTERM)
+    p.wait(30)
+
+
+def run_tidemesh(store: str, seconds: float, root: Path, backlog: bool = False
+                 ) -> dict[str, Any]:
     homes = {n: root / n for n in ("broker", "alice", "bob")}
     for h in homes.values():
         h.mkdir(parents=True)
@@ -85,13 +104,12 @@ def run_tidemesh(store: str, seconds: float, root: Path) -> dict[str, Any]:
             inv = _tm(homes["broker"], "broker", "invite", "create", "--mesh", "bench", "--url",
                       f"ws://127.0.0.1:{port}", "--store", store)
             _tm(homes[n], "daemon", "join", inv, "--mesh", "bench")
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "tidemesh", "daemon", "up", "--foreground", "--mesh",
-                 "bench", "--no-tcp"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                env={**env, "TIDEMESH_HOME": str(homes[n])}))
+            procs.append(_daemon(env, homes[n]))
         time.sleep(2.0)
         _tm(homes["bob"], "topic", "create", "--mesh", "bench", "bench")
         _tm(homes["bob"], "topic", "subscribe", "--mesh", "bench", "bench")
+        if backlog:
+            _stop(procs.pop())
         sock = homes["alice"] / "daemon" / "bench" / "sock"
         out = subprocess.run([sys.executable, LOADGEN, str(sock), "64", str(seconds), "0.5", "e",
                               "bench"], capture_output=True, text=True, check=True)
@@ -99,13 +117,21 @@ def run_tidemesh(store: str, seconds: float, root: Path) -> dict[str, Any]:
         a_db = homes["alice"] / "daemon" / "bench" / "outbox.db"
         b_db = homes["bob"] / "daemon" / "bench" / "inbox.db"
         total = _q(a_db, "SELECT COUNT(*) FROM outbox")[0][0]
+        if backlog:
+            _wait(lambda: _q(a_db, "SELECT COUNT(*) FROM outbox WHERE status='done'")[0][0]
+                  == total)
+            procs.append(_daemon(env, homes["bob"]))
         _wait(lambda: _q(b_db, "SELECT COUNT(*) FROM inbox")[0][0] >= total)
         _wait(lambda: _q(a_db, "SELECT COUNT(*) FROM outbox WHERE status='done'")[0][0] == total)
         sent = dict(_q(a_db, "SELECT client_message_id, enqueued_at FROM outbox"))
         got = _q(b_db, "SELECT client_message_id, received_at FROM inbox")
         ids = [c for c, _ in got]
-        lat = sorted(float(r - sent[c]) for c, r in got if c in sent)
-        first, last = min(sent.values()), max(r for _, r in got)
+        # Backlog: rate and latency count from the first delivery bob stored (its start-up
+        # and the wait before it are the scenario, not the drain).
+        drained = min(r for _, r in got)
+        lat = sorted(float(r - (drained if backlog else sent[c])) for c, r in got if c in sent)
+        first = drained if backlog else min(sent.values())
+        last = max(r for _, r in got)
         return {"messages": total, "rate": total / ((last - first) / 1000), "p50_ms": _pct(lat, .5),
                 "p99_ms": _pct(lat, .99), "accept_rps": load["rps"],
                 "effective_once": sorted(ids) == sorted(sent) and len(ids) == len(set(ids))}
@@ -116,7 +142,8 @@ def run_tidemesh(store: str, seconds: float, root: Path) -> dict[str, Any]:
             p.wait(30)
 
 
-async def run_nats(n: int, url: str = "nats://127.0.0.1:4222") -> dict[str, Any]:
+async def run_nats(n: int, url: str = "nats://127.0.0.1:4222", backlog: bool = False
+                   ) -> dict[str, Any]:
     import nats
 
     nc = await nats.connect(url)
@@ -137,11 +164,11 @@ async def run_nats(n: int, url: str = "nats://127.0.0.1:4222") -> dict[str, Any]
                 continue
             now = time.perf_counter()
             for m in msgs:
-                lat.append(now - float(m.data.split(b"|", 1)[0]))
+                lat.append(now - (start if backlog else float(m.data.split(b"|", 1)[0])))
                 await m.ack()
         done.set()
 
-    consumer = asyncio.create_task(consume())
+    consumer = None if backlog else asyncio.create_task(consume())
     pending: list[Any] = []
     for i in range(n):
         data = f"{time.perf_counter()}|".encode() + b"x" * 200
@@ -150,6 +177,9 @@ async def run_nats(n: int, url: str = "nats://127.0.0.1:4222") -> dict[str, Any]
             await asyncio.gather(*pending)
             pending = []
     await asyncio.gather(*pending)
+    if consumer is None:  # backlog: the consumer starts once everything is stored
+        start = time.perf_counter()
+        consumer = asyncio.create_task(consume())
     await done.wait()
     elapsed = time.perf_counter() - start
     await consumer
@@ -183,17 +213,21 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=8.0)
     ap.add_argument("--stores", default="sqlite,postgres")
     ap.add_argument("--pg-dsn", default="postgresql://postgres@127.0.0.1:5432/test")
+    ap.add_argument("--backlog", action="store_true",
+                    help="bob is offline while alice sends; measure how fast bob drains it")
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="tm-e2e-", dir="/tmp"))
     print(f"bench/e2e: alice → broker → bob, 64 closed-loop senders for {args.seconds:.0f} s; "
-          "durable at each hop (SQLite FULL, PostgreSQL synchronous_commit on)")
+          "durable at each hop (SQLite FULL, PostgreSQL synchronous_commit on)"
+          + ("; backlog: bob starts after, rate and latency from its first delivery" if args.backlog
+             else ""))
     print(f"{'system':22} {'msgs':>7} {'msgs/s':>8} {'p50 ms':>8} {'p99 ms':>8}  notes")
     rows = []
     for store_kind in args.stores.split(","):
         store = (f"sqlite://{root}/{store_kind}/broker/broker.db" if store_kind == "sqlite"
                  else asyncio.run(_pg_database(args.pg_dsn)))
         try:
-            r = run_tidemesh(store, args.seconds, root / store_kind)
+            r = run_tidemesh(store, args.seconds, root / store_kind, args.backlog)
         finally:
             if store_kind != "sqlite":
                 asyncio.run(_drop_database(args.pg_dsn, store))
@@ -202,7 +236,7 @@ def main() -> None:
               f"{r['p50_ms']:>8.1f} {r['p99_ms']:>8.1f}  accept {r['accept_rps']:.0f}/s, "
               f"effective-once {'ok' if r['effective_once'] else 'FAILED'}")
     n = max(r["messages"] for r in rows)
-    nats_r = asyncio.run(run_nats(n))
+    nats_r = asyncio.run(run_nats(n, backlog=args.backlog))
     print(f"{'nats jetstream':22} {nats_r['messages']:>7} {nats_r['rate']:>8.0f} "
           f"{nats_r['p50_ms']:>8.1f} {nats_r['p99_ms']:>8.1f}  acks before fsync")
     for store_kind, r in zip(args.stores.split(","), rows, strict=True):

@@ -13,6 +13,16 @@ from typing import Any
 DEDUPE = "client_message_id_dedupe"
 MIN_RETENTION_DAYS = 3
 REQUIRED: tuple[str, ...] = (DEDUPE,)
+# Optional: a daemon that asks for it gets a recipient's due deliveries as ``deliver_batch``
+# frames of at most this many deliveries and this many encoded bytes (one delivery larger
+# than the byte cap still goes, alone). The count matches the broker's page of due
+# deliveries. The byte cap keeps what a stalled daemon holds in memory near what single
+# frames cost (websockets buffers a few frames before it stops reading, and the kernel's
+# receive window grows with what the reader takes at once).
+DELIVER_BATCH = "deliver_batch"
+DELIVER_BATCH_MAX_COUNT = 256
+DELIVER_BATCH_MAX_BYTES = 256 << 10
+OPTIONAL: tuple[str, ...] = (DELIVER_BATCH,)
 MODES = ("retention_scoped", "permanent")
 
 
@@ -35,6 +45,8 @@ def advertise(mode: str, retention_days: int, inline_bytes: int) -> dict[str, An
         DEDUPE: {"params": dedupe},
         "max_payload": {"params": {"version": 1, "inline_bytes": inline_bytes,
                                    "blob_bytes": inline_bytes}},
+        DELIVER_BATCH: {"params": {"version": 1, "max_count": DELIVER_BATCH_MAX_COUNT,
+                                   "max_bytes": DELIVER_BATCH_MAX_BYTES}},
     }
 
 
@@ -82,6 +94,17 @@ def _dedupe(params: dict[str, Any]) -> tuple[str, str] | None:
 
 
 _CHECKS = {DEDUPE: _dedupe}
+
+
+def deliver_batch_count(supported: dict[str, Any]) -> int | None:
+    """The most deliveries one ``deliver_batch`` frame may hold, or None when the broker
+    does not send them (it sends one ``deliver`` frame per delivery then)."""
+    entry = supported.get(DELIVER_BATCH)
+    params = entry.get("params") if isinstance(entry, dict) else None
+    if not isinstance(params, dict) or params.get("version") != 1:
+        return None
+    count = params.get("max_count")
+    return count if isinstance(count, int) and not isinstance(count, bool) and count > 0 else None
 
 
 def dedupe_retention_days(supported: dict[str, Any]) -> int | None:

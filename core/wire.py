@@ -38,6 +38,7 @@ class FrameType(StrEnum):
     REQUEST = "request"
     RESULT = "result"
     DELIVER = "deliver"
+    DELIVER_BATCH = "deliver_batch"
     ACK = "ack"
     RESUME = "resume"
     RESUME_ACK = "resume_ack"
@@ -67,9 +68,16 @@ def load_schema(frame_type: str) -> dict[str, Any]:
     return cast(dict[str, Any], json.loads(path.read_text(encoding="utf-8")))
 
 
+def _local_ref(uri: str) -> dict[str, Any]:
+    """Resolve a ``$ref`` to another frame's schema from the package, never the network."""
+    if not uri.startswith(_BASE):
+        raise ValueError(f"schema $ref outside the frame schemas: {uri}")
+    return load_schema(uri.removeprefix(_BASE).removesuffix(".schema.json"))
+
+
 @cache
 def _validator(frame_type: str) -> Any:
-    return fastjsonschema.compile(load_schema(frame_type))
+    return fastjsonschema.compile(load_schema(frame_type), handlers={"https": _local_ref})
 
 
 def decode(raw: str | bytes) -> dict[str, Any]:

@@ -6,10 +6,11 @@ retention under 3 days, closes the socket with 4010 and the structured ``close_r
 spec §15.5 and raises ``FeatureUnavailable`` naming the feature. After that, requests are
 pipelined: each gets a fresh ``id`` and a future that the one reader task resolves when the
 answer with that ``id`` arrives. Concurrent ``send`` calls are coalesced by one writer task
-into a ``send_batch`` frame (answered by one ``send_results``). ``deliver`` frames go to the
-bounded ``deliveries`` queue (a full queue stops the reader, which pushes back on the
-broker); ``peer_join``/``peer_leave`` go to ``presence`` (oldest dropped when full). No
-outbox logic here.
+into a ``send_batch`` frame (answered by one ``send_results``). The link asks for the
+optional ``deliver_batch`` feature; each ``deliver`` or ``deliver_batch`` frame goes whole, as
+a list of deliveries, to the bounded ``deliveries`` queue (a full queue stops the reader,
+which pushes back on the broker); ``peer_join``/``peer_leave`` go to ``presence`` (oldest
+dropped when full). No outbox logic here.
 
 Imports ``core`` and websockets; never ``broker`` or ``cli``.
 """
@@ -80,7 +81,11 @@ class BrokerLink:
         self.ws = ws
         self.hello_ack = hello_ack
         self.supported = supported
-        self.deliveries: asyncio.Queue[dict[str, Any]] = asyncio.Queue(delivery_buffer)
+        # Bounded in frames, sized so that about ``delivery_buffer`` deliveries wait at most
+        # whether the broker sends them one per frame or in batches.
+        per_frame = features.deliver_batch_count(supported) or 1
+        self.deliveries: asyncio.Queue[list[dict[str, Any]]] = asyncio.Queue(
+            max(1, delivery_buffer // per_frame))
         self.presence: asyncio.Queue[dict[str, Any]] = asyncio.Queue(PRESENCE_BUFFER)
         self._pending: dict[str, asyncio.Future[dict[str, Any]]] = {}
         self._ids = itertools.count(1)
@@ -94,12 +99,17 @@ class BrokerLink:
     @classmethod
     async def connect(cls, url: str, mesh_id: str, key: SigningKey, *,
                       require: tuple[str, ...] = features.REQUIRED,
+                      optional: tuple[str, ...] = features.OPTIONAL,
                       invite_token: str | None = None, display_name: str | None = None,
                       open_timeout: float = 10.0, delivery_buffer: int = 1024) -> BrokerLink:
         """Connect, authenticate and negotiate; raises a ``LinkError`` subclass on failure."""
         try:
+            # max_queue: frames websockets buffers before it stops reading the socket; a
+            # deliver_batch frame may hold 256 KiB, so keep it small (the reader drains it
+            # into ``deliveries``, the bounded queue that pushes back on the broker).
             ws = await ws_connect(url, open_timeout=open_timeout, compression=None,
-                                  max_size=8 << 20, ping_interval=20, ping_timeout=20)
+                                  max_size=8 << 20, max_queue=4, ping_interval=20,
+                                  ping_timeout=20)
         except (OSError, TimeoutError, InvalidHandshake, ConnectionClosed) as exc:
             # InvalidHandshake: something answered that is not the broker yet (a proxy whose
             # upstream is down, a 502); ConnectionClosed: the socket died before the upgrade
@@ -108,7 +118,7 @@ class BrokerLink:
         try:
             async with asyncio.timeout(open_timeout):
                 ack = await _hello(ws, mesh_id, key, invite_token, display_name)
-                supported = await _negotiate(ws, require)
+                supported = await _negotiate(ws, require, optional)
         except ConnectionClosed as exc:
             # Lost while sending hello or the negotiation: a broken path, not a refusal.
             await ws.close()
@@ -269,7 +279,10 @@ class BrokerLink:
             log.warning("broker_frame_invalid", error=exc.message)
             return
         if frame["type"] == "deliver":
-            await self.deliveries.put(frame)
+            await self.deliveries.put([frame])
+            return
+        if frame["type"] == "deliver_batch":
+            await self.deliveries.put(frame["deliveries"])
             return
         if frame["type"] == "send_results":
             for result in frame["results"]:
@@ -347,9 +360,10 @@ async def _hello(ws: ClientConnection, mesh_id: str, key: SigningKey, invite_tok
     return await _recv(ws, "hello_ack")
 
 
-async def _negotiate(ws: ClientConnection, require: tuple[str, ...]) -> dict[str, Any]:
+async def _negotiate(ws: ClientConnection, require: tuple[str, ...],
+                     optional: tuple[str, ...]) -> dict[str, Any]:
     await ws.send(encode({"type": "feature_negotiation_request", "id": "features",
-                          "require": list(require), "optional": []}))
+                          "require": list(require), "optional": list(optional)}))
     # Once hello_ack is out the broker counts us as connected and may announce other members
     # (many reconnect at once after a broker restart): not the answer, so skip them.
     answer = await _recv(ws, "feature_negotiation_response", skip=PRESENCE_FRAMES)

@@ -7,6 +7,12 @@ from cursor+1, but frames it sent before the resume may still be queued ahead of
 the next in-order delivery arrives, out-of-order frames are dropped rather than read as new
 gaps.
 
+Deliveries come in frames (a ``deliver`` frame holds one, a ``deliver_batch`` frame many);
+``plan`` places the frames taken off the link together, and says per frame which of its
+deliveries to store, so that each frame can be written in one transaction. Frame boundaries
+never change a placement: planning frames gives what placing their deliveries one by one
+gives.
+
 Imports nothing from the daemon; ``receiver.py`` does the storing, acking and resuming.
 """
 
@@ -28,10 +34,12 @@ class Placement(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """What to do with one batch of deliveries, in arrival order."""
+    """What to do with frames of deliveries, in arrival order."""
 
-    store: list[int] = field(default_factory=list)  # indexes of the NEXT ones, to write in order
-    gap: Position | None = None    # the first delivery past a gap: the rest of the batch waits
+    # One list per frame given: the indexes in that frame of its NEXT deliveries, to write in
+    # order; empty for a frame with none, and for every frame from the gap on.
+    store: list[list[int]] = field(default_factory=list)
+    gap: Position | None = None    # the first delivery past a gap: the rest of the frames wait
 
 
 @dataclass(slots=True)
@@ -59,15 +67,17 @@ class ReceiveOrder:
         """What to ack after a batch: the cursor, unless nothing was ever received."""
         return self.cursor if self.cursor[1] > 0 else None
 
-    def plan(self, batch: Sequence[Position]) -> Plan:
-        """Place a batch: the deliveries to store, up to the first gap if there is one. After
-        a gap nothing more of the batch is placed; resume from the cursor, which stands on
-        the last delivery to store."""
-        store: list[int] = []
-        for i, (epoch, seq) in enumerate(batch):
-            placement = self.place(epoch, seq)
-            if placement is Placement.GAP:
-                return Plan(store, (epoch, seq))
-            if placement is Placement.NEXT:
-                store.append(i)
+    def plan(self, frames: Sequence[Sequence[Position]]) -> Plan:
+        """Place frames of deliveries: per frame, those to store, up to the first gap if there
+        is one. After a gap nothing more is placed, not even the rest of its frame (a frame
+        is stored whole or up to the gap); resume from the cursor, which stands on the last
+        delivery to store."""
+        store: list[list[int]] = [[] for _ in frames]
+        for f, frame in enumerate(frames):
+            for i, (epoch, seq) in enumerate(frame):
+                placement = self.place(epoch, seq)
+                if placement is Placement.GAP:
+                    return Plan(store, (epoch, seq))
+                if placement is Placement.NEXT:
+                    store[f].append(i)
         return Plan(store)

@@ -1,10 +1,12 @@
 """The receiver: broker → inbox over one live link, for as long as that link lasts.
 
-``resume`` from the last stored (epoch, seq); each ``deliver`` is written to the inbox
-(deduped, DMs opened) and only then acked, cumulatively. Where a delivery stands against
-the cursor is decided in ``receive_order.py``; a gap triggers a resume; STALE_SEQUENCE and
-INVALID_SEQUENCE are reported and resynced as DESIGN §6 says. Turning a ``deliver`` frame
-into an inbox ``Delivery`` is ``delivery_of``, pure. Its counters live here.
+``resume`` from the last stored (epoch, seq); each frame from the broker (one ``deliver``
+or a ``deliver_batch``) is written to the inbox in one transaction (deduped, DMs opened) and
+only then acked, cumulatively: one ack for the highest contiguous seq stored. Where a
+delivery stands against the cursor is decided in ``receive_order.py``; a gap triggers a
+resume; STALE_SEQUENCE and INVALID_SEQUENCE are reported and resynced as DESIGN §6 says.
+Turning a ``deliver`` frame into an inbox ``Delivery`` is ``delivery_of``, pure. Its counters
+live here.
 
 Imports services and the link; no SQL and no HTTP here.
 """
@@ -19,19 +21,19 @@ from typing import Any
 
 import structlog
 from nacl.signing import SigningKey
-from prometheus_client import Counter
+from prometheus_client import Counter, Histogram
 
 from tidemesh.core.ids import new_ulid
-from tidemesh.core.metrics import CollectorRegistry
+from tidemesh.core.metrics import BATCH_BUCKETS, CollectorRegistry
 from tidemesh.core.sealing import UnsealError, unseal
 from tidemesh.daemon import race
 from tidemesh.daemon.link import BrokerLink, LinkError
 from tidemesh.daemon.receive_order import Position, ReceiveOrder
 from tidemesh.daemon.service.inbox import InboxService
-from tidemesh.daemon.store.inbox import Delivery, StoreResult
+from tidemesh.daemon.store.inbox import Delivery, StoreResult, Void
 
 log = structlog.get_logger(__name__)
-# Deliveries taken off the link's queue at once: stored together, acked once.
+# Deliveries taken off the link's queue at once (whole frames): stored together, acked once.
 BATCH = 512
 RESUME_TRIES = 3
 
@@ -44,12 +46,16 @@ class ReceiverMetrics:
     mesh: str
     received: Counter
     dedupe: Counter
+    frame_size: Histogram
 
     @classmethod
     def register(cls, registry: CollectorRegistry, mesh: str,
                  dedupe: Counter) -> ReceiverMetrics:
         return cls(mesh, Counter("cm_daemon_recv_total", "Deliveries stored in the inbox, by kind",
-                                 ["mesh"], registry=registry), dedupe)
+                                 ["mesh"], registry=registry), dedupe,
+                   Histogram("cm_daemon_deliver_batch_size",
+                             "Deliveries in each frame received from the broker",
+                             ["mesh"], registry=registry, buckets=BATCH_BUCKETS))
 
 
 def delivery_of(f: dict[str, Any], key: SigningKey, mesh: str, now_ms: int) -> Delivery:
@@ -91,8 +97,12 @@ class Receiver:
         order = ReceiveOrder(await self.inbox.receive_cursor() or (0, 0))
         order.resumed(await self._resume(order.cursor))
         while frames := await self._next_frames():
-            plan = order.plan([(f["epoch"], f["seq"]) for f in frames])
-            self._account(await asyncio.gather(*(self._write(frames[i]) for i in plan.store)))
+            plan = order.plan([[(d["epoch"], d["seq"]) for d in f] for f in frames])
+            # One inbox write per frame; started in frame order, so stored in that order.
+            for results in await asyncio.gather(*(
+                    self._write([f[i] for i in store])
+                    for f, store in zip(frames, plan.store, strict=True) if store)):
+                self._account(results)
             if plan.gap is not None:
                 log.warning("delivery_gap_detected", expected=order.cursor[1] + 1,
                             got=plan.gap[1])
@@ -101,14 +111,13 @@ class Receiver:
             if ack is not None:
                 await self.link.ack(*ack)
 
-    async def _write(self, f: dict[str, Any]) -> StoreResult | None:
-        if f.get("reassigned"):
-            # A queue lease that lapsed here went to another consumer: skip it, but move the
-            # cursor past it so the stream stays gapless.
-            await self.inbox.skip(f["epoch"], f["seq"])
-            return None
+    async def _write(self, frame: list[dict[str, Any]]) -> list[StoreResult | None]:
         now = int(self.clock() * 1000)
-        return await self.inbox.store(delivery_of(f, self.key, self.mesh, now))
+        # A queue lease that lapsed here went to another consumer: not stored, but the cursor
+        # moves past it so the stream stays gapless.
+        return await self.inbox.store_frame([
+            Void(d["epoch"], d["seq"], now) if d.get("reassigned")
+            else delivery_of(d, self.key, self.mesh, now) for d in frame])
 
     def _account(self, results: list[StoreResult | None]) -> None:
         m = self.metrics
@@ -120,14 +129,19 @@ class Receiver:
             else:
                 m.received.labels(mesh=m.mesh).inc()
 
-    async def _next_frames(self) -> list[dict[str, Any]]:
+    async def _next_frames(self) -> list[list[dict[str, Any]]]:
+        """The frames waiting on the link (at least one), each a list of deliveries."""
         q = self.link.deliveries
         first = await race.next_item(q, self.link.wait_closed())
         if first is None:
             return []
-        frames = [first]
-        while not q.empty() and len(frames) < BATCH:
+        frames, count = [first], len(first)
+        while not q.empty() and count < BATCH:
             frames.append(q.get_nowait())
+            count += len(frames[-1])
+        observe = self.metrics.frame_size.labels(mesh=self.metrics.mesh).observe
+        for f in frames:
+            observe(len(f))
         return frames
 
     async def _resume(self, cursor: Position) -> Position:

@@ -40,6 +40,7 @@ class Conn:
     epoch: int = 0
     sent_seq: int = 0
     pumping: bool = False
+    batch_deliveries: bool = False  # the daemon negotiated deliver_batch frames
     connected_at: int = field(default_factory=now_ms)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
 

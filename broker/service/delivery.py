@@ -3,22 +3,29 @@ per-connection pump, acks, and moving lapsed queue leases to another consumer.
 
 The pump reads committed delivery rows in seq order, so deliveries are gapless and in order
 no matter which connection accepted the message; frames go out only after the store commits.
+A daemon that negotiated ``deliver_batch`` gets each page of due deliveries as few frames as
+the caps allow (``batch_frames``); any other gets one ``deliver`` frame per delivery.
 """
 
 from __future__ import annotations
 
 import base64
+from collections.abc import Sequence
 from typing import Any
 
+import orjson
 import structlog
 
 from tidemesh.broker.service.connections import Conn, Connections, now_ms
 from tidemesh.broker.service.metrics import Metrics
 from tidemesh.broker.session import ResumeResult, decide_resume
 from tidemesh.broker.store.base import DeliveryRow, Store
+from tidemesh.core.features import DELIVER_BATCH_MAX_BYTES, DELIVER_BATCH_MAX_COUNT
 
 log = structlog.get_logger(__name__)
-PUMP_PAGE = 256
+PUMP_PAGE = DELIVER_BATCH_MAX_COUNT
+# '{"type":"deliver_batch","deliveries":[' … ']}' around the items and their commas.
+BATCH_ENVELOPE_BYTES = len(b'{"type":"deliver_batch","deliveries":[]}')
 
 
 class Deliveries:
@@ -59,10 +66,15 @@ class Deliveries:
             while True:
                 rows = await self.store.deliveries_after(conn.mesh_id, conn.pubkey, conn.epoch,
                                                          conn.sent_seq, PUMP_PAGE)
-                for row in rows:
-                    await conn.peer.send_frame(deliver_frame(row))
-                    conn.sent_seq = row.seq
-                    self.metrics.delivered.inc()
+                items = [deliver_frame(row) for row in rows]
+                groups = batch_frames(items) if conn.batch_deliveries else [[i] for i in items]
+                for group in groups:
+                    await conn.peer.send_frame(
+                        group[0] if len(group) == 1
+                        else {"type": "deliver_batch", "deliveries": group})
+                    conn.sent_seq = group[-1]["seq"]
+                    self.metrics.delivered.inc(len(group))
+                    self.metrics.deliver_batch.observe(len(group))
                 if len(rows) < PUMP_PAGE:
                     break
 
@@ -77,6 +89,26 @@ class Deliveries:
                      to_pubkey=m.to_pubkey)
         self.connections.wake({(m.mesh_id, m.to_pubkey) for m in moved})
         return len(moved)
+
+
+def batch_frames(items: Sequence[dict[str, Any]], max_count: int = DELIVER_BATCH_MAX_COUNT,
+                 max_bytes: int = DELIVER_BATCH_MAX_BYTES) -> list[list[dict[str, Any]]]:
+    """Split ``deliver`` frames, kept in order, into groups that each fit one
+    ``deliver_batch`` frame: at most ``max_count`` items and ``max_bytes`` encoded. An item
+    larger than the byte cap on its own makes a group of one."""
+    groups: list[list[dict[str, Any]]] = []
+    group: list[dict[str, Any]] = []
+    size = BATCH_ENVELOPE_BYTES
+    for item in items:
+        n = len(orjson.dumps(item)) + 1  # its comma
+        if group and (len(group) >= max_count or size + n > max_bytes):
+            groups.append(group)
+            group, size = [], BATCH_ENVELOPE_BYTES
+        group.append(item)
+        size += n
+    if group:
+        groups.append(group)
+    return groups
 
 
 def deliver_frame(row: DeliveryRow) -> dict[str, Any]:

@@ -29,8 +29,12 @@ class Metrics:
                                 ["reason"], registry=r)
         self.bad_frames = Counter("cm_broker_bad_frames_total", "Frames that failed a schema.",
                                   registry=r)
-        self.delivered = Counter("cm_broker_deliveries_sent_total", "deliver frames sent.",
+        self.delivered = Counter("cm_broker_deliveries_sent_total",
+                                 "Deliveries sent, alone or in deliver_batch frames.",
                                  registry=r)
+        self.deliver_batch = Histogram("cm_broker_deliver_batch_size",
+                                       "Deliveries in each frame pushed to a recipient.",
+                                       registry=r, buckets=BATCH_BUCKETS)
         self.accept_duration = Histogram("cm_broker_accept_duration_seconds",
                                          "Duration of each group-commit accept transaction.",
                                          registry=r)

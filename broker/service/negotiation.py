@@ -17,5 +17,8 @@ class Negotiation:
 
     async def negotiate(self, conn: Conn, frame: dict[str, Any]) -> dict[str, Any]:
         missing = [f for f in frame["require"] if f not in self.supported]
+        # Frames a daemon did not ask for would be invalid to it: batches only on request.
+        asked = (*frame["require"], *frame.get("optional", ()))
+        conn.batch_deliveries = features.DELIVER_BATCH in asked
         return {"type": "feature_negotiation_response", "id": frame["id"],
                 "supported": self.supported, "missing_required": missing}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -31,18 +31,27 @@ class InboxService:
         return int(self.clock() * 1000)
 
     async def store(self, delivery: inbox.Delivery) -> inbox.StoreResult:
-        """Store one delivery (group-committed with others); publish its event after COMMIT."""
-        delivery = dataclasses.replace(
-            delivery, hooks=self.hooks.for_message(delivery.dest_kind, delivery.dest_ref))
-        result = await self.db.submit(inbox.STORE, delivery)
-        if result.event is not None:
-            self.bus.publish(result.event)
+        """Store one delivery: a frame of one."""
+        result = (await self.store_frame([delivery]))[0]
+        assert result is not None
         return result
 
-    async def skip(self, epoch: int, seq: int) -> None:
-        """Advance the receive cursor past a delivery that is not stored (a void one)."""
-        now = self._now_ms()
-        await self.db.write(partial(inbox.advance_cursor, epoch=epoch, seq=seq, now=now))
+    async def store_frame(self, items: Sequence[inbox.Delivery | inbox.Void]
+                          ) -> list[inbox.StoreResult | None]:
+        """Store one broker frame's deliveries in one transaction, whole or not at all
+        (group-committed with other frames); publish their events after COMMIT. None for a
+        void delivery, which only moves the receive cursor."""
+        items = [self._with_hooks(d) if isinstance(d, inbox.Delivery) else d for d in items]
+        results = await self.db.submit(inbox.STORE_FRAMES, items)
+        for result in results:
+            if result is not None and result.event is not None:
+                self.bus.publish(result.event)
+        return results
+
+    def _with_hooks(self, d: inbox.Delivery) -> inbox.Delivery:
+        hooks = self.hooks.for_message(d.dest_kind, d.dest_ref)
+        # dataclasses.replace costs more than the rest of the loop's work per delivery.
+        return d if hooks == d.hooks else dataclasses.replace(d, hooks=hooks)
 
     async def record_event(self, type_: str, data: dict[str, Any],
                            dedupe_key: str | None = None) -> inbox.Event | None:

@@ -49,6 +49,16 @@ class Delivery:
 
 
 @dataclass(frozen=True, slots=True)
+class Void:
+    """A delivery that is not stored (a lapsed queue lease that went to another consumer):
+    only the receive cursor moves past it, so the stream stays gapless."""
+
+    epoch: int
+    seq: int
+    at: int
+
+
+@dataclass(frozen=True, slots=True)
 class NewEvent:
     type: str
     data: dict[str, Any]
@@ -101,35 +111,47 @@ def _insert_event(conn: sqlite3.Connection, ev: NewEvent, inbox_seq: int | None)
     return Event(event_id, ev.type, ev.data, ev.created_at)
 
 
-def store_many(conn: sqlite3.Connection, deliveries: Sequence[Delivery]) -> list[StoreResult]:
-    """Store deliveries (deduped on sender + client_message_id), an event for each new one,
-    and advance the receive cursor; all in the caller's transaction, so a crash either keeps
-    the message, its event and the cursor, or none of them."""
-    out = []
-    for d in deliveries:
-        _advance_cursor(conn, d.epoch, d.seq, d.received_at)
-        if conn.execute("SELECT 1 FROM inbox WHERE sender_pubkey = ? AND client_message_id = ?",
-                        (d.sender_pubkey, d.client_message_id)).fetchone():
-            out.append(StoreResult(None, None))
-            continue
-        cur = conn.execute(
-            f"INSERT INTO inbox ({INBOX_COLUMNS.removeprefix('seq, ')})"  # noqa: S608
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (d.id, d.mesh, d.sender_pubkey, d.sender_name, d.client_message_id,
-             d.broker_message_id, d.dest_kind, d.dest_ref, d.body, d.body_encoding, d.priority,
-             orjson.dumps(d.meta) if d.meta is not None else None, d.reply_to, d.epoch, d.seq,
-             d.sent_at, d.received_at),
-        )
-        seq = int(cur.lastrowid or 0)
-        row = conn.execute(f"SELECT {INBOX_COLUMNS} FROM inbox WHERE seq = ?",  # noqa: S608
-                           (seq,)).fetchone()
-        event = _insert_event(
-            conn, NewEvent("message", entry_view(row), d.received_at, hooks=d.hooks), seq)
-        out.append(StoreResult(seq, event))
+def store_frame(conn: sqlite3.Connection,
+                items: Sequence[Delivery | Void]) -> list[StoreResult | None]:
+    """Store one frame's deliveries (deduped on sender + client_message_id), an event for
+    each new one, and advance the receive cursor past each, void ones too (None for those);
+    all in the caller's transaction, so a crash keeps the whole frame (messages, events and
+    cursor) or none of it, and the broker sends what is missing again."""
+    out = [None if isinstance(d, Void) else _store_one(conn, d) for d in items]
+    if items:  # once per frame, to the furthest position: it only ever moves forward
+        last = max(items, key=lambda d: (d.epoch, d.seq))
+        _advance_cursor(conn, last.epoch, last.seq,
+                        last.at if isinstance(last, Void) else last.received_at)
     return out
 
 
-STORE = BatchOp("inbox_store", store_many)
+def _store_frames(conn: sqlite3.Connection,
+                  frames: Sequence[Sequence[Delivery | Void]]) -> list[list[StoreResult | None]]:
+    return [store_frame(conn, f) for f in frames]
+
+
+# One write-engine item per frame; frames queued together still share a transaction.
+STORE_FRAMES = BatchOp("inbox_store_frames", _store_frames)
+
+
+def _store_one(conn: sqlite3.Connection, d: Delivery) -> StoreResult:
+    if conn.execute("SELECT 1 FROM inbox WHERE sender_pubkey = ? AND client_message_id = ?",
+                    (d.sender_pubkey, d.client_message_id)).fetchone():
+        return StoreResult(None, None)
+    cur = conn.execute(
+        f"INSERT INTO inbox ({INBOX_COLUMNS.removeprefix('seq, ')})"  # noqa: S608
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (d.id, d.mesh, d.sender_pubkey, d.sender_name, d.client_message_id,
+         d.broker_message_id, d.dest_kind, d.dest_ref, d.body, d.body_encoding, d.priority,
+         orjson.dumps(d.meta) if d.meta is not None else None, d.reply_to, d.epoch, d.seq,
+         d.sent_at, d.received_at),
+    )
+    seq = int(cur.lastrowid or 0)
+    row = conn.execute(f"SELECT {INBOX_COLUMNS} FROM inbox WHERE seq = ?",  # noqa: S608
+                       (seq,)).fetchone()
+    event = _insert_event(
+        conn, NewEvent("message", entry_view(row), d.received_at, hooks=d.hooks), seq)
+    return StoreResult(seq, event)
 
 
 def _advance_cursor(conn: sqlite3.Connection, epoch: int, seq: int, now: int) -> None:
@@ -141,10 +163,6 @@ def _advance_cursor(conn: sqlite3.Connection, epoch: int, seq: int, now: int) ->
         " OR (excluded.epoch = receive_cursor.epoch AND excluded.seq > receive_cursor.seq)",
         (epoch, seq, now),
     )
-
-
-def advance_cursor(conn: sqlite3.Connection, epoch: int, seq: int, now: int) -> None:
-    _advance_cursor(conn, epoch, seq, now)
 
 
 def receive_cursor(conn: sqlite3.Connection) -> tuple[int, int] | None:

@@ -20,9 +20,11 @@ from tests.broker.conftest import LIMITS, now_ms
 from tidemesh.broker import admin
 from tidemesh.broker.server import BrokerServer
 from tidemesh.broker.service import BrokerService
+from tidemesh.broker.service.delivery import batch_frames
 from tidemesh.broker.store import open_store
 from tidemesh.broker.store.base import Store
 from tidemesh.core import features, handshake
+from tidemesh.core.metrics import render
 from tidemesh.core.paths import daemon_paths
 from tidemesh.core.wire import decode, encode
 from tidemesh.daemon.join import MeshConfig, join
@@ -244,7 +246,7 @@ async def test_deliveries_are_gapless_acked_and_resumable(broker: Broker) -> Non
     assert (await bob.resume(0, 0))["result"] == "OK"
     for i in range(3):
         await alice.send(f"c{i}", payload(body=f"m{i}"))
-    got = [await asyncio.wait_for(bob.deliveries.get(), 5) for _ in range(3)]
+    got = await deliveries(bob, 3)
     assert [(d["seq"], d["body"]) for d in got] == [(1, "m0"), (2, "m1"), (3, "m2")]
     assert got[0]["sender_pubkey"] == pub(broker.alice) and got[0]["client_message_id"] == "c0"
     await bob.ack(1, 2)
@@ -252,12 +254,78 @@ async def test_deliveries_are_gapless_acked_and_resumable(broker: Broker) -> Non
     bob = await broker.link(broker.bob)
     again = await bob.resume(1, 2)
     assert (again["result"], again["broker_last_seq"]) == ("OK", 3)
-    assert (await asyncio.wait_for(bob.deliveries.get(), 5))["seq"] == 3
+    assert (await deliveries(bob, 1))[0]["seq"] == 3
     assert (await bob.resume(1, 9))["result"] == "INVALID_SEQUENCE"
     assert (await bob.resume(7, 1))["result"] == "STALE_SEQUENCE"
     await bob.close()
     await alice.close()
     assert (await broker.store.cursor(broker.mesh_id, pub(broker.bob))).acked_seq == 2
+
+
+async def deliveries(link: BrokerLink, n: int, timeout: float = 5) -> list[dict[str, Any]]:
+    """``n`` deliveries off the link, however the broker framed them."""
+    got: list[dict[str, Any]] = []
+    while len(got) < n:
+        got += await asyncio.wait_for(link.deliveries.get(), timeout)
+    return got
+
+
+async def _backlog(broker: Broker, n: int) -> None:
+    async with await broker.link(broker.alice) as alice:
+        await asyncio.gather(*(alice.send(f"c{i:03d}", payload(body=f"m{i}")) for i in range(n)))
+
+
+async def test_a_backlog_goes_out_in_batch_frames_and_one_ack_covers_them(
+    broker: Broker
+) -> None:
+    await _backlog(broker, 300)
+    async with await broker.link(broker.bob) as bob:
+        assert features.DELIVER_BATCH in bob.supported
+        assert (await bob.resume(0, 0))["result"] == "OK"
+        frames = [await asyncio.wait_for(bob.deliveries.get(), 5) for _ in range(2)]
+        assert [len(f) for f in frames] == [features.DELIVER_BATCH_MAX_COUNT, 300 - 256]
+        assert [d["seq"] for f in frames for d in f] == list(range(1, 301))
+        assert all(d["type"] == "deliver" for f in frames for d in f)
+        await bob.ack(1, 300)  # cumulative: every delivery up to 300
+        rows = broker.store.deliveries_after
+        await _until(lambda: _acked(broker, 300))
+        assert len(await rows(broker.mesh_id, pub(broker.bob), 1, 0, 1000)) == 300
+    text = render(broker.service.metrics.registry).decode()
+    assert "cm_broker_deliver_batch_size_count 2.0" in text
+    assert "cm_broker_deliveries_sent_total 300.0" in text
+
+
+async def _acked(broker: Broker, seq: int) -> bool:
+    return (await broker.store.cursor(broker.mesh_id, pub(broker.bob))).acked_seq == seq
+
+
+async def _until(check: Any) -> None:
+    async with asyncio.timeout(5):
+        while not await check():
+            await asyncio.sleep(0.02)
+
+
+async def test_a_daemon_that_did_not_negotiate_batches_gets_one_deliver_frame_each(
+    broker: Broker
+) -> None:
+    await _backlog(broker, 20)
+    async with await broker.link(broker.bob, optional=()) as bob:
+        assert (await bob.resume(0, 0))["result"] == "OK"
+        frames = [await asyncio.wait_for(bob.deliveries.get(), 5) for _ in range(20)]
+    assert [len(f) for f in frames] == [1] * 20
+    assert [f[0]["seq"] for f in frames] == list(range(1, 21))
+
+
+def test_batch_frames_keep_order_within_the_count_and_byte_caps() -> None:
+    items = [{"seq": i, "body": "x" * size} for i, size in enumerate([10, 10, 10, 500, 10, 10])]
+    groups = batch_frames(items, max_count=2, max_bytes=10_000)
+    assert [[i["seq"] for i in g] for g in groups] == [[0, 1], [2, 3], [4, 5]]
+    groups = batch_frames(items, max_count=10, max_bytes=200)
+    assert [[i["seq"] for i in g] for g in groups] == [[0, 1, 2], [3], [4, 5]]
+    for g in groups:
+        if len(g) > 1:
+            frame = encode({"type": "deliver_batch", "deliveries": g}).encode()
+            assert len(frame) <= 200
 
 
 async def test_metrics_are_served_on_the_same_port(broker: Broker) -> None:

@@ -24,10 +24,14 @@ class Team:
     alice: RunningDaemon
     bob: RunningDaemon
 
-    def restart(self, d: RunningDaemon, while_down: Callable[[], object] = lambda: None
-                ) -> RunningDaemon:
-        """Stop ``d``, run ``while_down``, and start a new process on the same files."""
-        assert d.stop() == 0, d.log.read_text()[-2000:]
+    def restart(self, d: RunningDaemon, while_down: Callable[[], object] = lambda: None,
+                kill: bool = False) -> RunningDaemon:
+        """Stop ``d`` (SIGKILL with ``kill``), run ``while_down``, and start a new process on
+        the same files."""
+        if kill:
+            d.kill()
+        else:
+            assert d.stop() == 0, d.log.read_text()[-2000:]
         while_down()
         again = start_daemon(d.home, MESH)
         setattr(self, d.home.name, again)

@@ -84,7 +84,9 @@ def test_consume_acks_each_entry_once_the_loop_moves_past_it(team: Team) -> None
 
 
 @pytest.mark.slow
-def test_events_resume_across_a_daemon_restart_with_no_gap_and_no_repeat(team: Team) -> None:
+@pytest.mark.parametrize("kill", [False, True], ids=["sigterm", "kill-9"])
+def test_events_resume_across_a_daemon_restart_with_no_gap_and_no_repeat(
+        team: Team, kill: bool) -> None:
     publish(team.bob, "one", "two")
     wait_inbox(team.alice, 2)
     stream = client(team.alice).events(since=0, idle_timeout=30)
@@ -96,7 +98,7 @@ def test_events_resume_across_a_daemon_restart_with_no_gap_and_no_repeat(team: T
 
     until_messages(2)
     # The stream's connection dies with the daemon; "three" waits at the broker meanwhile.
-    team.restart(team.alice, while_down=lambda: publish(team.bob, "three"))
+    team.restart(team.alice, while_down=lambda: publish(team.bob, "three"), kill=kill)
     publish(team.bob, "four")
     until_messages(4)
     events = [i for i in seen if isinstance(i, Event)]

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
 
 import aiohttp
 import pytest
 
 from tests.daemon.local_app import SENDER, delivery, local_app
+from tidemesh.daemon.store.inbox import Page, Void
 
 
 async def _read_events(resp: aiohttp.ClientResponse, n: int) -> list[tuple[int, str, str]]:
@@ -35,6 +37,32 @@ async def test_redelivery_is_stored_once(short_tmp: Path) -> None:
         other_sender = await app.inbox.store(delivery(3, "dup", sender="cd" * 32))
         assert other_sender.inbox_seq == 2, "dedupe is per sender"
         assert await app.inbox.receive_cursor() == (1, 3)
+
+
+async def test_a_frame_is_stored_whole_with_duplicates_once_and_voids_moving_the_cursor(
+    short_tmp: Path
+) -> None:
+    async with local_app(short_tmp) as app:
+        results = await app.inbox.store_frame([
+            delivery(1), delivery(2, "dup"), Void(1, 3, 0), delivery(4, "dup"), delivery(5)])
+        assert [r.inbox_seq if r else "void" for r in results] == [1, 2, "void", None, 3]
+        assert await app.inbox.receive_cursor() == (1, 5)
+
+
+async def test_a_frame_that_fails_stores_none_of_it_and_other_frames_all_of_theirs(
+    short_tmp: Path
+) -> None:
+    async with local_app(short_tmp) as app:
+        bad = dataclasses.replace(delivery(4), body={"not": "bytes"})  # type: ignore[arg-type]
+        # Queued together, so the write engine runs both frames in one transaction.
+        good, failed = await asyncio.gather(
+            app.inbox.store_frame([delivery(1), delivery(2)]),
+            app.inbox.store_frame([delivery(3), bad, delivery(5)]), return_exceptions=True)
+        assert isinstance(failed, Exception)
+        assert [r.inbox_seq for r in good] == [1, 2]  # type: ignore[union-attr]
+        assert await app.inbox.receive_cursor() == (1, 2), "not even the part before the bad one"
+        assert [e["client_message_id"] for e in (await app.inbox.page(Page(0, 10)))["items"]] \
+            == ["m1", "m2"]
 
 
 async def test_inbox_pages_by_after_limit_topic_and_sender(short_tmp: Path) -> None:

@@ -84,20 +84,93 @@ def test_the_cursor_only_moves_one_seq_forward_per_next(frames: list[Position],
 
 def test_plan_stores_the_next_ones_in_order_and_drops_the_rest() -> None:
     order = ReceiveOrder((1, 5))
-    plan = order.plan([(1, 4), (1, 6), (1, 5), (1, 7)])
-    assert (plan.store, plan.gap) == ([1, 3], None)
+    plan = order.plan([[(1, 4)], [(1, 6)], [(1, 5)], [(1, 7)]])
+    assert (plan.store, plan.gap) == ([[], [0], [], [0]], None)
     assert order.cursor == (1, 7)
 
 
 def test_plan_stops_at_a_gap_and_keeps_what_came_before_it() -> None:
     order = ReceiveOrder((1, 5))
-    plan = order.plan([(1, 6), (1, 9), (1, 7)])
-    assert (plan.store, plan.gap) == ([0], (1, 9))
+    plan = order.plan([[(1, 6)], [(1, 9)], [(1, 7)]])
+    assert (plan.store, plan.gap) == ([[0], [], []], (1, 9))
     assert order.cursor == (1, 6), "the resume starts after the last delivery stored"
 
 
 def test_plan_after_a_resume_drops_stale_frames_without_a_gap() -> None:
     order = ReceiveOrder((1, 5))
     order.resumed((1, 5))
-    plan = order.plan([(1, 9), (1, 6)])
-    assert (plan.store, plan.gap) == ([1], None)
+    plan = order.plan([[(1, 9)], [(1, 6)]])
+    assert (plan.store, plan.gap) == ([[], [0]], None)
+
+
+# -- deliver_batch frames: several deliveries per frame -----------------------------------
+
+def test_plan_stores_a_whole_batch_in_order() -> None:
+    order = ReceiveOrder((1, 5))
+    plan = order.plan([[(1, 6), (1, 7), (1, 8)], [(1, 9), (1, 10)]])
+    assert (plan.store, plan.gap) == ([[0, 1, 2], [0, 1]], None)
+    assert order.ack_position() == (1, 10), "one cumulative ack covers both frames"
+
+
+def test_plan_gap_inside_a_batch_keeps_the_part_before_it_and_nothing_after() -> None:
+    order = ReceiveOrder((1, 5))
+    plan = order.plan([[(1, 6), (1, 7), (1, 9), (1, 10)], [(1, 11)]])
+    assert (plan.store, plan.gap) == ([[0, 1], []], (1, 9))
+    assert order.cursor == order.ack_position() == (1, 7)
+
+
+def test_plan_gap_before_a_batch_stores_none_of_it() -> None:
+    order = ReceiveOrder((1, 5))
+    plan = order.plan([[(1, 8), (1, 9), (1, 10)]])
+    assert (plan.store, plan.gap) == ([[]], (1, 8))
+    assert order.cursor == (1, 5)
+
+
+def test_plan_batch_after_a_gap_and_resume_is_stale_until_the_resent_one_arrives() -> None:
+    order = ReceiveOrder((1, 5))
+    assert order.plan([[(1, 6)], [(1, 8), (1, 9)]]).gap == (1, 8)
+    order.resumed(order.cursor)
+    # A batch the broker sent before the resume, then the re-sent stream from 7.
+    plan = order.plan([[(1, 10), (1, 11)], [(1, 7), (1, 8), (1, 9), (1, 10), (1, 11)]])
+    assert (plan.store, plan.gap) == ([[], [0, 1, 2, 3, 4]], None)
+    assert order.cursor == (1, 11)
+
+
+def test_plan_duplicates_inside_a_batch_are_stored_once() -> None:
+    order = ReceiveOrder((1, 5))
+    plan = order.plan([[(1, 6), (1, 6), (1, 7), (1, 6), (1, 7), (1, 8)]])
+    assert (plan.store, plan.gap) == ([[0, 2, 5]], None)
+
+
+def test_plan_redelivered_batch_overlapping_the_cursor_stores_only_the_new_part() -> None:
+    # After a reconnect the broker resends from what it last saw acked: the cursor is ahead
+    # of the start of the batch.
+    order = ReceiveOrder((1, 7))
+    plan = order.plan([[(1, 5), (1, 6), (1, 7), (1, 8), (1, 9)]])
+    assert (plan.store, plan.gap) == ([[3, 4]], None)
+    assert order.cursor == (1, 9)
+
+
+def test_plan_batch_wholly_behind_the_cursor_stores_nothing_and_acks_the_cursor() -> None:
+    order = ReceiveOrder((1, 20))
+    plan = order.plan([[(1, 5), (1, 6), (1, 7)], [(1, 8)]])
+    assert (plan.store, plan.gap) == ([[], []], None)
+    assert order.ack_position() == (1, 20)
+
+
+frames_strategy = st.lists(st.lists(st.tuples(st.integers(1, 2), st.integers(0, 10)),
+                                    min_size=1, max_size=6), max_size=8)
+
+
+@given(frames_strategy, st.booleans())
+def test_plan_of_batches_places_like_one_delivery_per_frame(frames: list[list[Position]],
+                                                          resynced: bool) -> None:
+    """Frame boundaries never change what is stored, the gap, or the cursor."""
+    batched, single = ReceiveOrder((1, 3), resynced), ReceiveOrder((1, 3), resynced)
+    plan = batched.plan(frames)
+    flat = [p for f in frames for p in f]
+    one_by_one = single.plan([[p] for p in flat])
+    stored = [f[i] for f, idx in zip(frames, plan.store, strict=True) for i in idx]
+    assert stored == [flat[k] for k, idx in enumerate(one_by_one.store) if idx]
+    assert (plan.gap, batched.cursor) == (one_by_one.gap, single.cursor)
+    assert len(plan.store) == len(frames)

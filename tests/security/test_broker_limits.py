@@ -19,7 +19,7 @@ from nacl.signing import SigningKey
 from websockets.exceptions import ConnectionClosed
 
 from tests.broker.conftest import now_ms
-from tests.broker.test_server import Broker, _start, payload, pub
+from tests.broker.test_server import Broker, _start, deliveries, payload, pub
 from tidemesh.broker.server import BrokerServer
 from tidemesh.core.wire import encode
 
@@ -95,7 +95,7 @@ async def test_a_member_that_stops_reading_holds_back_only_itself(
         answers = await asyncio.gather(*(alice.send(f"m{j}", payload(body=body))
                                          for j in range(i, i + 50)))
         assert {a["status"] for a in answers} == {201}, "a stalled reader stalled a sender"
-    got = [await asyncio.wait_for(reader.deliveries.get(), 30) for _ in range(n)]
+    got = await deliveries(reader, n, 30)
     assert [d["seq"] for d in got] == list(range(1, n + 1)), "another reader was held back"
     (bob_conn,) = b.service.conns[(b.mesh_id, pub(b.bob))]
     # The broker handed bob's socket only what the socket would take; the rest waits in the
@@ -103,7 +103,7 @@ async def test_a_member_that_stops_reading_holds_back_only_itself(
     assert bob_conn.sent_seq < n
     assert bob_conn.peer.ws.transport.get_write_buffer_size() < 4 << 20  # type: ignore[attr-defined]
     # Once bob reads again, he gets everything, in order.
-    seqs = [(await asyncio.wait_for(bob.deliveries.get(), 30))["seq"] for _ in range(n)]
+    seqs = [d["seq"] for d in await deliveries(bob, n, 30)]
     assert seqs == list(range(1, n + 1))
     for link in (alice, bob, reader):
         await link.close()
