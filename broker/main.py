@@ -128,7 +128,8 @@ async def _run(settings: BrokerSettings, url: str, stop: asyncio.Event,
                     settings.dedupe_retention_days)
     service = BrokerService(store, limits, retention_days=settings.retention_message_days,
                             stall_window_hours=settings.retention_stall_window_hours,
-                            cluster=open_cluster(store, new_ulid()))
+                            cluster=open_cluster(store, new_ulid()),
+                            session_expiry_s=settings.cluster_session_expiry_s)
     server = BrokerServer(service, max_inflight=settings.limits_max_inflight,
                           max_bad=settings.limits_bad_frames,
                           bad_window_s=settings.limits_bad_frames_window_s,
@@ -136,6 +137,7 @@ async def _run(settings: BrokerSettings, url: str, stop: asyncio.Event,
                           hello_timeout_s=settings.auth_hello_timeout_s)
     failed: WriterStopped | None = None
     try:
+        await service.peering.heartbeat()  # alive before the first member claims a session
         await server.start(*settings.host_port)
         # Invites made from the CLI read this, so they name the port really listened on.
         await admin.record_public_url(store, served_url(settings, server.port))
@@ -166,6 +168,8 @@ async def _serve(settings: BrokerSettings, service: BrokerService, store: Store,
                  tg.create_task(_restarted("cluster", service.peering.run)),
                  tg.create_task(_every(settings.cluster_poll_s, "cluster_poll",
                                        service.peering.poll)),
+                 tg.create_task(_every(settings.cluster_heartbeat_s, "cluster_heartbeat",
+                                       service.peering.heartbeat)),
                  tg.create_task(_watch_writers(store.writer_tasks))]
         await stop.wait()
         for t in loops:

@@ -33,11 +33,13 @@ class BrokerService:
     reach them through its attributes and ``routes``."""
 
     def __init__(self, store: Store, limits: Limits, *, retention_days: int = 30,
-                 stall_window_hours: int = 24, cluster: Cluster | None = None) -> None:
+                 stall_window_hours: int = 24, cluster: Cluster | SingleBroker | None = None,
+                 session_expiry_s: float = 15.0) -> None:
         self.store = store
         self.limits = limits
         self.connections = Connections()
-        self.peering = Peering(cluster or SingleBroker(), self.connections)
+        self.peering = Peering(cluster or SingleBroker(), self.connections,
+                               session_expiry_s=session_expiry_s)
         self.metrics = Metrics(self.connections.active, store)
         self.auth = Auth(store, self.metrics, self.connections)
         self.sends = Sends(store, limits, self.metrics, self.connections)

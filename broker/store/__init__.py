@@ -32,7 +32,7 @@ async def open_store(url: str, *, batch_max: int = 512, pool_size: int = 4, writ
                          field="store")
 
 
-def open_cluster(store: Store, broker_id: str) -> Cluster:
+def open_cluster(store: Store, broker_id: str) -> Cluster | SingleBroker:
     """How this broker hears the others on its database: LISTEN/NOTIFY on PostgreSQL; the
     embedded SQLite store serves one broker alone."""
     from tidemesh.broker.store.postgres import PostgresStore

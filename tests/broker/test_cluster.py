@@ -12,7 +12,7 @@ import pytest
 from tests.broker.conftest import LIMITS, accept_input, new_pubkey, now_ms
 from tidemesh.broker.service import BrokerService
 from tidemesh.broker.store import open_cluster
-from tidemesh.broker.store.base import Store
+from tidemesh.broker.store.base import Mesh, Store
 from tidemesh.broker.store.postgres.cluster import wake_payloads
 
 pytestmark = pytest.mark.postgres
@@ -91,12 +91,20 @@ async def test_a_broker_ignores_its_own_wake_ups(store: Store) -> None:
         listening.cancel()
 
 
-async def test_the_safety_poll_wakes_pumps_whose_wake_up_was_lost(store: Store) -> None:
+async def alice_and_bob(store: Store, name: str) -> tuple[Mesh, str, str]:
+    """A mesh of two members; bob subscribes to topic ``ops``."""
     t = now_ms()
-    mesh = await store.create_mesh("poll", t)
+    mesh = await store.create_mesh(name, t)
     alice, bob = new_pubkey(), new_pubkey()
     for pk in (alice, bob):
         await store.add_member(mesh.id, pk, t)
+    await store.create_topic(mesh.id, "ops", None, t)
+    await store.subscribe(mesh.id, "ops", bob, t)
+    return mesh, alice, bob
+
+
+async def test_the_safety_poll_wakes_pumps_whose_wake_up_was_lost(store: Store) -> None:
+    mesh, alice, bob = await alice_and_bob(store, "poll")
     y = broker(store, "y")
     conn, _ = y.connections.register(Silent(), mesh.id, bob)
     conn.epoch, conn.pumping = 1, True
@@ -117,3 +125,4 @@ def test_wake_payloads_stay_under_the_notify_limit() -> None:
     payloads = list(wake_payloads("b", keys))
     assert len(payloads) > 1 and all(len(p) < 8000 for p in payloads)
     assert sum(p.count("mesh") for p in payloads) == 500
+
