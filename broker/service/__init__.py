@@ -56,11 +56,16 @@ class BrokerService:
 
     # The background jobs the composition root supervises.
 
+    # With several brokers each job runs on one broker at a time (``Peering.exclusively``);
+    # a broker that skips the round answers zeros.
+
     async def sweep(self) -> tuple[int, int]:
-        return await self.retention.sweep()
+        return await self.peering.exclusively("retention", self.retention.sweep) or (0, 0)
 
     async def recheck_members(self) -> None:
         await self.auth.recheck_members()
 
     async def reassign_lapsed(self, lease_s: float) -> int:
-        return await self.deliveries.reassign_lapsed(lease_s)
+        moved = await self.peering.exclusively(
+            "queue_leases", lambda: self.deliveries.reassign_lapsed(lease_s))
+        return moved or 0

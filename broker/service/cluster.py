@@ -12,9 +12,9 @@ lost only delays a delivery until the safety poll (``Peering.poll``) finds the r
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import structlog
 
@@ -24,6 +24,7 @@ from tidemesh.core.wire import CloseCode
 log = structlog.get_logger(__name__)
 
 Key = tuple[str, str]  # (mesh_id, member pubkey)
+T = TypeVar("T")
 TAKEN_OVER = "session_taken_over"
 
 
@@ -96,6 +97,10 @@ class Cluster(Protocol):
 
     async def save_profile(self, mesh_id: str, pubkey: str, profile: str) -> None: ...
 
+    async def exclusively(self, job: str, fn: Callable[[], Awaitable[T]]) -> T | None:
+        """Run ``fn`` unless another broker is running ``job`` now (then None)."""
+        ...
+
 
 class SingleBroker:
     """The embedded store's broker is the only one: nothing to tell, nothing to hear."""
@@ -107,6 +112,9 @@ class SingleBroker:
 
     async def run(self, events: ClusterEvents) -> None:
         return None
+
+    async def exclusively(self, job: str, fn: Callable[[], Awaitable[T]]) -> T | None:
+        return await fn()
 
 
 class Peering:
@@ -219,6 +227,11 @@ class Peering:
 
     async def run(self) -> None:
         await self.cluster.run(self)
+
+    async def exclusively(self, job: str, fn: Callable[[], Awaitable[T]]) -> T | None:
+        """A periodic job (the retention sweep, queue lease moves) that every broker runs on
+        its own timer but only one at a time may do: the others skip this round."""
+        return await self.cluster.exclusively(job, fn)
 
     async def heartbeat(self) -> None:
         """Say this broker is alive; then remove the sessions of brokers that stopped saying

@@ -10,8 +10,9 @@ import asyncpg
 import pytest
 
 from tests.broker.conftest import LIMITS, accept_input, new_pubkey, now_ms
+from tidemesh.broker.accept import Limits
 from tidemesh.broker.service import BrokerService
-from tidemesh.broker.store import open_cluster
+from tidemesh.broker.store import open_cluster, open_store
 from tidemesh.broker.store.base import Mesh, Store
 from tidemesh.broker.store.postgres.cluster import wake_payloads
 
@@ -126,3 +127,26 @@ def test_wake_payloads_stay_under_the_notify_limit() -> None:
     assert len(payloads) > 1 and all(len(p) < 8000 for p in payloads)
     assert sum(p.count("mesh") for p in payloads) == 500
 
+
+async def test_the_sweep_run_by_three_brokers_at_once_is_done_once(
+    store: Store, pg_database: str
+) -> None:
+    mesh, alice, bob = await alice_and_bob(store, "sweep")
+    old = now_ms() - 40 * 86_400_000
+    short = Limits(LIMITS.inline_bytes, "retention_scoped", 3)
+    for i in range(200):  # old, acked long ago: pruned; their dedupe keys expired
+        assert (await store.accept(accept_input(mesh.id, alice, f"c{i}", limits=short,
+                                                at=old))).status == 201
+    await store.ack(mesh.id, bob, 1, 200, old)
+    others = [await open_store(pg_database) for _ in range(2)]
+    try:
+        services = [BrokerService(s, LIMITS, cluster=open_cluster(s, f"b{i}"))
+                    for i, s in enumerate([store, *others])]
+        results = await asyncio.gather(*(s.sweep() for s in services))
+    finally:
+        for s in others:
+            await s.close()
+    # Each broker swept or skipped; together they deleted each row once, and said so once.
+    assert (sum(r[0] for r in results), sum(r[1] for r in results)) == (200, 200)
+    counts = await store.counts()
+    assert (counts["topic_message"], counts["client_message_dedupe"]) == (0, 0)

@@ -16,8 +16,9 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from collections.abc import Coroutine, Iterator, Sequence
-from typing import Any
+import zlib
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
+from typing import Any, TypeVar
 
 import asyncpg
 import structlog
@@ -27,6 +28,7 @@ from tidemesh.core.backoff import Backoff
 from tidemesh.storage.postgres import DB_ERRORS
 
 log = structlog.get_logger(__name__)
+T = TypeVar("T")
 
 WAKE_CHANNEL = "tidemesh_wake"          # {"b": sender broker, "k": [[mesh_id, pubkey], …]}
 SESSION_CHANNEL = "tidemesh_session"    # {"b": holder broker, "m", "p", "s": session to close}
@@ -126,6 +128,20 @@ class PostgresCluster:
         await self.pool.execute(
             "UPDATE mesh.member_session SET profile = $3 WHERE mesh_id = $1 AND pubkey = $2"
             " AND broker_id = $4", mesh_id, pubkey, profile, self.broker_id)
+
+    async def exclusively(self, job: str, fn: Callable[[], Awaitable[T]]) -> T | None:
+        """``fn`` under a session advisory lock named after ``job``, held by one pooled
+        connection for the whole run (``fn`` uses others); none waits: a broker that does not
+        get the lock skips the round, the holder does the work once."""
+        key = zlib.crc32(f"tidemesh:{job}".encode())
+        async with self.pool.acquire() as conn:
+            if not await conn.fetchval("SELECT pg_try_advisory_lock($1)", key):
+                log.debug("broker_job_skipped", job=job, reason="running on another broker")
+                return None
+            try:
+                return await fn()
+            finally:
+                await conn.execute("SELECT pg_advisory_unlock($1)", key)
 
     async def run(self, events: ClusterEvents) -> None:
         async with asyncio.TaskGroup() as tg:
