@@ -150,3 +150,64 @@ async def test_the_sweep_run_by_three_brokers_at_once_is_done_once(
     assert (sum(r[0] for r in results), sum(r[1] for r in results)) == (200, 200)
     counts = await store.counts()
     assert (counts["topic_message"], counts["client_message_dedupe"]) == (0, 0)
+
+
+class Recording(Silent):
+    def __init__(self) -> None:
+        self.frames: list[dict[str, Any]] = []
+        self.closed: tuple[int, str] | None = None
+
+    async def send_frame(self, frame: dict[str, Any]) -> None:
+        self.frames.append(frame)
+
+    async def close(self, code: int, reason: str) -> None:
+        self.closed = (code, reason)
+
+
+async def rows(url: str) -> list[tuple[str, str]]:
+    conn = await asyncpg.connect(url)
+    try:
+        return [(r[0], r[1]) for r in await conn.fetch(
+            "SELECT pubkey, broker_id FROM mesh.member_session ORDER BY pubkey")]
+    finally:
+        await conn.close()
+
+
+async def test_sessions_claimed_taken_over_released_and_expired(
+    store: Store, pg_database: str
+) -> None:
+    x, y = broker(store, "x"), broker(store, "y")
+    for b in (x, y):
+        await b.peering.heartbeat()
+    carol = Recording()
+    watcher, _ = x.connections.register(carol, "m1", "carol")
+    assert await x.peering.connected(watcher, True) is True
+    old_peer = Recording()
+    old, first = x.connections.register(old_peer, "m1", "bob")
+    assert await x.peering.connected(old, first) is True  # a join
+    new, first = y.connections.register(Recording(), "m1", "bob")
+    assert await y.peering.connected(new, first) is False  # a takeover, not a join
+    assert await rows(pg_database) == [("bob", "y"), ("carol", "x")]
+    await x.peering.on_taken_over("m1", "bob", old.session_id)  # what x hears by NOTIFY
+    assert old_peer.closed == (4011, "session_taken_over")
+    # x's old connection ends: the row is y's now, so nobody announces a leave.
+    assert await x.peering.disconnected(old, x.connections.unregister(old)) is False
+    assert await rows(pg_database) == [("bob", "y"), ("carol", "x")]
+
+    # Releasing failed (database unreachable): the next heartbeat does it, and announces.
+    x.peering.release_later(watcher)
+    x.connections.unregister(watcher)
+    await x.peering.heartbeat()
+    assert await rows(pg_database) == [("bob", "y")]
+
+    # y dies (no more heartbeats): x expires bob's session and tells its members.
+    dave = Recording()
+    x.connections.register(dave, "m1", "dave")
+    x.peering.expiry_ms = 0
+    await asyncio.sleep(0.01)
+    await x.peering.heartbeat()
+    assert ("bob", "y") not in await rows(pg_database)
+    assert {"type": "peer_leave", "pubkey": "bob"}.items() <= dave.frames[-1].items()
+    # A live broker whose rows were expired (it could not reach the database) puts its
+    # members back at its next heartbeat.
+    assert ("dave", "x") in await rows(pg_database)
