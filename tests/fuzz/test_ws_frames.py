@@ -72,15 +72,17 @@ json_value = st.recursive(json_leaf, lambda c: st.lists(c, max_size=4)
                           | st.dictionaries(st.text(max_size=8), c, max_size=4), max_leaves=12)
 
 
-def _valid_send(i: int) -> dict[str, Any]:
-    return {"type": "send", "id": f"v{i}", "client_message_id": f"fz-{i}",
+def _valid_send(i: int, frame_id: str = "v") -> dict[str, Any]:
+    return {"type": "send", "id": f"{frame_id}{i}", "client_message_id": f"fz-{i}",
             "to": {"kind": "topic", "ref": "ops"}, "body": "hello", "body_encoding": "utf8",
             "priority": "next"}
 
 
 @st.composite
 def mutated_send(draw: st.DrawFn) -> dict[str, Any]:
-    frame = _valid_send(draw(st.integers(0, 10**9)))
+    # Its own frame ids: a mutated frame that is no send any more is still answered under its
+    # id, which must not stand for a valid send's answer still on its way.
+    frame = _valid_send(draw(st.integers(0, 10**9)), frame_id="m")
     field = draw(st.sampled_from([*frame, "meta", "reply_to", "extra"]))
     if draw(st.booleans()) and field in frame:
         del frame[field]
@@ -143,6 +145,10 @@ def _awaited(batch: list[Any]) -> Counter[str]:
     return ids
 
 
+# What a send frame is answered with; other frames' answers never stand for a send's.
+_SEND_ANSWERS = ("send_result", "send_results", "error")
+
+
 def _drain(ws: ClientConnection, pending: Counter[str]) -> tuple[int, int | None, int]:
     """Read until every send was answered and the probe came back (or the broker closed);
     returns (201s seen, close code, send frames left unanswered). Sends are answered when
@@ -154,7 +160,8 @@ def _drain(ws: ClientConnection, pending: Counter[str]) -> tuple[int, int | None
         while +pending:
             frame = json.loads(ws.recv(timeout=30))
             created += _created(frame)
-            if isinstance(frame.get("id"), str) and pending[frame["id"]] > 0:
+            answer = frame.get("type") in _SEND_ANSWERS or frame.get("id") == "probe"
+            if answer and isinstance(frame.get("id"), str) and pending[frame["id"]] > 0:
                 pending[frame["id"]] -= 1
         return created, None, 0
     pending["probe"] = 0
