@@ -52,6 +52,18 @@ async def test_revoked_while_down_the_cold_path_finds_out_and_up_then_refuses(
     assert up.returncode == Exit.REVOKED and SAID in up.stderr
 
 
+async def test_revoked_while_down_up_hears_it_from_the_broker_and_says_so(
+        mesh: Mesh, short_tmp: Path) -> None:
+    a = mesh.add("a", short_tmp)
+    await wait_for(lambda: connected(a))
+    assert a.stop() == 0
+    mesh.broker.cli("member", "revoke", "--mesh", "team", pubkey(a))
+    # No cold send told this host: only the broker's refusal can, and `up` waits for it.
+    up = run_cli(a.home, "daemon", "up", "--mesh", "m")
+    assert up.returncode == Exit.REVOKED, up.stdout + up.stderr
+    assert SAID in up.stderr and "started" not in up.stdout
+
+
 def _assert_cold_send_says_revoked(d: RunningDaemon) -> None:
     sent = run_cli(d.home, "send", "--mesh", "m", "--to", "topic:news", "hello")
     assert sent.returncode == Exit.REVOKED, sent.stderr + sent.stdout
