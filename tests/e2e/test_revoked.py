@@ -38,6 +38,8 @@ async def test_a_revoked_daemon_exits_for_good_and_every_verb_says_revoked(
     up = run_cli(a.home, "daemon", "up", "--mesh", "m")
     assert up.returncode == Exit.REVOKED and SAID in up.stderr
     assert "started" not in up.stdout
+    ps = json.loads(run_cli(a.home, "daemon", "ps", "--json").stdout)
+    assert [(r["mesh"], r["state"]) for r in ps["items"]] == [("m", "revoked")]
     _assert_cold_send_says_revoked(a)
 
 
