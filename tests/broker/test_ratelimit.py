@@ -128,3 +128,21 @@ async def test_a_send_after_the_wait_goes_through(store_url: str) -> None:
     finally:
         await server.stop()
         await b.store.close()
+
+
+async def test_a_mesh_override_keeps_the_brokers_value_for_what_it_leaves_out(
+        store_url: str) -> None:
+    b, server = await _start(store_url, Rate(per_s=50, burst=7))
+    try:
+        limiter = b.service.limiter
+        await b.store.set_mesh_limits(b.mesh_id, MeshLimits(member_rate=2, member_burst=None))
+        await b.service.refresh_limits()
+        assert limiter.rate(b.mesh_id) == Rate(per_s=2, burst=7)
+        assert limiter.rate("another mesh") == Rate(per_s=50, burst=7)
+        await b.store.set_mesh_limits(b.mesh_id, MeshLimits(None, None))   # --clear
+        await b.service.refresh_limits()
+        assert limiter.rate(b.mesh_id) == Rate(per_s=50, burst=7)
+        assert await b.store.mesh_limits() == {}
+    finally:
+        await server.stop()
+        await b.store.close()
