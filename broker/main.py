@@ -26,6 +26,7 @@ from tidemesh.broker.service import BrokerService
 from tidemesh.broker.store import open_store, sqlite_file
 from tidemesh.broker.store.base import Store
 from tidemesh.core.exitcodes import Exit
+from tidemesh.core.ratelimit import Rate
 from tidemesh.storage.lock import AlreadyRunning, InstanceLock
 
 T = TypeVar("T")
@@ -115,7 +116,9 @@ async def _run(settings: BrokerSettings, url: str, stop: asyncio.Event,
     limits = Limits(settings.limits_inline_bytes, settings.dedupe_mode,
                     settings.dedupe_retention_days)
     service = BrokerService(store, limits, retention_days=settings.retention_message_days,
-                            stall_window_hours=settings.retention_stall_window_hours)
+                            stall_window_hours=settings.retention_stall_window_hours,
+                            member_rate=Rate(settings.limits_member_rate,
+                                             settings.limits_member_burst))
     server = BrokerServer(service, max_inflight=settings.limits_max_inflight,
                           max_bad=settings.limits_bad_frames,
                           bad_window_s=settings.limits_bad_frames_window_s,
@@ -123,6 +126,7 @@ async def _run(settings: BrokerSettings, url: str, stop: asyncio.Event,
                           hello_timeout_s=settings.auth_hello_timeout_s)
     failed: WriterStopped | None = None
     try:
+        await service.refresh_limits()   # the meshes' own budgets before the first send
         await server.start(*settings.host_port)
         # Invites made from the CLI read this, so they name the port really listened on.
         await admin.record_public_url(store, served_url(settings, server.port))
@@ -148,6 +152,8 @@ async def _serve(settings: BrokerSettings, service: BrokerService, store: Store,
                                        service.sweep)),
                  tg.create_task(_every(settings.auth_recheck_s, "recheck",
                                        service.recheck_members)),
+                 tg.create_task(_every(settings.auth_recheck_s, "mesh_limits",
+                                       service.refresh_limits)),
                  tg.create_task(_every(settings.queue_lease_check_interval_s, "queue_leases",
                                        lambda: service.reassign_lapsed(settings.queue_lease_s))),
                  tg.create_task(_watch_writers(store.writer_tasks))]
