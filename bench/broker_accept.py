@@ -3,7 +3,7 @@ NATS JetStream measured in the same run as the peer.
 
     .venv/bin/python bench/broker_accept.py [--seconds 10] [--members 4] [--frame 100]
         [--frames-in-flight 2] [--singles-in-flight 16] [--pg-dsn DSN] [--nats URL]
-        [--profile DIR]
+        [--profile DIR] [--brokers 1,2,3]
 
 Two loads per store, each from ``--members`` connections (one member each, as one daemon
 each):
@@ -22,6 +22,13 @@ configured) before it is answered. JetStream then gets as many deduplicated publ
 acks before fsync, so the ratio is against a weaker guarantee and is printed every time on
 purpose. ``--profile DIR`` records the broker with py-spy during each load (raw collapsed
 stacks) and prints where its samples ended.
+
+``--brokers 1,2,3`` instead runs the batch load on PostgreSQL only, with that many broker
+processes on one database and the members spread over them round robin (as daemons spread
+over a mesh's brokers). Per run it prints the accepts/s in all and, per broker process, its
+share of the sends and its CPU per send (from /proc: user + system time over the sends it
+committed), so the capacity on a bigger machine can be worked out: a broker's CPU per send
+stays put while the curve flattens on 2 cores.
 """
 
 from __future__ import annotations
@@ -260,6 +267,53 @@ async def one_store(name: str, url: str, args: argparse.Namespace) -> dict[str, 
     return out
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def several_brokers(url: str, count: int, args: argparse.Namespace) -> Load:
+    mesh_id, keys = await prepare(url, args.members)
+    with tempfile.TemporaryDirectory(prefix="tm-bench-") as root:
+        # Each broker its own home: running.json is per process.
+        brokers = [start_broker(url, f"{root}/{i}") for i in range(count)]
+        try:
+            members = [await Member.connect(brokers[i % count][1], mesh_id, k)
+                       for i, k in enumerate(keys)]
+            warm = Load("warmup")
+            stop_at = time.perf_counter() + 1.0
+            await asyncio.gather(*(batch_worker(m, f"w{i}", args.frame, stop_at, warm)
+                                   for i, m in enumerate(members)))
+            cpu0 = [cpu_seconds(p.pid) for p, _ in brokers]
+            rows0 = [rows_histogram(port) for _, port in brokers]
+            load = Load(f"postgres-{count}-broker{'s' if count > 1 else ''}")
+            tag = secrets.token_hex(3)
+            stop_at = time.perf_counter() + args.seconds
+            t0 = time.perf_counter()
+            await asyncio.gather(*(batch_worker(m, f"{tag}-{i}-{j}", args.frame, stop_at, load)
+                                   for i, m in enumerate(members)
+                                   for j in range(args.frames_in_flight)))
+            load.seconds = time.perf_counter() - t0
+            cpu = [cpu_seconds(p.pid) - c for (p, _), c in zip(brokers, cpu0, strict=True)]
+            rows = [rows_histogram(port) for _, port in brokers]
+            sent = [r[0] - r0[0] for r, r0 in zip(rows, rows0, strict=True)]
+            print(f"{load.name:20} sends={load.sends:<7} accepts/s={load.rate:8.0f} "
+                  f"p99={load.p99_ms:7.2f} ms", flush=True)
+            for i, (c, n) in enumerate(zip(cpu, sent, strict=True)):
+                print(f"  broker {i}: {n / max(1.0, sum(sent)):5.1%} of sends, "
+                      f"{1e6 * c / max(1.0, n):7.1f} µs CPU per send, "
+                      f"{c / load.seconds:4.0%} of a core", flush=True)
+            for m in members:
+                await m.close()
+            return load
+        finally:
+            for p, _ in brokers:
+                p.send_signal(signal.SIGTERM)
+            for p, _ in brokers:
+                p.wait(10)
+
+
 async def nats_run(url: str, count: int, pending: int = 256) -> float:
     import nats
     from nats.js.api import StorageType, StreamConfig
@@ -295,7 +349,12 @@ async def main() -> None:
     ap.add_argument("--pg-dsn", default="postgresql://postgres@127.0.0.1:5432/test")
     ap.add_argument("--nats", default="nats://127.0.0.1:4222")
     ap.add_argument("--profile", type=Path, default=None)
+    ap.add_argument("--brokers", default=None, metavar="1,2,3",
+                    help="batch load on PostgreSQL with that many broker processes per run")
     args = ap.parse_args()
+    if args.brokers:
+        await brokers_main(args)
+        return
     if args.profile is not None:
         args.profile.mkdir(parents=True, exist_ok=True)
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))  # warnings
@@ -318,6 +377,20 @@ async def main() -> None:
     for name, loads in results.items():
         for kind, load in loads.items():
             print(f"ratio           {name}-{kind} / nats = {load.rate / nats_rate:.2f}")
+
+
+async def brokers_main(args: argparse.Namespace) -> None:
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))
+    base = args.pg_dsn.rsplit("/", 1)[0]
+    for count in (int(n) for n in args.brokers.split(",")):
+        db = "tm_bench_" + secrets.token_hex(4)
+        admin = await asyncpg.connect(args.pg_dsn)
+        await admin.execute(f'CREATE DATABASE "{db}"')
+        try:
+            await several_brokers(f"{base}/{db}", count, args)
+        finally:
+            await admin.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+            await admin.close()
 
 
 if __name__ == "__main__":

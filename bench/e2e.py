@@ -11,13 +11,18 @@ exactly once).
 NATS: publish with Nats-Msg-Id (256 in flight, file storage) → durable pull consumer with
 explicit ack; latency from publish to receipt. Default JetStream acks before fsync.
 
+``--open-loop F`` (default 0.7) follows each closed-loop run with an open-loop one at F times
+the closed-loop accept rate, where latency is not inflated by a saturated queue: the figure
+for "how long does a message take" at a load the system sustains. Every run prints the mean
+rows per transaction (or frame) at each hop, from the processes' own histograms.
+
 With ``--backlog`` bob is stopped while alice sends, then started: the figure is how fast a
 returning recipient drains what queued for it, from the first delivery it stores (the broker
 pushes it as deliver_batch frames), against a JetStream consumer draining the same number of
 messages published before it started.
 
     .venv/bin/python bench/e2e.py [--seconds 8] [--stores sqlite,postgres] [--pg-dsn DSN]
-                                  [--backlog]
+                                  [--open-loop 0.7] [--backlog]
 """
 
 from __future__ import annotations
@@ -85,8 +90,50 @@ def _stop(p: subprocess.Popen[bytes]) -> None:
     p.wait(30)
 
 
-def run_tidemesh(store: str, seconds: float, root: Path, backlog: bool = False
-                 ) -> dict[str, Any]:
+# (label, process, metric family, label filter): the mean of each histogram is the hop's rows
+# per transaction or per frame.
+# The daemons' engine counts writes per transaction: an accept, a claim or a whole delivery
+# frame is one write.
+HOPS = (("alice outbox writes/txn", "alice", "cm_daemon_db_batch_rows", {"db": "outbox"}),
+        ("alice sends/frame", "alice", "cm_daemon_send_batch_size", {}),
+        ("broker accepts/txn", "broker", "cm_broker_accept_batch_size", {}),
+        ("broker deliveries/frame", "broker", "cm_broker_deliver_batch_size", {}),
+        ("bob deliveries/frame", "bob", "cm_daemon_deliver_batch_size", {}),
+        ("bob inbox writes/txn", "bob", "cm_daemon_db_batch_rows", {"db": "inbox"}))
+
+
+def _hop_means(texts: dict[str, str]) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    means = {}
+    for label, proc, family, want in HOPS:
+        total = count = 0.0
+        for fam in text_string_to_metric_families(texts[proc]):
+            if fam.name != family:
+                continue
+            for sample in fam.samples:
+                if all(sample.labels.get(k) == v for k, v in want.items()):
+                    if sample.name.endswith("_sum"):
+                        total += sample.value
+                    elif sample.name.endswith("_count"):
+                        count += sample.value
+        means[label] = total / count if count else float("nan")
+    return means
+
+
+def _metrics(homes: dict[str, Path], port: int) -> dict[str, str]:
+    from urllib.request import urlopen
+
+    from tidemesh.client import Client
+
+    texts = {n: Client(homes[n] / "daemon" / "bench" / "sock").metrics() for n in ("alice", "bob")}
+    with urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        texts["broker"] = r.read().decode()
+    return texts
+
+
+def run_tidemesh(store: str, seconds: float, root: Path, backlog: bool = False,
+                 rate: float = 0.0) -> dict[str, Any]:
     homes = {n: root / n for n in ("broker", "alice", "bob")}
     for h in homes.values():
         h.mkdir(parents=True)
@@ -112,7 +159,8 @@ def run_tidemesh(store: str, seconds: float, root: Path, backlog: bool = False
             _stop(procs.pop())
         sock = homes["alice"] / "daemon" / "bench" / "sock"
         out = subprocess.run([sys.executable, LOADGEN, str(sock), "64", str(seconds), "0.5", "e",
-                              "bench"], capture_output=True, text=True, check=True)
+                              "bench", "0", str(rate)], capture_output=True, text=True,
+                             check=True)
         load = json.loads(out.stdout)
         a_db = homes["alice"] / "daemon" / "bench" / "outbox.db"
         b_db = homes["bob"] / "daemon" / "bench" / "inbox.db"
@@ -134,7 +182,8 @@ def run_tidemesh(store: str, seconds: float, root: Path, backlog: bool = False
         last = max(r for _, r in got)
         return {"messages": total, "rate": total / ((last - first) / 1000), "p50_ms": _pct(lat, .5),
                 "p99_ms": _pct(lat, .99), "accept_rps": load["rps"],
-                "effective_once": sorted(ids) == sorted(sent) and len(ids) == len(set(ids))}
+                "effective_once": sorted(ids) == sorted(sent) and len(ids) == len(set(ids)),
+                "hops": _hop_means(_metrics(homes, port))}
     finally:
         for p in reversed(procs):
             p.send_signal(signal.SIGTERM)
@@ -208,11 +257,31 @@ async def _pg_database(dsn: str) -> str:
     return dsn.rsplit("/", 1)[0] + "/" + name
 
 
+def _one_run(store_kind: str, args: argparse.Namespace, root: Path, rate: float = 0.0
+             ) -> dict[str, Any]:
+    store = (f"sqlite://{root}/broker/broker.db" if store_kind == "sqlite"
+             else asyncio.run(_pg_database(args.pg_dsn)))
+    try:
+        return run_tidemesh(store, args.seconds, root, args.backlog, rate)
+    finally:
+        if store_kind != "sqlite":
+            asyncio.run(_drop_database(args.pg_dsn, store))
+
+
+def _print_run(name: str, r: dict[str, Any]) -> None:
+    print(f"{name:22} {r['messages']:>7} {r['rate']:>8.0f} {r['p50_ms']:>8.1f} "
+          f"{r['p99_ms']:>8.1f}  accept {r['accept_rps']:.0f}/s, "
+          f"effective-once {'ok' if r['effective_once'] else 'FAILED'}")
+    print(" " * 24 + "; ".join(f"{k} {v:.1f}" for k, v in r["hops"].items()))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=8.0)
     ap.add_argument("--stores", default="sqlite,postgres")
     ap.add_argument("--pg-dsn", default="postgresql://postgres@127.0.0.1:5432/test")
+    ap.add_argument("--open-loop", type=float, default=0.7, metavar="F",
+                    help="then an open-loop run at F x the closed-loop accept rate (0: skip)")
     ap.add_argument("--backlog", action="store_true",
                     help="bob is offline while alice sends; measure how fast bob drains it")
     args = ap.parse_args()
@@ -224,23 +293,20 @@ def main() -> None:
     print(f"{'system':22} {'msgs':>7} {'msgs/s':>8} {'p50 ms':>8} {'p99 ms':>8}  notes")
     rows = []
     for store_kind in args.stores.split(","):
-        store = (f"sqlite://{root}/{store_kind}/broker/broker.db" if store_kind == "sqlite"
-                 else asyncio.run(_pg_database(args.pg_dsn)))
-        try:
-            r = run_tidemesh(store, args.seconds, root / store_kind, args.backlog)
-        finally:
-            if store_kind != "sqlite":
-                asyncio.run(_drop_database(args.pg_dsn, store))
+        r = _one_run(store_kind, args, root / store_kind)
         rows.append(r)
-        print(f"{'tidemesh/' + store_kind:22} {r['messages']:>7} {r['rate']:>8.0f} "
-              f"{r['p50_ms']:>8.1f} {r['p99_ms']:>8.1f}  accept {r['accept_rps']:.0f}/s, "
-              f"effective-once {'ok' if r['effective_once'] else 'FAILED'}")
+        _print_run(f"tidemesh/{store_kind}", r)
+        if args.open_loop > 0 and not args.backlog:
+            rate = args.open_loop * r["accept_rps"]
+            o = _one_run(store_kind, args, root / f"{store_kind}-open", rate)
+            _print_run(f"  open loop {rate:.0f}/s", o)
     n = max(r["messages"] for r in rows)
     nats_r = asyncio.run(run_nats(n, backlog=args.backlog))
     print(f"{'nats jetstream':22} {nats_r['messages']:>7} {nats_r['rate']:>8.0f} "
           f"{nats_r['p50_ms']:>8.1f} {nats_r['p99_ms']:>8.1f}  acks before fsync")
     for store_kind, r in zip(args.stores.split(","), rows, strict=True):
-        print(f"ratio tidemesh/{store_kind} to NATS: {r['rate'] / nats_r['rate']:.2f}")
+        print(f"ratio tidemesh/{store_kind} (closed loop) to NATS: "
+              f"{r['rate'] / nats_r['rate']:.2f}")
     if not all(r["effective_once"] for r in rows):
         raise SystemExit(1)
 

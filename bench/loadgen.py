@@ -1,9 +1,11 @@
 """A closed-loop HTTP/1.1 load generator over a Unix socket: raw keep-alive connections, one
 request in flight per connection, unique Idempotency-Key per request. Run as its own process
 so the client's CPU does not share the server's event loop. With BATCH > 0 each request is a
-POST /v1/send_batch of BATCH sends, each under its own client_message_id.
+POST /v1/send_batch of BATCH sends, each under its own client_message_id. With RATE > 0 the
+load is open loop instead: requests start on a fixed schedule of RATE per second in all
+(spread over the connections), whether or not earlier ones were answered quickly.
 
-    python bench/loadgen.py SOCKET CONCURRENCY SECONDS WARMUP TAG [TOPIC [BATCH]]  → JSON line
+    python bench/loadgen.py SOCKET CONCURRENCY SECONDS WARMUP TAG [TOPIC [BATCH [RATE]]]
 """
 
 from __future__ import annotations
@@ -36,10 +38,17 @@ def _batch(body: bytes, key: bytes, size: int) -> bytes:
 
 
 async def _conn_loop(path: str, prefix: str, body: bytes, stop_at: float, warm_until: float,
-                     lat: list[float], counts: list[int], batch: int) -> None:
+                     lat: list[float], counts: list[int], batch: int,
+                     schedule: tuple[float, float] | None = None) -> None:
+    """``schedule`` (first start, interval): this connection's share of an open-loop rate."""
     reader, writer = await asyncio.open_unix_connection(path)
     i = 0
     while True:
+        if schedule is not None:
+            due = schedule[0] + i * schedule[1]
+            if due >= stop_at:
+                break
+            await asyncio.sleep(max(0.0, due - time.perf_counter()))
         now = time.perf_counter()
         if now >= stop_at:
             break
@@ -66,7 +75,7 @@ async def _conn_loop(path: str, prefix: str, body: bytes, stop_at: float, warm_u
 
 
 async def run(path: str, conc: int, seconds: float, warmup: float, tag: str,
-              topic: str = "bench", batch: int = 0) -> dict[str, float]:
+              topic: str = "bench", batch: int = 0, rate: float = 0.0) -> dict[str, float]:
     lat: list[float] = []
     # After the warm-up: sends accepted, sends refused; sends accepted in all; requests answered
     # 2xx after the warm-up.
@@ -74,8 +83,12 @@ async def run(path: str, conc: int, seconds: float, warmup: float, tag: str,
     body = body_for(topic)
     start = time.perf_counter()
     warm_until, stop_at = start + warmup, start + warmup + seconds
+    # Open loop: connection c starts requests c, c+conc, c+2·conc … of one schedule.
+    def schedule(c: int) -> tuple[float, float] | None:
+        return (start + c / rate, conc / rate) if rate > 0 else None
+
     await asyncio.gather(*(_conn_loop(path, f"{tag}-{c}", body, stop_at, warm_until, lat, counts,
-                                      batch) for c in range(conc)))
+                                      batch, schedule(c)) for c in range(conc)))
     lat.sort()
     return {"ok": counts[0], "errors": counts[1], "all_ok": counts[2],
             "rps": counts[3] / seconds, "mps": counts[0] / seconds,
@@ -89,5 +102,6 @@ if __name__ == "__main__":
     sock, conc, secs, warm, tag = sys.argv[1:6]
     topic = sys.argv[6] if len(sys.argv) > 6 else "bench"
     batch = int(sys.argv[7]) if len(sys.argv) > 7 else 0
+    rate = float(sys.argv[8]) if len(sys.argv) > 8 else 0.0
     print(json.dumps(uvloop.run(run(sock, int(conc), float(secs), float(warm), tag, topic,
-                                    batch))))
+                                    batch, rate))))

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from tidemesh.core.errors import InvalidRequest, PayloadTooLarge, TidemeshError
+from tidemesh.core.errors import InvalidRequest, PayloadTooLarge, RateLimited, TidemeshError
 from tidemesh.core.fingerprint import prefix, request_fingerprint
 from tidemesh.core.ids import new_ulid
 from tidemesh.core.send import parse_send_request
@@ -91,6 +91,8 @@ class AcceptResult:
                                            "request; it is final, send under a new id"})
         elif self.error is not None:
             frame["error"] = self.error.to_body()["error"]
+            if isinstance(self.error, RateLimited):
+                frame["retry_after_ms"] = self.error.retry_after_ms
         return frame
 
 

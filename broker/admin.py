@@ -10,8 +10,8 @@ from tidemesh.broker import config as settings
 from tidemesh.broker import running
 from tidemesh.broker.config import BrokerSettings, broker_home
 from tidemesh.broker.store import migrate
-from tidemesh.broker.store.base import Member, Mesh, Store
-from tidemesh.core.errors import NotFound
+from tidemesh.broker.store.base import Member, Mesh, MeshLimits, Store
+from tidemesh.core.errors import InvalidRequest, NotFound
 from tidemesh.core.invite import (
     Invite,
     check_broker_urls,
@@ -34,6 +34,19 @@ async def mesh_by_name(store: Store, name: str) -> Mesh:
     if mesh is None:
         raise NotFound(f"no mesh named {name!r}; create it with `tidemesh broker mesh create`",
                        field="mesh")
+    return mesh
+
+
+async def set_mesh_limits(store: Store, mesh_name: str, rate: float | None,
+                          burst: int | None) -> Mesh:
+    """The mesh's own member send budget (None: the broker's setting); brokers on this store
+    apply it within ``auth.recheck_s``."""
+    if rate is not None and rate < 0:
+        raise InvalidRequest("--rate must be >= 0 (0: no limit)", field="rate")
+    if burst is not None and burst < 1:
+        raise InvalidRequest("--burst must be >= 1", field="burst")
+    mesh = await mesh_by_name(store, mesh_name)
+    await store.set_mesh_limits(mesh.id, MeshLimits(rate, burst))
     return mesh
 
 

@@ -41,6 +41,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("limits.max_inflight", int, 256, "Sends in flight per connection before reads pause."),
     Setting("limits.bad_frames", int, 20, "Bad frames per window before the connection closes."),
     Setting("limits.bad_frames_window_s", float, 10.0, "Window of limits.bad_frames."),
+    Setting("limits.member_rate", float, 0.0, "New sends per second per member (token bucket "
+            "refill); 0 = no limit. `broker mesh limits` overrides it per mesh."),
+    Setting("limits.member_burst", int, 1000, "Token bucket size: new sends a member may make "
+            "at once after a quiet spell."),
     Setting("auth.hello_timeout_s", float, 10.0, "A connection must authenticate within this."),
     Setting("auth.recheck_s", float, 5.0, "How often connected members are re-checked for "
             "revocation."),
@@ -74,6 +78,8 @@ class BrokerSettings:
     limits_max_inflight: int
     limits_bad_frames: int
     limits_bad_frames_window_s: float
+    limits_member_rate: float
+    limits_member_burst: int
     auth_hello_timeout_s: float
     auth_recheck_s: float
     cluster_poll_s: float
@@ -134,6 +140,11 @@ def _validate(s: BrokerSettings) -> None:
                           field="dedupe.retention_days")
     if s.limits_inline_bytes < 1024:
         raise ConfigError("limits.inline_bytes must be >= 1024", field="limits.inline_bytes")
+    if s.limits_member_rate < 0:
+        raise ConfigError("limits.member_rate must be >= 0 (0: no limit)",
+                          field="limits.member_rate")
+    if s.limits_member_burst < 1:
+        raise ConfigError("limits.member_burst must be >= 1", field="limits.member_burst")
     try:
         s.host_port  # noqa: B018
     except ValueError as exc:

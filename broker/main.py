@@ -27,6 +27,7 @@ from tidemesh.broker.store import open_cluster, open_store, sqlite_file
 from tidemesh.broker.store.base import Store
 from tidemesh.core.exitcodes import Exit
 from tidemesh.core.ids import new_ulid
+from tidemesh.core.ratelimit import Rate
 from tidemesh.storage.lock import AlreadyRunning, InstanceLock
 
 T = TypeVar("T")
@@ -129,7 +130,9 @@ async def _run(settings: BrokerSettings, url: str, stop: asyncio.Event,
     service = BrokerService(store, limits, retention_days=settings.retention_message_days,
                             stall_window_hours=settings.retention_stall_window_hours,
                             cluster=open_cluster(store, new_ulid()),
-                            session_expiry_s=settings.cluster_session_expiry_s)
+                            session_expiry_s=settings.cluster_session_expiry_s,
+                            member_rate=Rate(settings.limits_member_rate,
+                                             settings.limits_member_burst))
     server = BrokerServer(service, max_inflight=settings.limits_max_inflight,
                           max_bad=settings.limits_bad_frames,
                           bad_window_s=settings.limits_bad_frames_window_s,
@@ -138,6 +141,7 @@ async def _run(settings: BrokerSettings, url: str, stop: asyncio.Event,
     failed: WriterStopped | None = None
     try:
         await service.peering.heartbeat()  # alive before the first member claims a session
+        await service.refresh_limits()   # the meshes' own budgets before the first send
         await server.start(*settings.host_port)
         # Invites made from the CLI read this, so they name the port really listened on.
         await admin.record_public_url(store, served_url(settings, server.port))
@@ -163,6 +167,8 @@ async def _serve(settings: BrokerSettings, service: BrokerService, store: Store,
                                        service.sweep)),
                  tg.create_task(_every(settings.auth_recheck_s, "recheck",
                                        service.recheck_members)),
+                 tg.create_task(_every(settings.auth_recheck_s, "mesh_limits",
+                                       service.refresh_limits)),
                  tg.create_task(_every(settings.queue_lease_check_interval_s, "queue_leases",
                                        lambda: service.reassign_lapsed(settings.queue_lease_s))),
                  tg.create_task(_restarted("cluster", service.peering.run)),

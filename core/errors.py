@@ -15,6 +15,7 @@
     │   └── IdempotencyConflict (409)   the accept table's 409 rows; final for that id
     ├── PayloadTooLarge (413)
     ├── Busy (429)
+    ├── RateLimited (429)               broker: the member's send budget is spent; retryable
     ├── Unavailable (503)
     └── InsufficientStorage (507)
 
@@ -101,6 +102,17 @@ class PayloadTooLarge(TidemeshError):
 class Busy(TidemeshError):
     code = "daemon_busy"
     http_status = 429
+
+
+class RateLimited(TidemeshError):
+    """Over the member's token bucket: retry the same send after ``retry_after_ms``."""
+
+    code = "rate_limited"
+    http_status = 429
+
+    def __init__(self, message: str, retry_after_ms: int) -> None:
+        super().__init__(message)
+        self.retry_after_ms = retry_after_ms
 
 
 class Unavailable(TidemeshError):

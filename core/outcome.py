@@ -4,6 +4,8 @@
     200 duplicate, history there    → done (INFO)
     200 duplicate, history pruned   → done (WARN: the original's history is gone)
     409 idempotency_key_reused      → dead (final: requeue under a fresh id)
+    429 rate_limited                → pending in its place; nothing is claimed before
+                                      retry_after_ms plus up to 25 % (``hold_until``)
     other 4xx                       → dead
     5xx, timeout, lost connection   → retry with backoff
     older than the max age          → dead (max_age_exceeded)
@@ -11,6 +13,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 from enum import StrEnum
@@ -33,8 +36,9 @@ class Settlement:
     broker_message_id: str | None = None
     history_id: str | None = None
     last_error: str | None = None
-    next_attempt_at: int | None = None
+    next_attempt_at: int | None = None   # RETRY: None keeps the row's place in the outbox
     history_pruned: bool = False
+    hold_until: int | None = None        # the sender claims nothing before this
 
 
 def classify(row_id: str, attempts: int, answer: dict[str, Any] | None, error: str | None,
@@ -54,6 +58,8 @@ def classify(row_id: str, attempts: int, answer: dict[str, Any] | None, error: s
             f"(broker_fingerprint_prefix {answer.get('broker_fingerprint_prefix', '?')})"))
     err = answer.get("error") or {}
     text = f"broker {status} {err.get('code', 'error')}: {err.get('message', '')}".strip()
+    if status == 429:
+        return _rate_limited(row_id, attempts, answer, text, now_ms, backoff, rng)
     if 400 <= status < 500:
         return Settlement(row_id, Kind.DEAD, now_ms, last_error=text)
     return _retry(row_id, attempts, text, now_ms, backoff, rng)
@@ -64,6 +70,20 @@ def _retry(row_id: str, attempts: int, error: str, now_ms: int, backoff: Backoff
     delay_ms = int(backoff.delay(max(1, attempts), rng) * 1000)
     return Settlement(row_id, Kind.RETRY, now_ms, last_error=error,
                       next_attempt_at=now_ms + delay_ms)
+
+
+def _rate_limited(row_id: str, attempts: int, answer: dict[str, Any], error: str, now_ms: int,
+                  backoff: Backoff, rng: random.Random) -> Settlement:
+    """Over the member's send budget: not a failure. The row keeps its next_attempt_at, so
+    rows are sent again in the order they were first claimed, and the wait is the sender's
+    (``hold_until``): the broker's ``retry_after_ms`` (else the backoff's delay), plus jitter
+    that only lengthens it, so daemons refused together do not all return at once."""
+    wait_ms = answer.get("retry_after_ms")
+    if not isinstance(wait_ms, int) or wait_ms <= 0:
+        wait_ms = int(backoff.delay(max(1, attempts), rng) * 1000)
+    jittered = math.ceil(wait_ms * (1 + rng.uniform(0, backoff.jitter)))
+    return Settlement(row_id, Kind.RETRY, now_ms, last_error=error,
+                      hold_until=now_ms + jittered)
 
 
 def expired(row_id: str, enqueued_at: int, max_age_ms: int, now_ms: int) -> Settlement | None:

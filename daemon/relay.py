@@ -34,7 +34,13 @@ from tidemesh.daemon.join import MeshConfig
 from tidemesh.daemon.link import BrokerLink, FeatureUnavailable, HandshakeRejected, LinkError
 from tidemesh.daemon.live_link import LiveLink
 from tidemesh.daemon.receiver import Receiver, ReceiverMetrics, forward_presence
-from tidemesh.daemon.sender import DeadLetters, Sender, SenderMetrics, SenderSettings
+from tidemesh.daemon.sender import (
+    DeadLetters,
+    Sender,
+    SenderMetrics,
+    SenderSettings,
+    SendHold,
+)
 from tidemesh.daemon.service.inbox import InboxService
 from tidemesh.daemon.service.outbox import OutboxService
 
@@ -110,6 +116,7 @@ class Relay:
         self.rng = rng or random.Random()  # noqa: S311 - jitter, not secrets
         self.live = LiveLink()
         self.dead = DeadLetters(outbox, inbox)
+        self.send_hold = SendHold()   # a broker's retry_after_ms outlasts the link it came on
         self.metrics = metrics or RelayMetrics.register(CollectorRegistry(), mesh.mesh)
         self.rotation = BrokerRotation.of(mesh.broker_urls)
 
@@ -178,7 +185,7 @@ class Relay:
 
     def _sender(self, link: BrokerLink, max_age_ms: int) -> Sender:
         return Sender(link, self.outbox, self.dead, self.settings.sender, self.metrics.sender,
-                      max_age_ms, self.settings.backoff, self.clock, self.rng)
+                      max_age_ms, self.settings.backoff, self.clock, self.rng, self.send_hold)
 
     def _receiver(self, link: BrokerLink) -> Receiver:
         return Receiver(link, self.inbox, self.key, self.mesh.mesh, self.metrics.receiver,

@@ -3,7 +3,9 @@
 Claims due rows (pending → inflight), keeps up to ``window`` sends on the one WebSocket,
 and settles each answer (done | dead | pending with backoff, decided by
 ``core.outcome.classify``) through group commits. A row that turns dead raises an
-``outbox_dead`` event. Its counters live here, next to what they count.
+``outbox_dead`` event. After a 429 ``rate_limited`` it claims nothing until the broker's
+``retry_after_ms`` (plus jitter) has passed; that wait (``SendHold``) outlives the link, so
+a reconnect does not cut it short. Its counters live here, next to what they count.
 
 Imports services and the link; no SQL and no HTTP here.
 """
@@ -66,6 +68,18 @@ class SenderMetrics:
         )
 
 
+@dataclass(slots=True)
+class SendHold:
+    """No claims before ``until_ms`` (the broker asked this member to slow down). One per
+    mesh, kept across links."""
+
+    until_ms: int = 0
+
+    def extend(self, until_ms: int | None) -> None:
+        if until_ms is not None:
+            self.until_ms = max(self.until_ms, until_ms)
+
+
 class DeadLetters:
     """Announces dead outbox rows as ``outbox_dead`` events in the local log."""
 
@@ -92,7 +106,8 @@ class Sender:
 
     def __init__(self, link: BrokerLink, outbox: OutboxService, dead: DeadLetters,
                  settings: SenderSettings, metrics: SenderMetrics, max_age_ms: int,
-                 backoff: Backoff, clock: Callable[[], float], rng: random.Random) -> None:
+                 backoff: Backoff, clock: Callable[[], float], rng: random.Random,
+                 hold: SendHold | None = None) -> None:
         self.link = link
         self.outbox = outbox
         self.dead = dead
@@ -102,6 +117,7 @@ class Sender:
         self.backoff = backoff
         self.clock = clock
         self.rng = rng
+        self.hold = SendHold() if hold is None else hold
         self.inflight = 0
         self.slot_freed = asyncio.Event()
         link.on_batch = metrics.send_batch.labels(mesh=metrics.mesh).observe
@@ -111,6 +127,10 @@ class Sender:
         await self.dead.announce()
         async with asyncio.TaskGroup() as tg:
             while not self.link.closed:
+                held_s = self.hold.until_ms / 1000 - self.clock()
+                if held_s > 0:
+                    await race.first(self.link.wait_closed(), within=held_s)
+                    continue
                 free = s.window - self.inflight
                 want = min(free, s.claim_batch)
                 if want > 0:
@@ -148,6 +168,9 @@ class Sender:
         settled = [classify(r.id, r.attempts, a, None if a else error, now,
                             self.backoff, self.rng)
                    for r, a in zip(rows, answers, strict=True)]
+        # Before the rows are pending again, so the claim loop cannot take them early.
+        for st in settled:
+            self.hold.extend(st.hold_until)
         await self.outbox.settle_many(settled)
         self.inflight -= len(rows)
         self.slot_freed.set()

@@ -3,10 +3,10 @@
 ``auth`` (who may connect), ``connections`` (the registry and presence), ``send`` (B1, then
 the store's accept), ``delivery`` (resume, the pump, acks, queue leases), ``destinations``
 (topic and queue requests), ``negotiation`` (features), ``retention`` (the sweep),
-``cluster`` (what several brokers on one database tell each other),
-``metrics`` (the Prometheus series) and ``routes`` (frame type → handler). Independent of
-websockets: a connection is reached through the ``Peer`` protocol. Never awaits the network
-inside a transaction: the store commits first, then frames go out.
+``ratelimit`` (each member's send budget), ``cluster`` (what several brokers on one database
+tell each other), ``metrics`` (the Prometheus series) and ``routes`` (frame type → handler).
+Independent of websockets: a connection is reached through the ``Peer`` protocol. Never
+awaits the network inside a transaction: the store commits first, then frames go out.
 """
 
 from __future__ import annotations
@@ -14,17 +14,20 @@ from __future__ import annotations
 from tidemesh.broker.accept import Limits
 from tidemesh.broker.service.auth import Auth, AuthOutcome
 from tidemesh.broker.service.cluster import Cluster, Peering, SingleBroker
-from tidemesh.broker.service.connections import Conn, Connections, Peer
+from tidemesh.broker.service.connections import Conn, Connections, Peer, now_ms
 from tidemesh.broker.service.delivery import Deliveries, deliver_frame
 from tidemesh.broker.service.destinations import Destinations
 from tidemesh.broker.service.metrics import Metrics
 from tidemesh.broker.service.negotiation import Negotiation
+from tidemesh.broker.service.ratelimit import Limiter
 from tidemesh.broker.service.retention import Retention
 from tidemesh.broker.service.routes import Route, route_table
 from tidemesh.broker.service.send import Sends
 from tidemesh.broker.store.base import Store
+from tidemesh.core.ratelimit import Rate
 from tidemesh.core.wire import FrameType
 
+UNLIMITED = Rate(0, 1)
 __all__ = ["AuthOutcome", "BrokerService", "Conn", "Peer", "deliver_frame"]
 
 
@@ -33,7 +36,8 @@ class BrokerService:
     reach them through its attributes and ``routes``."""
 
     def __init__(self, store: Store, limits: Limits, *, retention_days: int = 30,
-                 stall_window_hours: int = 24, cluster: Cluster | SingleBroker | None = None,
+                 stall_window_hours: int = 24, member_rate: Rate = UNLIMITED,
+                 cluster: Cluster | SingleBroker | None = None,
                  session_expiry_s: float = 15.0) -> None:
         self.store = store
         self.limits = limits
@@ -42,7 +46,8 @@ class BrokerService:
                                session_expiry_s=session_expiry_s)
         self.metrics = Metrics(self.connections.active, store)
         self.auth = Auth(store, self.metrics, self.connections)
-        self.sends = Sends(store, limits, self.metrics, self.connections)
+        self.limiter = Limiter(member_rate, store)
+        self.sends = Sends(store, limits, self.metrics, self.connections, self.limiter)
         self.deliveries = Deliveries(store, self.metrics, self.connections)
         self.destinations = Destinations(store)
         self.negotiation = Negotiation(limits)
@@ -64,6 +69,9 @@ class BrokerService:
 
     async def recheck_members(self) -> None:
         await self.auth.recheck_members()
+
+    async def refresh_limits(self) -> None:
+        await self.limiter.refresh(now_ms())
 
     async def reassign_lapsed(self, lease_s: float) -> int:
         moved = await self.peering.exclusively(

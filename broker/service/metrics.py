@@ -7,6 +7,8 @@ from prometheus_client import Counter, Histogram
 from tidemesh.broker.store.base import Store
 from tidemesh.core.metrics import BATCH_BUCKETS, CallbackGauge, CollectorRegistry, Samples
 
+FILL_BUCKETS = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
+
 
 class Metrics:
     def __init__(self, active: Samples, store: Store) -> None:
@@ -45,6 +47,17 @@ class Metrics:
                                        "Queued writes in each group commit of the store's "
                                        "writer: a send or send_batch frame counts once.",
                                        registry=r, buckets=BATCH_BUCKETS)
+        # Fair load. Labelled by mesh at most: a label per member would grow without bound.
+        self.rate_limited = Counter("cm_broker_rate_limited_total",
+                                    "Sends answered 429 rate_limited (over the member's "
+                                    "send budget).", ["mesh_id"], registry=r)
+        self.fast_path = Counter("cm_broker_dedupe_fast_path_total",
+                                 "Retries answered from the dedupe table before the rate "
+                                 "limiter (B0).", registry=r)
+        self.bucket_fill = Histogram("cm_broker_rate_bucket_fill",
+                                     "A member's token bucket after each admission, as a "
+                                     "fraction of its burst (0: empty).", registry=r,
+                                     buckets=FILL_BUCKETS)
         CallbackGauge("cm_broker_connections_active", "Authenticated connections.", [], active, r)
         rows = store.accept_rows
         CallbackGauge("cm_broker_group_commit_batches", "Accept transactions since start.", [],

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
-from tidemesh.broker.accept import AcceptInput, AcceptResult
-from tidemesh.broker.store.accept import AcceptRows
+from tidemesh.broker.accept import AcceptInput, AcceptResult, DedupeRow
+from tidemesh.broker.store.accept import AcceptRows, Key
 from tidemesh.core import invite as invites
 from tidemesh.core.errors import NotFound
 from tidemesh.storage.postgres import Database as PostgresDatabase
@@ -44,6 +44,14 @@ class Mesh:
     id: str
     name: str
     created_at: int
+
+
+@dataclass(frozen=True, slots=True)
+class MeshLimits:
+    """A mesh's own member send budget; None keeps the broker's setting."""
+
+    member_rate: float | None
+    member_burst: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +180,18 @@ class Store(Protocol):
     async def accept(self, item: AcceptInput) -> AcceptResult:
         """``accept_batch([item])``."""
         ...
+
+    async def known(self, keys: Sequence[Key]) -> dict[Key, DedupeRow]:
+        """B0: the dedupe rows some of ``keys`` already have, read outside any accept
+        transaction (PostgreSQL: one query for all of them)."""
+        ...
+
+    # fair load: per-mesh overrides of the member send budget
+    async def mesh_limits(self) -> dict[str, MeshLimits]:
+        """mesh_id → its override, for the meshes that have one."""
+        ...
+
+    async def set_mesh_limits(self, mesh_id: str, limits: MeshLimits) -> None: ...
 
     # receive path (DESIGN §6)
     async def cursor(self, mesh_id: str, pubkey: str) -> Cursor: ...

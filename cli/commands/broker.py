@@ -24,7 +24,7 @@ from tidemesh.cli.commands.common import json_option, paths_for
 from tidemesh.cli.lazy import LazyGroup
 from tidemesh.cli.output import emit_json, fail, table
 from tidemesh.core import invite as invites
-from tidemesh.core.errors import NotFound, TidemeshError
+from tidemesh.core.errors import InvalidRequest, NotFound, TidemeshError
 from tidemesh.core.exitcodes import Exit
 from tidemesh.daemon.admin import LinkError, join
 
@@ -109,6 +109,30 @@ def mesh_create(store: str | None, as_json: bool, name: str) -> None:
         emit_json({"id": mesh.id, "name": mesh.name, "created_at": mesh.created_at})
     else:
         click.echo(f"mesh {mesh.name} created (id {mesh.id})")
+
+
+@mesh_group.command("limits")
+@store_option
+@click.option("--mesh", required=True, help="Mesh name.")
+@click.option("--rate", type=float, default=None,
+              help="New sends per second per member; 0: no limit.")
+@click.option("--burst", type=int, default=None,
+              help="Sends a member may make at once after a quiet spell.")
+@click.option("--clear", is_flag=True, help="Drop the override: use the broker's settings.")
+def mesh_limits(store: str | None, mesh: str, rate: float | None, burst: int | None,
+                clear: bool) -> None:
+    """Set a mesh's own per-member send budget (overrides limits.member_rate and
+    limits.member_burst; an option left out keeps the broker's). Running brokers on this
+    store apply it within auth.recheck_s."""
+    if clear == (rate is not None or burst is not None):
+        fail(InvalidRequest("give --rate and/or --burst, or --clear"))
+    found = _run(store, lambda s: admin.set_mesh_limits(s, mesh, rate, burst))
+    click.echo(f"mesh {found.name}: member_rate {_or_broker(rate)}, "
+               f"member_burst {_or_broker(burst)}")
+
+
+def _or_broker(value: float | int | None) -> str:
+    return "the broker's" if value is None else str(value)
 
 
 @broker_group.group("invite")

@@ -32,6 +32,9 @@ from tidemesh.core.settings import ConfigError
 from tidemesh.daemon import admin
 
 START_TIMEOUT_S = 20.0
+# How long `up` waits for the broker's first answer once the daemon serves its socket: long
+# enough for a refusal (revoked) to arrive, short enough not to hold up an unreachable broker.
+LINK_WAIT_S = 5.0
 
 
 C = "tidemesh.cli.commands."
@@ -154,29 +157,56 @@ def _stderr_file(paths: DaemonPaths) -> Path:
 
 def _wait_ready(child: subprocess.Popen[bytes], paths: DaemonPaths, quiet: bool = False
                 ) -> Exit:
+    """Wait until the daemon answers on its socket, then a moment for the broker's first
+    answer, so that a member revoked while its daemon was down hears it from ``up`` (exit
+    12) instead of "started" followed by a silent exit."""
     client = Client(paths.socket, timeout=1.0)
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
-        code = child.poll()
-        if code is not None:
-            click.echo(f"the daemon exited during start-up with code {code}; see {paths.log_file}",
-                       err=True)
-            _tail(paths)
-            if code == Exit.REVOKED:
-                _revoked(paths)
-            return Exit(code) if code in Exit._value2member_map_ else Exit.FAILURE
+        if (code := child.poll()) is not None:
+            return _exited(code, paths)
         try:
             v = client.version()
         except DaemonNotRunning:
             time.sleep(0.05)
             continue
+        connected = _first_link(child, client)
+        if connected is None:
+            return _exited(child.wait(), paths)
         if not quiet:
+            tail = "connected to the broker" if connected else (
+                "not connected to the broker yet; it keeps trying (`tidemesh daemon status`)")
             click.echo(f"daemon started: mesh {v['mesh']}, pid {child.pid}, "
-                       f"socket {paths.socket}")
+                       f"socket {paths.socket}; {tail}")
         return Exit.OK
     click.echo(f"the daemon did not answer within {START_TIMEOUT_S:.0f} s; see {paths.log_file}",
                err=True)
     return Exit.UNHEALTHY
+
+
+def _first_link(child: subprocess.Popen[bytes], client: Client) -> bool | None:
+    """Whether the daemon reached the broker within ``LINK_WAIT_S``; None when it stopped
+    meanwhile (refused as revoked, say)."""
+    deadline = time.monotonic() + LINK_WAIT_S
+    while time.monotonic() < deadline:
+        if child.poll() is not None:
+            return None
+        try:
+            if client.health().get("connected"):
+                return True
+        except DaemonNotRunning:
+            pass  # exiting: the next poll says how
+        time.sleep(0.1)
+    return False
+
+
+def _exited(code: int, paths: DaemonPaths) -> Exit:
+    click.echo(f"the daemon exited during start-up with code {code}; see {paths.log_file}",
+               err=True)
+    _tail(paths)
+    if code == Exit.REVOKED:
+        _revoked(paths)
+    return Exit(code) if code in Exit._value2member_map_ else Exit.FAILURE
 
 
 def _tail(paths: DaemonPaths, lines: int = 5) -> None:

@@ -35,6 +35,8 @@ def _row(mesh: str) -> dict[str, Any]:
                            else None, "state": "stopped", "connected": None, "outbox": None,
                            "socket": str(paths.socket)}
     if not held:
+        if admin.revocation.load(paths.revoked_file) is not None:
+            row["state"] = "revoked"  # stopped for good: `daemon up` would refuse (exit 12)
         return row
     try:
         health = client_for(mesh, timeout=2.0).health()

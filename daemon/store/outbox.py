@@ -280,7 +280,9 @@ def settle_many(
                 (st.last_error, st.now_ms, st.row_id, from_status))
         else:
             cur = conn.execute(
-                "UPDATE outbox SET status = 'pending', last_error = ?, next_attempt_at = ?"
+                # No next_attempt_at (429 rate_limited): the row keeps its place.
+                "UPDATE outbox SET status = 'pending', last_error = ?,"
+                " next_attempt_at = COALESCE(?, next_attempt_at)"
                 " WHERE id = ? AND status = ?",
                 (st.last_error, st.next_attempt_at, st.row_id, from_status))
         out.append(cur.rowcount == 1)

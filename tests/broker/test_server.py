@@ -19,13 +19,14 @@ from websockets.exceptions import ConnectionClosed
 from tests.broker.conftest import LIMITS, now_ms
 from tidemesh.broker import admin
 from tidemesh.broker.server import BrokerServer
-from tidemesh.broker.service import BrokerService
+from tidemesh.broker.service import UNLIMITED, BrokerService
 from tidemesh.broker.service.delivery import batch_frames
 from tidemesh.broker.store import open_store
 from tidemesh.broker.store.base import Store
 from tidemesh.core import features, handshake
 from tidemesh.core.metrics import render
 from tidemesh.core.paths import daemon_paths
+from tidemesh.core.ratelimit import Rate
 from tidemesh.core.wire import decode, encode
 from tidemesh.daemon.join import MeshConfig, join
 from tidemesh.daemon.link import BrokerLink, FeatureUnavailable, HandshakeRejected
@@ -49,9 +50,9 @@ class Broker:
         return await BrokerLink.connect(self.url, self.mesh_id, key, **kw)
 
 
-async def _start(store_url: str) -> tuple[Broker, BrokerServer]:
+async def _start(store_url: str, member_rate: Rate = UNLIMITED) -> tuple[Broker, BrokerServer]:
     store = await open_store(store_url)
-    service = BrokerService(store, LIMITS)
+    service = BrokerService(store, LIMITS, member_rate=member_rate)
     server = await BrokerServer(service, max_bad=5, bad_window_s=60).start("127.0.0.1", 0)
     mesh = await store.create_mesh("team", now_ms())
     alice, bob = SigningKey.generate(), SigningKey.generate()

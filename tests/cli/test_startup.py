@@ -9,8 +9,11 @@ import sys
 
 import pytest
 
-HEAVY = ("aiohttp", "asyncpg", "websockets", "tidemesh.daemon.main", "tidemesh.broker",
-         "tidemesh.daemon.link", "tidemesh.daemon.coldpath", "tidemesh.storage")
+# The write engines, not the storage package: its instance lock (fcntl only) is what tells
+# status whether a daemon runs.
+HEAVY = ("aiohttp", "asyncpg", "websockets", "aiosqlite", "tidemesh.daemon.main",
+         "tidemesh.broker", "tidemesh.daemon.link", "tidemesh.daemon.coldpath",
+         "tidemesh.storage.sqlite", "tidemesh.storage.postgres")
 
 PROBE = "HEAVY = " + repr(HEAVY) + """
 import json, sys

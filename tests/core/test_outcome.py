@@ -91,3 +91,27 @@ def test_expired_only_past_the_max_age(age_ms: int, dead: bool) -> None:
     if st is not None:
         assert st == Settlement("r1", Kind.DEAD, NOW, last_error=(
             "max_age_exceeded: unsent for 1.0 h"))
+
+
+RATE_LIMITED = {"status": 429, "retry_after_ms": 400,
+                "error": {"code": "rate_limited", "message": "over budget"}}
+
+
+def test_classify_429_rate_limited_retries_in_place_after_retry_after_ms() -> None:
+    st = settle(RATE_LIMITED, attempts=7)
+    assert st.kind is Kind.RETRY
+    assert st.next_attempt_at is None           # keeps its place: sent again in order
+    assert st.hold_until == NOW + 400           # the broker's wait, not the backoff's
+    assert st.last_error == "broker 429 rate_limited: over budget"
+
+
+def test_classify_429_jitter_only_lengthens_the_wait() -> None:
+    waits = {classify("r1", 1, RATE_LIMITED, None, NOW, Backoff(), random.Random(seed)
+                      ).hold_until for seed in range(50)}
+    assert all(w is not None and NOW + 400 <= w <= NOW + 500 for w in waits)
+    assert len(waits) > 1
+
+
+def test_classify_429_without_retry_after_waits_the_backoff() -> None:
+    st = settle({"status": 429, "error": {"code": "rate_limited", "message": ""}}, attempts=2)
+    assert (st.kind, st.next_attempt_at, st.hold_until) == (Kind.RETRY, None, NOW + 1000)

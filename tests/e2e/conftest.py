@@ -5,15 +5,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.harness import Broker, Mesh
+from tests.e2e.harness import Broker, Mesh, sqlite_broker_with_team
 
 
 @pytest.fixture
 def sqlite_broker(short_tmp: Path) -> Iterator[Broker]:
-    home = short_tmp / "broker"
-    home.mkdir()
-    b = Broker(home, f"sqlite://{home}/broker.db")
-    b.cli("mesh", "create", "team")
+    b = sqlite_broker_with_team(short_tmp)
     b.start()
     try:
         yield b

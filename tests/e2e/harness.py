@@ -71,6 +71,15 @@ class Broker:
         return self.cli("invite", "create", "--mesh", mesh, "--uses", str(uses), "--url", self.url)
 
 
+def sqlite_broker_with_team(root: Path) -> Broker:
+    """A broker on an embedded store under ``root``, with mesh ``team``, not started."""
+    home = root / "broker"
+    home.mkdir()
+    b = Broker(home, f"sqlite://{home}/broker.db")
+    b.cli("mesh", "create", "team")
+    return b
+
+
 @dataclass
 class Mesh:
     broker: Broker
@@ -92,6 +101,18 @@ class Mesh:
         d = start_daemon(old.home, "m")
         self.daemons[label] = d
         return d
+
+
+async def two_on_topic(mesh: Mesh, root: Path, topic: str = "ops"
+                       ) -> tuple[RunningDaemon, RunningDaemon]:
+    """Daemons ``a`` and ``b``, both connected, ``b`` subscribed to ``topic``."""
+    a, b = mesh.add("a", root), mesh.add("b", root)
+    await wait_for(lambda: connected(a))
+    await wait_for(lambda: connected(b))
+    async with b.session() as s, s.post("/v1/topics/subscribe",
+                                        json={"name": topic, "create": True}) as r:
+        assert r.status == 200, await r.text()
+    return a, b
 
 
 def pubkey(d: RunningDaemon) -> str:

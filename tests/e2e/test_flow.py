@@ -6,16 +6,11 @@ import asyncio
 import sqlite3
 from pathlib import Path
 
-from tests.e2e.harness import Mesh, connected, inbox, pubkey, wait_for
+from tests.e2e.harness import Mesh, inbox, pubkey, two_on_topic, wait_for
 
 
 async def test_topic_message_and_dm_arrive_once(mesh: Mesh, short_tmp: Path) -> None:
-    a, b = mesh.add("a", short_tmp), mesh.add("b", short_tmp)
-    await wait_for(lambda: connected(a))
-    await wait_for(lambda: connected(b))
-    async with b.session() as s, s.post("/v1/topics/subscribe",
-                                        json={"name": "ops", "create": True}) as r:
-        assert r.status == 200, await r.text()
+    a, b = await two_on_topic(mesh, short_tmp)
     async with a.session() as s:
         async with s.post("/v1/send", json={"to": "topic:ops", "body": "deploy done"},
                           headers={"Idempotency-Key": "t-1"}) as r:

@@ -38,6 +38,8 @@ async def test_a_revoked_daemon_exits_for_good_and_every_verb_says_revoked(
     up = run_cli(a.home, "daemon", "up", "--mesh", "m")
     assert up.returncode == Exit.REVOKED and SAID in up.stderr
     assert "started" not in up.stdout
+    ps = json.loads(run_cli(a.home, "daemon", "ps", "--json").stdout)
+    assert [(r["mesh"], r["state"]) for r in ps["items"]] == [("m", "revoked")]
     _assert_cold_send_says_revoked(a)
 
 
@@ -50,6 +52,18 @@ async def test_revoked_while_down_the_cold_path_finds_out_and_up_then_refuses(
     _assert_cold_send_says_revoked(a)
     up = run_cli(a.home, "daemon", "up", "--mesh", "m")
     assert up.returncode == Exit.REVOKED and SAID in up.stderr
+
+
+async def test_revoked_while_down_up_hears_it_from_the_broker_and_says_so(
+        mesh: Mesh, short_tmp: Path) -> None:
+    a = mesh.add("a", short_tmp)
+    await wait_for(lambda: connected(a))
+    assert a.stop() == 0
+    mesh.broker.cli("member", "revoke", "--mesh", "team", pubkey(a))
+    # No cold send told this host: only the broker's refusal can, and `up` waits for it.
+    up = run_cli(a.home, "daemon", "up", "--mesh", "m")
+    assert up.returncode == Exit.REVOKED, up.stdout + up.stderr
+    assert SAID in up.stderr and "started" not in up.stdout
 
 
 def _assert_cold_send_says_revoked(d: RunningDaemon) -> None:

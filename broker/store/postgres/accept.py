@@ -25,6 +25,7 @@ import structlog
 
 from tidemesh.broker.accept import AcceptInput, AcceptResult, DedupeRow, Delivery, failed
 from tidemesh.broker.store import accept
+from tidemesh.broker.store.accept import Key
 from tidemesh.broker.store.postgres.base import PostgresBase
 from tidemesh.core.errors import TidemeshError
 from tidemesh.storage.postgres import BatchOp, storage_error
@@ -55,6 +56,12 @@ class Accept(PostgresBase):
 
     async def accept(self, item: AcceptInput) -> AcceptResult:
         return (await self.accept_batch([item]))[0]
+
+    async def known(self, keys: Sequence[Key]) -> dict[Key, DedupeRow]:
+        if not keys:
+            return {}
+        rows = await self.pool.fetch(KNOWN_SQL, *([k[i] for k in keys] for i in range(3)))
+        return _dedupe_rows(rows)
 
     async def accept_batch(self, items: Sequence[AcceptInput]) -> list[AcceptResult]:
         if not items:
@@ -109,11 +116,9 @@ class PgAcceptPort:
             "fingerprint", "kind", "ref", "now_ms", "expires_at")))
 
     async def read_back(self, items: Sequence[AcceptInput]) -> dict[accept.Key, DedupeRow]:
-        rows = await self.conn.fetch(READBACK_SQL, _col(items, "mesh_id"),
-                                     _col(items, "sender_pubkey"),
-                                     _col(items, "client_message_id"))
-        return {(r[0], r[1], r[2]): DedupeRow(r[3], r[4], bytes(r[5]), r[6], r[7])
-                for r in rows}
+        return _dedupe_rows(await self.conn.fetch(READBACK_SQL, _col(items, "mesh_id"),
+                                                  _col(items, "sender_pubkey"),
+                                                  _col(items, "client_message_id")))
 
     async def destinations(self, items: Sequence[AcceptInput]
                            ) -> dict[accept.Destination, list[str]]:
@@ -157,14 +162,17 @@ SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
 ON CONFLICT (mesh_id, sender_pubkey, client_message_id) DO NOTHING
 """
 
-READBACK_SQL = """
+# B0 reads without a lock, outside the accept: a row it misses is found by the accept's own
+# read-back, which takes the lock.
+KNOWN_SQL = """
 SELECT d.mesh_id, d.sender_pubkey, d.client_message_id, d.broker_message_id, d.history_id,
        d.request_fingerprint, d.history_available, d.first_seen_at
 FROM mesh.client_message_dedupe d
 JOIN unnest($1::text[], $2::text[], $3::text[]) AS k(m, s, c)
   ON d.mesh_id = k.m AND d.sender_pubkey = k.s AND d.client_message_id = k.c
-FOR SHARE OF d
 """
+
+READBACK_SQL = KNOWN_SQL + "FOR SHARE OF d\n"
 
 UNCLAIM_SQL = """
 DELETE FROM mesh.client_message_dedupe WHERE broker_message_id = ANY($1::text[])
@@ -234,6 +242,10 @@ SELECT x.m, x.p, c.epoch, c.last_seq - x.n + x.rn, x.bm, x.at
 FROM x JOIN c ON c.mesh_id = x.m AND c.recipient_pubkey = x.p
 RETURNING broker_message_id, recipient_pubkey, epoch, seq
 """
+
+
+def _dedupe_rows(rows: Sequence[Any]) -> dict[accept.Key, DedupeRow]:
+    return {(r[0], r[1], r[2]): DedupeRow(r[3], r[4], bytes(r[5]), r[6], r[7]) for r in rows}
 
 
 def _col(items: Sequence[AcceptInput], attr: str) -> list[Any]:

@@ -6,7 +6,7 @@ from typing import Any
 
 import asyncpg
 
-from tidemesh.broker.store.base import Member, Mesh, invite_refused
+from tidemesh.broker.store.base import Member, Mesh, MeshLimits, invite_refused
 from tidemesh.broker.store.postgres.base import PostgresBase
 from tidemesh.core.errors import Conflict, NotFound, UnknownDestination
 from tidemesh.core.ids import new_ulid
@@ -26,6 +26,15 @@ class Membership(PostgresBase):
         r = await self.pool.fetchrow("SELECT id, name, created_at FROM mesh.mesh"
                                      " WHERE id = $1 OR name = $1", name_or_id)
         return Mesh(*r) if r else None
+
+    async def mesh_limits(self) -> dict[str, MeshLimits]:
+        rows = await self.pool.fetch("SELECT id, member_rate, member_burst FROM mesh.mesh"
+                                     " WHERE member_rate IS NOT NULL OR member_burst IS NOT NULL")
+        return {r[0]: MeshLimits(r[1], r[2]) for r in rows}
+
+    async def set_mesh_limits(self, mesh_id: str, limits: MeshLimits) -> None:
+        await self.pool.execute("UPDATE mesh.mesh SET member_rate = $1, member_burst = $2"
+                                " WHERE id = $3", limits.member_rate, limits.member_burst, mesh_id)
 
     async def create_invite(self, mesh_id: str, token_sha256: bytes, max_uses: int,
                             expires_at: int | None, now_ms: int) -> str:

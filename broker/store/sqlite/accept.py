@@ -15,6 +15,7 @@ import structlog
 
 from tidemesh.broker.accept import AcceptInput, AcceptResult, DedupeRow, Delivery, failed
 from tidemesh.broker.store import accept
+from tidemesh.broker.store.accept import Key
 from tidemesh.broker.store.sqlite.base import SqliteBase
 from tidemesh.core.errors import InsufficientStorage, TidemeshError, Unavailable
 from tidemesh.storage.sqlite import BatchOp, storage_error
@@ -33,6 +34,17 @@ class Accept(SqliteBase):
 
     async def accept(self, item: AcceptInput) -> AcceptResult:
         return (await self.accept_batch([item]))[0]
+
+    async def known(self, keys: Sequence[Key]) -> dict[Key, DedupeRow]:
+        def fn(conn: sqlite3.Connection) -> dict[Key, DedupeRow]:
+            rows = {}
+            for key in dict.fromkeys(keys):   # one reader call; SQLite has no round trips
+                r = conn.execute(READBACK_SQL, key).fetchone()
+                if r is not None:
+                    rows[key] = DedupeRow(r[0], r[1], bytes(r[2]), bool(r[3]), r[4])
+            return rows
+
+        return await self._read(fn) if keys else {}
 
     async def accept_batch(self, items: Sequence[AcceptInput]) -> list[AcceptResult]:
         if not items:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 
-from tidemesh.broker.store.base import Member, Mesh, invite_refused
+from tidemesh.broker.store.base import Member, Mesh, MeshLimits, invite_refused
 from tidemesh.broker.store.sqlite.base import SqliteBase
 from tidemesh.core.errors import Conflict, NotFound, UnknownDestination
 from tidemesh.core.ids import new_ulid
@@ -31,6 +31,19 @@ class Membership(SqliteBase):
             return Mesh(*row) if row else None
 
         return await self._read(fn)
+
+    async def mesh_limits(self) -> dict[str, MeshLimits]:
+        def fn(conn: sqlite3.Connection) -> dict[str, MeshLimits]:
+            rows = conn.execute("SELECT id, member_rate, member_burst FROM mesh"
+                                " WHERE member_rate IS NOT NULL OR member_burst IS NOT NULL")
+            return {r[0]: MeshLimits(r[1], r[2]) for r in rows}
+
+        return await self._read(fn)
+
+    async def set_mesh_limits(self, mesh_id: str, limits: MeshLimits) -> None:
+        await self._write(lambda c: c.execute(
+            "UPDATE mesh SET member_rate = ?, member_burst = ? WHERE id = ?",
+            (limits.member_rate, limits.member_burst, mesh_id)))
 
     async def create_invite(self, mesh_id: str, token_sha256: bytes, max_uses: int,
                             expires_at: int | None, now_ms: int) -> str:

@@ -1,0 +1,99 @@
+"""Per-member token buckets for the broker's fair load (pure: the caller passes the clock).
+
+A member's bucket holds up to ``burst`` tokens and refills at ``per_s`` tokens a second;
+each new send takes one. ``admit`` decides a frame's new sends in item order: as many as
+there are whole tokens go through, the rest are refused with the time after which each
+would fit if the ones before it were sent as soon as they could (capped at a full bucket,
+so no answer asks a member to wait longer than the bucket takes to refill). A bucket that
+has refilled is the same as none, so ``prune`` forgets it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Rate:
+    per_s: float     # 0: no limit
+    burst: int
+
+    @property
+    def unlimited(self) -> bool:
+        return self.per_s <= 0
+
+
+@dataclass(slots=True)
+class Bucket:
+    tokens: float
+    at_ms: int
+
+    def level(self, rate: Rate, now_ms: int) -> float:
+        """The tokens at ``now_ms``; a clock that went back adds none."""
+        gained = max(0, now_ms - self.at_ms) * rate.per_s / 1000
+        return min(float(rate.burst), self.tokens + gained)
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    admitted: int                       # the first ``admitted`` sends go through
+    retry_after_ms: tuple[int, ...]     # one per refused send, in order
+    fill: float                         # the bucket's level after, as a fraction of burst
+
+
+class Buckets:
+    """The buckets of every member that sent lately, keyed by whatever the caller uses."""
+
+    def __init__(self) -> None:
+        self._buckets: dict[Hashable, Bucket] = {}
+
+    def __len__(self) -> int:
+        return len(self._buckets)
+
+    def fits(self, key: Hashable, rate: Rate, sends: int, now_ms: int) -> bool:
+        """Would ``sends`` all go through now?"""
+        return rate.unlimited or self._bucket(key, rate, now_ms).level(rate, now_ms) >= sends
+
+    def admit(self, key: Hashable, rate: Rate, sends: int, now_ms: int) -> Admission:
+        """Take a token for each of the first sends that have one; refuse the rest."""
+        if rate.unlimited:
+            return Admission(sends, (), 1.0)
+        bucket = self._bucket(key, rate, now_ms)
+        level = bucket.level(rate, now_ms)
+        admitted = min(sends, int(level))
+        bucket.tokens, bucket.at_ms = level - admitted, now_ms
+        waits = tuple(_wait_ms(bucket.tokens, k, rate) for k in range(1, sends - admitted + 1))
+        return Admission(admitted, waits, bucket.tokens / rate.burst)
+
+    def refund(self, key: Hashable, rate: Rate, sends: int, now_ms: int) -> None:
+        """Give back tokens taken for sends that turned out not to be new."""
+        bucket = self._buckets.get(key)
+        if bucket is None or rate.unlimited or sends <= 0:
+            return
+        bucket.tokens, bucket.at_ms = min(float(rate.burst),
+                                          bucket.level(rate, now_ms) + sends), now_ms
+
+    def prune(self, rate_of: Callable[[Hashable], Rate], now_ms: int) -> int:
+        """Forget the buckets that are full again (or no longer limited); how many."""
+        gone = []
+        for key, bucket in self._buckets.items():
+            rate = rate_of(key)
+            if rate.unlimited or bucket.level(rate, now_ms) >= rate.burst:
+                gone.append(key)
+        for key in gone:
+            del self._buckets[key]
+        return len(gone)
+
+    def _bucket(self, key: Hashable, rate: Rate, now_ms: int) -> Bucket:
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            bucket = self._buckets[key] = Bucket(float(rate.burst), now_ms)
+        return bucket
+
+
+def _wait_ms(tokens: float, k: int, rate: Rate) -> int:
+    """Milliseconds until the ``k``-th refused send has its token, at least 1."""
+    need = min(k, rate.burst) - tokens
+    return max(1, math.ceil(need * 1000 / rate.per_s))

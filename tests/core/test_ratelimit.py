@@ -1,0 +1,79 @@
+"""The per-member token bucket, on an injected clock."""
+
+from __future__ import annotations
+
+from tidemesh.core.ratelimit import Buckets, Rate
+
+RATE = Rate(per_s=10, burst=5)   # a token every 100 ms, five at most
+KEY = ("mesh", "alice")
+
+
+def test_a_fresh_member_has_a_full_burst() -> None:
+    b = Buckets()
+    got = b.admit(KEY, RATE, 5, now_ms=0)
+    assert (got.admitted, got.retry_after_ms, got.fill) == (5, (), 0.0)
+
+
+def test_sends_over_the_burst_are_refused_in_order_with_their_waits() -> None:
+    got = Buckets().admit(KEY, RATE, 8, now_ms=0)
+    assert got.admitted == 5
+    # the 1st refused fits in 100 ms, the 2nd in 200, the 3rd in 300 (if the others go first)
+    assert got.retry_after_ms == (100, 200, 300)
+
+
+def test_waits_are_capped_at_a_full_bucket() -> None:
+    got = Buckets().admit(KEY, RATE, 20, now_ms=0)
+    assert max(got.retry_after_ms) == 500   # five tokens take 500 ms, never more
+
+
+def test_the_bucket_refills_at_the_rate_up_to_the_burst() -> None:
+    b = Buckets()
+    b.admit(KEY, RATE, 5, now_ms=0)
+    assert b.admit(KEY, RATE, 1, now_ms=50).admitted == 0
+    assert b.admit(KEY, RATE, 2, now_ms=250).admitted == 2    # 2.5 tokens by then
+    assert b.admit(KEY, RATE, 9, now_ms=100_000).admitted == 5
+
+
+def test_a_partial_token_shortens_the_wait() -> None:
+    b = Buckets()
+    b.admit(KEY, RATE, 5, now_ms=0)
+    assert b.admit(KEY, RATE, 1, now_ms=30).retry_after_ms == (70,)
+
+
+def test_members_have_separate_buckets() -> None:
+    b = Buckets()
+    b.admit(KEY, RATE, 5, now_ms=0)
+    assert b.admit(("mesh", "bob"), RATE, 5, now_ms=0).admitted == 5
+    assert not b.fits(KEY, RATE, 1, now_ms=0)
+    assert b.fits(("mesh", "bob"), RATE, 0, now_ms=0)
+
+
+def test_a_refund_gives_tokens_back_up_to_the_burst() -> None:
+    b = Buckets()
+    b.admit(KEY, RATE, 4, now_ms=0)
+    b.refund(KEY, RATE, 3, now_ms=0)
+    assert b.fits(KEY, RATE, 4, now_ms=0)
+    b.refund(KEY, RATE, 100, now_ms=0)
+    assert not b.fits(KEY, RATE, 6, now_ms=0)
+
+
+def test_unlimited_admits_everything_and_keeps_no_state() -> None:
+    b = Buckets()
+    off = Rate(per_s=0, burst=1)
+    assert b.admit(KEY, off, 10_000, now_ms=0).admitted == 10_000
+    assert len(b) == 0
+
+
+def test_a_clock_that_goes_back_adds_no_tokens() -> None:
+    b = Buckets()
+    b.admit(KEY, RATE, 5, now_ms=1_000)
+    assert b.admit(KEY, RATE, 1, now_ms=0).admitted == 0
+
+
+def test_prune_forgets_only_full_buckets() -> None:
+    b = Buckets()
+    b.admit(KEY, RATE, 5, now_ms=0)
+    b.admit(("mesh", "bob"), RATE, 1, now_ms=450)
+    assert b.prune(lambda _: RATE, now_ms=450) == 0
+    assert b.prune(lambda _: RATE, now_ms=500) == 1     # alice refilled, bob not yet
+    assert len(b) == 1
