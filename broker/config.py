@@ -48,6 +48,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("auth.hello_timeout_s", float, 10.0, "A connection must authenticate within this."),
     Setting("auth.recheck_s", float, 5.0, "How often connected members are re-checked for "
             "revocation."),
+    Setting("cluster.poll_s", float, 5.0, "With several brokers on PostgreSQL: how often each "
+            "looks for deliveries whose wake-up from another broker was lost."),
+    Setting("cluster.heartbeat_s", float, 2.0, "With several brokers on PostgreSQL: how often "
+            "each says it is alive (and removes the sessions of brokers that stopped)."),
+    Setting("cluster.session_expiry_s", float, 10.0, "A broker silent this long is taken for "
+            "dead: its members' sessions are removed and announced as peer_leave."),
     Setting("log.level", str, "info", "debug, info, warning or error."),
     Setting("log.format", str, "auto", "json, console, or auto (console on a TTY)."),
 )
@@ -76,6 +82,9 @@ class BrokerSettings:
     limits_member_burst: int
     auth_hello_timeout_s: float
     auth_recheck_s: float
+    cluster_poll_s: float
+    cluster_heartbeat_s: float
+    cluster_session_expiry_s: float
     log_level: str
     log_format: str
 

@@ -23,9 +23,10 @@ from tidemesh.broker.accept import Limits
 from tidemesh.broker.config import BrokerSettings, config_file, load, read_file, store_url
 from tidemesh.broker.server import BrokerServer
 from tidemesh.broker.service import BrokerService
-from tidemesh.broker.store import open_store, sqlite_file
+from tidemesh.broker.store import open_cluster, open_store, sqlite_file
 from tidemesh.broker.store.base import Store
 from tidemesh.core.exitcodes import Exit
+from tidemesh.core.ids import new_ulid
 from tidemesh.core.ratelimit import Rate
 from tidemesh.storage.lock import AlreadyRunning, InstanceLock
 
@@ -67,6 +68,17 @@ async def _every(interval_s: float, name: str, fn: Callable[[], Awaitable[Any]])
             await fn()
         except Exception as exc:  # a failed sweep must not take the broker down; next run retries
             log.error("broker_background_failed", task=name, error=str(exc), exc_info=True)
+
+
+async def _restarted(name: str, fn: Callable[[], Awaitable[Any]]) -> None:
+    """Run a task until it returns; if it fails, log it and start it again."""
+    while True:
+        try:
+            await fn()
+            return
+        except Exception as exc:  # the broker serves on; this task comes back in a second
+            log.error("broker_background_failed", task=name, error=str(exc), exc_info=True)
+        await asyncio.sleep(1.0)
 
 
 class WriterStopped(Exception):
@@ -117,6 +129,8 @@ async def _run(settings: BrokerSettings, url: str, stop: asyncio.Event,
                     settings.dedupe_retention_days)
     service = BrokerService(store, limits, retention_days=settings.retention_message_days,
                             stall_window_hours=settings.retention_stall_window_hours,
+                            cluster=open_cluster(store, new_ulid()),
+                            session_expiry_s=settings.cluster_session_expiry_s,
                             member_rate=Rate(settings.limits_member_rate,
                                              settings.limits_member_burst))
     server = BrokerServer(service, max_inflight=settings.limits_max_inflight,
@@ -126,6 +140,7 @@ async def _run(settings: BrokerSettings, url: str, stop: asyncio.Event,
                           hello_timeout_s=settings.auth_hello_timeout_s)
     failed: WriterStopped | None = None
     try:
+        await service.peering.heartbeat()  # alive before the first member claims a session
         await service.refresh_limits()   # the meshes' own budgets before the first send
         await server.start(*settings.host_port)
         # Invites made from the CLI read this, so they name the port really listened on.
@@ -156,6 +171,11 @@ async def _serve(settings: BrokerSettings, service: BrokerService, store: Store,
                                        service.refresh_limits)),
                  tg.create_task(_every(settings.queue_lease_check_interval_s, "queue_leases",
                                        lambda: service.reassign_lapsed(settings.queue_lease_s))),
+                 tg.create_task(_restarted("cluster", service.peering.run)),
+                 tg.create_task(_every(settings.cluster_poll_s, "cluster_poll",
+                                       service.peering.poll)),
+                 tg.create_task(_every(settings.cluster_heartbeat_s, "cluster_heartbeat",
+                                       service.peering.heartbeat)),
                  tg.create_task(_watch_writers(store.writer_tasks))]
         await stop.wait()
         for t in loops:

@@ -114,8 +114,20 @@ class BrokerServer:
         except Exception as exc:  # one broken connection must not take the server down
             await self._failed(ws, exc)
         finally:
-            if conn is not None and self.service.connections.unregister(conn):
-                await self.service.connections.announce(conn, "peer_leave")
+            if conn is not None:
+                await self._left(conn)
+
+    async def _left(self, conn: Conn) -> None:
+        last = self.service.connections.unregister(conn)
+        try:
+            gone = await self.service.peering.disconnected(conn, last)
+        except self.service.store.outage_errors as exc:
+            # The next heartbeat releases it (and announces the leave) once the store is back.
+            log.warning("broker_session_release_failed", error=repr(exc))
+            self.service.peering.release_later(conn)
+            return
+        if gone:
+            await self.service.connections.announce(conn, "peer_leave")
 
     async def _failed(self, ws: ServerConnection, exc: Exception) -> None:
         rest = exc.split(ConnectionClosed)[1] if isinstance(exc, ExceptionGroup) else exc
@@ -146,7 +158,7 @@ class BrokerServer:
         for a in session.on_member(out.mesh_id, out.mesh_name, out.pubkey,
                                    conn.session_id if conn else "", out.problem, out.joined):
             await self._carry_out(peer, a)
-        if conn is not None and first:
+        if conn is not None and await self.service.peering.connected(conn, first):
             await self.service.connections.announce(conn, "peer_join")
         return conn
 

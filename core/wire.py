@@ -57,6 +57,7 @@ class CloseCode:
     TRY_AGAIN_LATER = 1013    # the broker's database is down or restarting
     AUTH = 4002               # unknown or revoked member, bad or used-up invite
     FEATURE = 4010            # spec §15.5: feature_unavailable (+ structured close_reason)
+    TAKEN_OVER = 4011         # the member connected again, to another broker: reconnect
 
 
 class InvalidFrame(InvalidRequest):

@@ -3,16 +3,17 @@
 ``auth`` (who may connect), ``connections`` (the registry and presence), ``send`` (B1, then
 the store's accept), ``delivery`` (resume, the pump, acks, queue leases), ``destinations``
 (topic and queue requests), ``negotiation`` (features), ``retention`` (the sweep),
-``ratelimit`` (each member's send budget), ``metrics`` (the Prometheus series) and
-``routes`` (frame type → handler). Independent of websockets: a connection is reached
-through the ``Peer`` protocol. Never awaits the network inside a transaction: the store
-commits first, then frames go out.
+``ratelimit`` (each member's send budget), ``cluster`` (what several brokers on one database
+tell each other), ``metrics`` (the Prometheus series) and ``routes`` (frame type → handler).
+Independent of websockets: a connection is reached through the ``Peer`` protocol. Never
+awaits the network inside a transaction: the store commits first, then frames go out.
 """
 
 from __future__ import annotations
 
 from tidemesh.broker.accept import Limits
 from tidemesh.broker.service.auth import Auth, AuthOutcome
+from tidemesh.broker.service.cluster import Cluster, Peering, SingleBroker
 from tidemesh.broker.service.connections import Conn, Connections, Peer, now_ms
 from tidemesh.broker.service.delivery import Deliveries, deliver_frame
 from tidemesh.broker.service.destinations import Destinations
@@ -35,10 +36,14 @@ class BrokerService:
     reach them through its attributes and ``routes``."""
 
     def __init__(self, store: Store, limits: Limits, *, retention_days: int = 30,
-                 stall_window_hours: int = 24, member_rate: Rate = UNLIMITED) -> None:
+                 stall_window_hours: int = 24, member_rate: Rate = UNLIMITED,
+                 cluster: Cluster | SingleBroker | None = None,
+                 session_expiry_s: float = 15.0) -> None:
         self.store = store
         self.limits = limits
         self.connections = Connections()
+        self.peering = Peering(cluster or SingleBroker(), self.connections,
+                               session_expiry_s=session_expiry_s)
         self.metrics = Metrics(self.connections.active, store)
         self.auth = Auth(store, self.metrics, self.connections)
         self.limiter = Limiter(member_rate, store)
@@ -56,8 +61,11 @@ class BrokerService:
 
     # The background jobs the composition root supervises.
 
+    # With several brokers each job runs on one broker at a time (``Peering.exclusively``);
+    # a broker that skips the round answers zeros.
+
     async def sweep(self) -> tuple[int, int]:
-        return await self.retention.sweep()
+        return await self.peering.exclusively("retention", self.retention.sweep) or (0, 0)
 
     async def recheck_members(self) -> None:
         await self.auth.recheck_members()
@@ -66,4 +74,6 @@ class BrokerService:
         await self.limiter.refresh(now_ms())
 
     async def reassign_lapsed(self, lease_s: float) -> int:
-        return await self.deliveries.reassign_lapsed(lease_s)
+        moved = await self.peering.exclusively(
+            "queue_leases", lambda: self.deliveries.reassign_lapsed(lease_s))
+        return moved or 0

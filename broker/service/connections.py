@@ -3,6 +3,8 @@
 A member may hold several connections; the first announces a ``peer_join``, the last a
 ``peer_leave``. Presence metadata (profiles) lives in memory like presence itself: each daemon
 holds the authoritative copy and sends it again after every connect. Presence is best effort.
+With several brokers on one database, ``elsewhere`` (``service/cluster.py``) carries wake-ups
+and presence to the other brokers and lists the members they serve.
 """
 
 from __future__ import annotations
@@ -19,6 +21,18 @@ from tidemesh.core.ids import new_ulid
 
 log = structlog.get_logger(__name__)
 PRESENCE_SEND_TIMEOUT_S = 1.0
+
+
+class Elsewhere(Protocol):
+    """The other brokers on this database, as the registry sees them."""
+
+    def relay_wake(self, keys: set[tuple[str, str]]) -> None: ...
+
+    async def relay_presence(self, frame: dict[str, Any]) -> None: ...
+
+    async def remote_peers(self, mesh_id: str, local: set[str]) -> list[dict[str, Any]]: ...
+
+    async def save_profile(self, mesh_id: str, pubkey: str, profile: dict[str, Any]) -> None: ...
 
 
 class Peer(Protocol):
@@ -49,6 +63,8 @@ class Connections:
     def __init__(self) -> None:
         self.conns: dict[tuple[str, str], set[Conn]] = {}
         self.profiles: dict[tuple[str, str], dict[str, Any]] = {}
+        # The other brokers on the same database; one broker alone has nobody to tell.
+        self.elsewhere: Elsewhere | None = None
 
     def active(self) -> list[tuple[dict[str, str], float]]:
         return [({}, float(sum(len(c) for c in self.conns.values())))]
@@ -74,10 +90,23 @@ class Connections:
         return not peers
 
     def wake(self, keys: Iterable[tuple[str, str]]) -> None:
-        """Wake the delivery pumps of these (mesh, member) pairs' connections."""
+        """Wake the delivery pumps of these (mesh, member) pairs' connections, here or, for
+        members not connected here, on the other brokers (called after the commit)."""
+        absent = self.wake_local(keys)
+        if absent and self.elsewhere is not None:
+            self.elsewhere.relay_wake(absent)
+
+    def wake_local(self, keys: Iterable[tuple[str, str]]) -> set[tuple[str, str]]:
+        """Wake this broker's pumps for these pairs; returns the pairs not connected here."""
+        absent = set()
         for key in keys:
-            for c in self.conns.get(key, ()):
+            conns = self.conns.get(key)
+            if not conns:
+                absent.add(key)
+                continue
+            for c in conns:
                 c.wake.set()
+        return absent
 
     async def announce(self, conn: Conn, kind: str) -> None:
         """peer_join / peer_leave to the mesh's other members; presence is best effort.
@@ -91,8 +120,14 @@ class Connections:
             frame["display_name"] = conn.display_name
             if profile:
                 frame["profile"] = profile
+        await self.tell_local(frame)
+        if self.elsewhere is not None:
+            await self.elsewhere.relay_presence(frame)
+
+    async def tell_local(self, frame: dict[str, Any]) -> None:
+        """A presence event to the members of its mesh connected here, but its subject."""
         for (mesh_id, pubkey), conns in list(self.conns.items()):
-            if mesh_id != conn.mesh_id or pubkey == conn.pubkey:
+            if mesh_id != frame["mesh_id"] or pubkey == frame["pubkey"]:
                 continue
             for other in list(conns):
                 try:
@@ -114,6 +149,10 @@ class Connections:
             peers.append({"pubkey": pubkey, "connections": len(conns),
                           "connected_at": min(c.connected_at for c in conns),
                           "display_name": newest.display_name, "profile": profile})
+        if self.elsewhere is not None:
+            peers += await self.elsewhere.remote_peers(conn.mesh_id,
+                                                       {str(p["pubkey"]) for p in peers})
+            peers.sort(key=lambda p: str(p["pubkey"]))
         return {"type": "peers", "id": frame["id"], "peers": peers}
 
     async def set_profile(self, conn: Conn, frame: dict[str, Any]) -> dict[str, Any]:
@@ -123,6 +162,8 @@ class Connections:
         was_hidden = self.profiles.get(key, {}).get("visible") is False
         self.profiles[key] = dict(frame["profile"])
         hidden = self.profiles[key].get("visible") is False
+        if self.elsewhere is not None:
+            await self.elsewhere.save_profile(conn.mesh_id, conn.pubkey, self.profiles[key])
         if was_hidden and not hidden:
             await self.announce(conn, "peer_join")
         elif hidden and not was_hidden:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tidemesh.broker.service.cluster import Cluster, SingleBroker
 from tidemesh.broker.store.base import Store
 from tidemesh.core.errors import InvalidRequest
 
@@ -29,3 +30,15 @@ async def open_store(url: str, *, batch_max: int = 512, pool_size: int = 4, writ
                                         writers=writers, migrate_now=migrate_now)
     raise InvalidRequest(f"store must be sqlite:///PATH or postgresql://…, not {url!r}",
                          field="store")
+
+
+def open_cluster(store: Store, broker_id: str) -> Cluster | SingleBroker:
+    """How this broker hears the others on its database: LISTEN/NOTIFY on PostgreSQL; the
+    embedded SQLite store serves one broker alone."""
+    from tidemesh.broker.store.postgres import PostgresStore
+
+    if isinstance(store, PostgresStore):
+        from tidemesh.broker.store.postgres.cluster import PostgresCluster
+
+        return PostgresCluster(store.dsn, store.pool, broker_id)
+    return SingleBroker()

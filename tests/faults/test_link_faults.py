@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from nacl.signing import SigningKey
 
+from tidemesh.core.wire import CloseCode
 from tidemesh.daemon.link import BrokerLink, HandshakeRejected, LinkError
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -166,3 +167,9 @@ async def test_a_hello_timeout_is_retryable() -> None:
                                      open_timeout=5)
     assert info.value.reason == "hello_timeout"
     assert info.value.retryable, "a slow hello is a network problem, not a refusal"
+
+
+def test_a_session_taken_over_by_another_broker_is_retryable() -> None:
+    """4011: the member connected to another broker on the same database; the daemon whose
+    session it was reconnects instead of exiting (docs/broker.md, "Several brokers")."""
+    assert HandshakeRejected(CloseCode.TAKEN_OVER, "session_taken_over").retryable

@@ -1,0 +1,270 @@
+"""Several brokers on one PostgreSQL database (DESIGN §10): what one broker tells the others.
+
+A send accepted here may be for a member connected to another broker, whose pump must wake; a
+member connecting here may still hold a session on another broker, which must close; the
+mesh's members see one presence whichever broker they use. The ``Cluster`` port carries this
+between brokers (PostgreSQL LISTEN/NOTIFY and the ``member_session`` table, in
+``broker/store/postgres/cluster.py``); the embedded SQLite store serves one broker, whose
+``SingleBroker`` carries nothing. The delivery table stays the only truth: a wake-up that is
+lost only delays a delivery until the safety poll (``Peering.poll``) finds the rows.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+import structlog
+
+from tidemesh.broker.service.connections import Conn, Connections, now_ms
+from tidemesh.core.wire import CloseCode
+
+log = structlog.get_logger(__name__)
+
+Key = tuple[str, str]  # (mesh_id, member pubkey)
+T = TypeVar("T")
+TAKEN_OVER = "session_taken_over"
+
+
+@dataclass(frozen=True, slots=True)
+class SessionRow:
+    """A member's live session, held by one broker."""
+
+    mesh_id: str
+    pubkey: str
+    broker_id: str
+    session_id: str
+    display_name: str | None
+    profile: dict[str, Any]
+    connected_at: int
+
+
+class ClusterEvents(Protocol):
+    """What the cluster adapter calls when another broker tells this one something."""
+
+    def on_wake(self, keys: Iterable[Key]) -> None: ...
+
+    def on_listening(self) -> None: ...
+
+    async def on_taken_over(self, mesh_id: str, pubkey: str, session_id: str) -> None: ...
+
+    async def on_presence(self, frame: dict[str, Any]) -> None: ...
+
+
+class Cluster(Protocol):
+    broker_id: str
+
+    def publish_wake(self, keys: set[Key]) -> None:
+        """Tell the other brokers that these recipients have new committed deliveries;
+        returns at once (the adapter sends in the background, after the commit)."""
+        ...
+
+    async def publish_taken_over(self, broker_id: str, mesh_id: str, pubkey: str,
+                                 session_id: str) -> None: ...
+
+    async def publish_presence(self, frame: dict[str, Any]) -> None: ...
+
+    async def run(self, events: ClusterEvents) -> None:
+        """Hear the other brokers until cancelled, reconnecting when the channel drops."""
+        ...
+
+    async def unacked(self, keys: Sequence[Key]) -> list[tuple[str, str, int, int]]:
+        """(mesh_id, pubkey, epoch, last_seq) of these recipients with unacked deliveries."""
+        ...
+
+    async def heartbeat(self, now_ms: int, live: Sequence[SessionRow]) -> None:
+        """Say this broker is alive, and hold the sessions of ``live`` (again, if an expiry
+        removed them while this broker could not reach the database)."""
+        ...
+
+    async def claim(self, row: SessionRow) -> SessionRow | None:
+        """Make ``row`` the member's session; returns the one it replaced, if any."""
+        ...
+
+    async def release(self, mesh_id: str, pubkey: str, session_id: str,
+                      successor: SessionRow | None) -> bool:
+        """The session ``session_id`` ended: hand the member's row to ``successor`` (another
+        connection here) or delete it. False when the row is no longer this session's."""
+        ...
+
+    async def expire(self, alive_after: int) -> list[SessionRow]:
+        """Delete (and return) the sessions of brokers silent since ``alive_after``."""
+        ...
+
+    async def sessions(self, mesh_id: str, alive_after: int) -> list[SessionRow]: ...
+
+    async def save_profile(self, mesh_id: str, pubkey: str, profile: str) -> None: ...
+
+    async def exclusively(self, job: str, fn: Callable[[], Awaitable[T]]) -> T | None:
+        """Run ``fn`` unless another broker is running ``job`` now (then None)."""
+        ...
+
+
+class SingleBroker:
+    """The embedded store's broker is the only one: nothing to tell, nothing to hear."""
+
+    broker_id = "single"
+
+    def publish_wake(self, keys: set[Key]) -> None:
+        return None
+
+    async def run(self, events: ClusterEvents) -> None:
+        return None
+
+    async def exclusively(self, job: str, fn: Callable[[], Awaitable[T]]) -> T | None:
+        return await fn()
+
+
+class Peering:
+    """This broker's side of the cluster: wakes local pumps for the others' accepts, closes a
+    session another broker took over, and keeps presence mesh-wide."""
+
+    def __init__(self, cluster: Cluster | SingleBroker, connections: Connections, *,
+                 session_expiry_s: float = 15.0) -> None:
+        self.connections = connections
+        self.expiry_ms = int(session_expiry_s * 1000)
+        self.single = isinstance(cluster, SingleBroker)
+        self.unreleased: list[Conn] = []
+        self.cluster: Cluster | SingleBroker = cluster
+        if not isinstance(cluster, SingleBroker):
+            self.shared: Cluster = cluster
+            connections.elsewhere = self
+
+    # -- what the registry asks of the others (connections.Elsewhere) ---------------------
+
+    def relay_wake(self, keys: set[Key]) -> None:
+        self.cluster.publish_wake(keys)
+
+    async def relay_presence(self, frame: dict[str, Any]) -> None:
+        await self.shared.publish_presence(frame)
+
+    async def remote_peers(self, mesh_id: str, local: set[str]) -> list[dict[str, Any]]:
+        out = []
+        for s in await self.shared.sessions(mesh_id, now_ms() - self.expiry_ms):
+            if s.pubkey in local or s.profile.get("visible") is False:
+                continue
+            out.append({"pubkey": s.pubkey, "connections": 1, "connected_at": s.connected_at,
+                        "display_name": s.display_name, "profile": s.profile})
+        return out
+
+    async def save_profile(self, mesh_id: str, pubkey: str, profile: dict[str, Any]) -> None:
+        await self.shared.save_profile(mesh_id, pubkey, json.dumps(profile))
+
+    # -- sessions --------------------------------------------------------------------------
+
+    async def connected(self, conn: Conn, first_here: bool) -> bool:
+        """Record ``conn`` as its member's live session; a session on another broker is taken
+        over (that broker closes it). Returns whether to announce a ``peer_join``."""
+        if self.single:
+            return first_here
+        old = await self.shared.claim(self._row(conn))
+        if old is not None and old.session_id == conn.session_id:
+            old = None  # a heartbeat got there first with this very session
+        if old is not None and old.broker_id != self.shared.broker_id:
+            log.info("broker_session_took_over", mesh_id=conn.mesh_id, pubkey=conn.pubkey,
+                     from_broker=old.broker_id, session_id=conn.session_id)
+            await self.shared.publish_taken_over(old.broker_id, conn.mesh_id, conn.pubkey,
+                                                 old.session_id)
+            return False  # the member stayed present, on another broker
+        return old is None
+
+    async def disconnected(self, conn: Conn, last_here: bool) -> bool:
+        """``conn`` closed; returns whether to announce a ``peer_leave``."""
+        if self.single:
+            return last_here
+        rest = self.connections.conns.get((conn.mesh_id, conn.pubkey), set())
+        successor = self._row(max(rest, key=lambda c: c.connected_at)) if rest else None
+        held = await self.shared.release(conn.mesh_id, conn.pubkey, conn.session_id, successor)
+        return last_here and held
+
+    def release_later(self, conn: Conn) -> None:
+        """``disconnected`` failed (the database was unreachable): the next heartbeat
+        releases the session, and announces the leave then."""
+        self.unreleased.append(conn)
+
+    async def _release_unreleased(self) -> None:
+        while self.unreleased:
+            conn = self.unreleased[0]
+            last = not self.connections.conns.get((conn.mesh_id, conn.pubkey))
+            if await self.disconnected(conn, last):
+                await self.connections.announce(conn, "peer_leave")
+            self.unreleased.pop(0)
+
+    async def on_taken_over(self, mesh_id: str, pubkey: str, session_id: str) -> None:
+        """Close the session taken over, and the member's older connections here with it;
+        one made here since (which took the session back) stays."""
+        conns = list(self.connections.conns.get((mesh_id, pubkey), ()))
+        taken = [c for c in conns if c.session_id == session_id]
+        if not taken:
+            return
+        for c in conns:
+            if c.connected_at <= taken[0].connected_at:
+                log.info("broker_session_taken_over", mesh_id=mesh_id, pubkey=pubkey,
+                         session_id=c.session_id)
+                await c.peer.close(CloseCode.TAKEN_OVER, TAKEN_OVER)
+
+    def _row(self, conn: Conn) -> SessionRow:
+        return SessionRow(conn.mesh_id, conn.pubkey, self.shared.broker_id, conn.session_id,
+                          conn.display_name,
+                          self.connections.profiles.get((conn.mesh_id, conn.pubkey), {}),
+                          conn.connected_at)
+
+    # -- what the others tell this broker (ClusterEvents) ----------------------------------
+
+    def on_wake(self, keys: Iterable[Key]) -> None:
+        self.connections.wake_local(keys)
+
+    def on_listening(self) -> None:
+        # Wake-ups sent while this broker was not listening are lost: look at every pump.
+        self.connections.wake_local(list(self.connections.conns))
+
+    async def on_presence(self, frame: dict[str, Any]) -> None:
+        await self.connections.tell_local(frame)
+
+    # -- background jobs -------------------------------------------------------------------
+
+    async def run(self) -> None:
+        await self.cluster.run(self)
+
+    async def exclusively(self, job: str, fn: Callable[[], Awaitable[T]]) -> T | None:
+        """A periodic job (the retention sweep, queue lease moves) that every broker runs on
+        its own timer but only one at a time may do: the others skip this round."""
+        return await self.cluster.exclusively(job, fn)
+
+    async def heartbeat(self) -> None:
+        """Say this broker is alive; then remove the sessions of brokers that stopped saying
+        so, announcing each as a ``peer_leave`` (the delete decides who announces it)."""
+        if self.single:
+            return
+        now = now_ms()
+        live = [self._row(max(cs, key=lambda c: c.connected_at))
+                for cs in self.connections.conns.values() if cs]
+        await self.shared.heartbeat(now, live)
+        await self._release_unreleased()
+        for gone in await self.shared.expire(now - self.expiry_ms):
+            log.info("broker_session_expired", mesh_id=gone.mesh_id, pubkey=gone.pubkey,
+                     broker_id=gone.broker_id)
+            if gone.profile.get("visible") is False:
+                continue
+            frame = {"type": "peer_leave", "mesh_id": gone.mesh_id, "pubkey": gone.pubkey,
+                     "at": now}
+            await self.connections.tell_local(frame)
+            await self.shared.publish_presence(frame)
+
+    async def poll(self) -> int:
+        """The safety net under NOTIFY: wake the local pumps whose recipients have committed
+        deliveries past what was sent. Returns how many were woken."""
+        if self.single:
+            return 0
+        conns = self.connections.conns
+        behind: list[Key] = []
+        for mesh_id, pubkey, epoch, last_seq in await self.shared.unacked(list(conns)):
+            if any(c.pumping and c.epoch == epoch and c.sent_seq < last_seq
+                   for c in conns.get((mesh_id, pubkey), ())):
+                behind.append((mesh_id, pubkey))
+        if behind:
+            log.info("broker_pumps_polled_awake", recipients=len(behind))
+            self.connections.wake_local(behind)
+        return len(behind)
