@@ -64,6 +64,8 @@ class Report:
     audit: str = "not run"
     audit_ok: bool = False
     timings: dict[str, float] = field(default_factory=dict)
+    brokers: int = 1  # the run's set-up, filled in by the harness
+    failovers: int = 0  # daemons' moves to their next broker (``broker_failed_over``)
     # per recipient: [(sender label, client_message_id, body)] in inbox order (DET-01)
     inbox_order: dict[str, list[tuple[str, str, str]]] = field(default_factory=dict)
 
@@ -80,9 +82,10 @@ class Report:
 
     def table(self) -> str:
         c = self.counts
-        rows = [("seed", self.seed)]
+        rows: list[tuple[str, object]] = [("seed", self.seed), ("brokers", self.brokers)]
         rows += [(f"fault {k}", self.faults.get(k, 0)) for k in FaultKind]
         rows += [("faults total", sum(self.faults.values())),
+                 ("daemon fail-overs to the next broker", self.failovers),
                  ("sends (logical)", c["sends"]),
                  ("  accepted 202/200", c["accepted"]),
                  ("  key reused, same body", c["reuse_same"]),
