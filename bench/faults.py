@@ -4,6 +4,8 @@ Runs the harness of ``tests/faults`` (a broker on a private PostgreSQL cluster, 
 behind a controllable proxy, sending and consuming programs, seeded faults), prints the
 checker's table and exits 1 unless nothing was lost, duplicated or orphaned. The same seed and
 numbers replay the same sends and the same faults at the same points of progress.
+``--brokers 3`` runs three brokers on the one database, each behind its own proxy; the daemons
+start spread over them and fail over when a broker dies or its link is cut.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--sends", type=int, default=20000)
     ap.add_argument("--faults", type=int, default=200)
+    ap.add_argument("--brokers", type=int, default=1, help="brokers on the one database")
+    ap.add_argument("--daemons", type=int, default=3, help="hosts, one daemon each")
     ap.add_argument("--concurrency", type=int, default=8, help="requests in flight per program")
     ap.add_argument("--max-stall", type=float, default=3.0,
                     help="longest WebSocket stall, s (over 40 outlasts the keepalive)")
@@ -37,9 +41,10 @@ def main() -> int:
     root = Path(tempfile.mkdtemp(prefix="tm-faults-", dir="/tmp"))
     ok = False
     try:
-        run = FaultRun(RunConfig(make_plan(args.seed, args.sends, args.faults,
-                                           max_stall=args.max_stall), root,
-                                 args.concurrency, args.settle_timeout, not args.no_audit))
+        plan = make_plan(args.seed, args.sends, args.faults, max_stall=args.max_stall,
+                         daemons=args.daemons, brokers=args.brokers)
+        run = FaultRun(RunConfig(plan, root, args.concurrency, args.settle_timeout,
+                                 not args.no_audit, brokers=args.brokers))
         report = asyncio.run(run.run())
         print(report.table())
         ok = report.ok

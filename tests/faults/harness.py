@@ -1,5 +1,8 @@
 """The fault-injection harness: a broker on a private PostgreSQL, three daemons behind a proxy
 the harness controls, local programs sending and consuming, and faults at seeded moments.
+With ``brokers`` > 1, that many brokers serve the one database, each behind its own proxy, and
+every daemon knows all of them, starting at a different one, so a broker fault makes its
+daemons fail over.
 
 ``FaultRun(config).run()`` sets everything up, plays a ``workload.Plan``, heals the system,
 waits for it to settle, and hands every store to ``checker.check``. ``tests/faults`` runs a
@@ -28,7 +31,7 @@ from tests.e2e.harness import Broker, wait_for
 from tests.faults.checker import ACCEPTED, Ledger, Report, SendResult, Stores, check, recipients
 from tests.faults.pgcluster import PgCluster
 from tests.faults.proxy import FaultProxy
-from tests.faults.workload import LABELS, TOPIC, FaultKind, FaultOp, Plan, Reuse, SendOp
+from tests.faults.workload import BROKER_FAULTS, TOPIC, FaultKind, FaultOp, Plan, Reuse, SendOp
 
 REPO = Path(__file__).resolve().parents[2]
 MESH = "m"
@@ -45,6 +48,7 @@ class RunConfig:
     concurrency: int = 8  # requests in flight per sending program
     settle_timeout: float = 180.0
     audit: bool = True
+    brokers: int = 1  # brokers on the one PostgreSQL database, each behind its own proxy
     # Runs with the stores still up, after the check (the checker's own tests use it).
     after_check: Callable[[Ledger, Stores], Awaitable[None]] | None = None
 
@@ -82,10 +86,10 @@ class FaultRun:
         self.faults_started = 0
         self.consumer_restarts = 0
         self.crashes: Counter[str] = Counter()  # processes that died without being killed
-        self.broker_down = False
+        self.broker_down: set[int] = set()  # brokers a kill -9 fault has down on purpose
         self.cluster: PgCluster | None = None
-        self.broker: Broker | None = None
-        self.proxy: FaultProxy | None = None
+        self.brokers: list[Broker] = []
+        self.proxies: list[FaultProxy] = []
         self.dsn = ""
 
     # -- setup and teardown ----------------------------------------------------------------
@@ -94,22 +98,29 @@ class FaultRun:
         self.cluster = await asyncio.to_thread(PgCluster.create)
         await asyncio.to_thread(self.cluster.start)
         self.dsn = await asyncio.to_thread(self.cluster.create_database, "tidemesh")
-        home = self.cfg.root / "broker"
-        home.mkdir()
-        self.broker = Broker(home, self.dsn)
-        await asyncio.to_thread(self.broker.cli, "mesh", "create", "team")
-        await asyncio.to_thread(self.broker.start)
-        self.proxy = FaultProxy(self.broker.port)
-        await self.proxy.start()
+        n = self.cfg.brokers
+        for i in range(n):
+            home = self.cfg.root / ("broker" if n == 1 else f"broker{i}")
+            home.mkdir()
+            broker = Broker(home, self.dsn)
+            if i == 0:  # the mesh lives in the database, which every broker shares
+                await asyncio.to_thread(broker.cli, "mesh", "create", "team")
+            await asyncio.to_thread(broker.start)
+            proxy = FaultProxy(broker.port)
+            await proxy.start()
+            self.brokers.append(broker)
+            self.proxies.append(proxy)
 
-    async def _join(self, label: str) -> Node:
-        assert self.broker is not None and self.proxy is not None
+    async def _join(self, index: int, label: str) -> Node:
         home = self.cfg.root / label
         home.mkdir()
-        invite = await asyncio.to_thread(self.broker.invite, "team")
+        invite = await asyncio.to_thread(self.brokers[0].invite, "team")
+        # Daemon i tries broker i first, so the daemons spread over the brokers.
+        start = index % len(self.proxies)
+        urls = [f"ws://127.0.0.1:{p.port}" for p in self.proxies[start:] + self.proxies[:start]]
         res = await asyncio.to_thread(
             run_cli, home, "daemon", "join", invite, "--mesh", MESH, "--name", label,
-            "--broker-url", f"ws://127.0.0.1:{self.proxy.port}")
+            *(arg for url in urls for arg in ("--broker-url", url)))
         assert res.returncode == 0, res.stderr + res.stdout
         d = await asyncio.to_thread(start_daemon, home, MESH, DAEMON_ENV)
         key = str(json.loads(d.paths.keypair.read_text())["ed25519_public"])
@@ -117,8 +128,8 @@ class FaultRun:
 
     async def setup(self) -> None:
         await self._start_broker_side()
-        for label in LABELS:
-            self.nodes[label] = await self._join(label)
+        for i, label in enumerate(self.plan.labels):
+            self.nodes[label] = await self._join(i, label)
         for node in self.nodes.values():
             await wait_for(lambda n=node: _connected(n.daemon), 60)  # type: ignore[misc]
             async with node.daemon.session() as s, s.post(
@@ -132,10 +143,10 @@ class FaultRun:
                 node.consumer.wait()
             # The stores were already read; a clean shutdown is tested elsewhere.
             node.daemon.kill()
-        if self.broker is not None:
-            self.broker.kill()
-        if self.proxy is not None:
-            await self.proxy.close()
+        for broker in self.brokers:
+            broker.kill()
+        for proxy in self.proxies:
+            await proxy.close()
         if self.cluster is not None:
             await asyncio.to_thread(self.cluster.destroy)
 
@@ -160,7 +171,6 @@ class FaultRun:
             await asyncio.sleep(0.1)
 
     async def _restart_the_dead(self) -> None:
-        assert self.broker is not None and self.broker.proc is not None
         for node in self.nodes.values():
             if node.consumer is None or node.consumer.poll() is not None:
                 if node.consumer is not None:
@@ -174,9 +184,11 @@ class FaultRun:
                                                           MESH, DAEMON_ENV)
                 finally:
                     node.restarting = False
-        if not self.broker_down and self.broker.proc.poll() is not None:
-            self.crashes["broker"] += 1
-            await asyncio.to_thread(self.broker.start)
+        for i, broker in enumerate(self.brokers):
+            assert broker.proc is not None
+            if i not in self.broker_down and broker.proc.poll() is not None:
+                self.crashes["broker" if len(self.brokers) == 1 else f"broker {i}"] += 1
+                await asyncio.to_thread(broker.start)
 
     async def _follow_events(self, node: Node) -> None:
         """An SSE program that resumes with Last-Event-ID whenever its stream breaks."""
@@ -251,8 +263,10 @@ class FaultRun:
     # -- faults ----------------------------------------------------------------------------
 
     async def _inject(self, fault: FaultOp) -> None:
-        assert self.broker is not None and self.proxy is not None and self.cluster is not None
+        assert self.cluster is not None
         self.faults[fault.kind] += 1
+        # With one broker these faults carry no target: they hit the only one.
+        which = int(fault.target) if fault.kind in BROKER_FAULTS and fault.target else 0
         if fault.kind is FaultKind.DAEMON_KILL9:
             node = self.nodes[fault.target]
             while node.restarting:  # the supervisor is restarting it after a crash
@@ -264,17 +278,17 @@ class FaultRun:
                                                   DAEMON_ENV)
             node.restarting = False
         elif fault.kind is FaultKind.BROKER_KILL9:
-            self.broker_down = True
-            self.broker.kill()
+            self.broker_down.add(which)
+            self.brokers[which].kill()
             await asyncio.sleep(fault.pause)
-            await asyncio.to_thread(self.broker.start)
-            self.broker_down = False
+            await asyncio.to_thread(self.brokers[which].start)
+            self.broker_down.discard(which)
         elif fault.kind is FaultKind.PG_RESTART:
             await asyncio.to_thread(self.cluster.restart, fault.target or "fast")
         elif fault.kind is FaultKind.WS_CUT:
-            self.proxy.cut()
+            self.proxies[which].cut()
         elif fault.kind is FaultKind.WS_STALL:
-            await self.proxy.stall(fault.pause)
+            await self.proxies[which].stall(fault.pause)
         elif fault.kind is FaultKind.CONSUMER_CRASH:
             self.nodes[fault.target].crash_flag.touch()
 
@@ -311,10 +325,10 @@ class FaultRun:
         return True
 
     def _expected_deliveries(self) -> dict[str, int]:
-        expected = dict.fromkeys(LABELS, 0)
+        expected = dict.fromkeys(self.plan.labels, 0)
         for res in self.results.values():
             if res.status in ACCEPTED and res.op.reuse is Reuse.NONE:
-                for label in recipients(res.op):
+                for label in recipients(res.op, self.plan.labels):
                     expected[label] += 1
         return expected
 
@@ -327,7 +341,7 @@ class FaultRun:
                           *(asyncio.create_task(self._follow_events(n))
                             for n in self.nodes.values())]
             by_sender = {label: [op for op in self.plan.sends if op.sender == label]
-                         for label in LABELS}
+                         for label in self.plan.labels}
             await asyncio.gather(self._faults(),
                                  *(self._sender(lbl, ops) for lbl, ops in by_sender.items()))
             sent_at = time.monotonic()
@@ -340,6 +354,9 @@ class FaultRun:
             report = await check(self._ledger(), self._stores(), audit=self.cfg.audit)
             if self.cfg.after_check is not None:
                 await self.cfg.after_check(self._ledger(), self._stores())
+            report.brokers = len(self.brokers)
+            report.failovers = sum(n.daemon.log.read_text().count('"broker_failed_over"')
+                                   for n in self.nodes.values())
             report.timings = {"send_s": sent_at - started,
                               "settle_s": time.monotonic() - sent_at}
             return report

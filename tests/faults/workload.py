@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 LABELS = ("a", "b", "c")
+MORE_LABELS = "abcdefgh"  # hosts of runs with more daemons than the default three
 TOPIC = "load"
 
 
@@ -23,6 +24,10 @@ class FaultKind(StrEnum):
     WS_CUT = "ws_cut"
     WS_STALL = "ws_stall"
     CONSUMER_CRASH = "consumer_crash"
+
+
+# The faults that hit one broker or its link; with one broker they need no target.
+BROKER_FAULTS = (FaultKind.BROKER_KILL9, FaultKind.WS_CUT, FaultKind.WS_STALL)
 
 
 class Reuse(StrEnum):
@@ -49,7 +54,9 @@ class SendOp:
 class FaultOp:
     at_answered: int  # fires once this many sends have been answered
     kind: FaultKind
-    target: str  # a daemon label; pg_ctl's stop mode for pg_restart; else ""
+    # a daemon label; pg_ctl's stop mode for pg_restart; a broker index for BROKER_FAULTS
+    # when there are several brokers; else ""
+    target: str
     pause: float  # seconds the fault lasts (down time, stall length)
 
 
@@ -58,13 +65,15 @@ class Plan:
     seed: int
     sends: list[SendOp]
     faults: list[FaultOp]
+    labels: tuple[str, ...] = LABELS  # the hosts, one daemon each
 
 
-def _send_ops(rng: random.Random, n: int, reuse_pct: float) -> list[SendOp]:
+def _send_ops(rng: random.Random, n: int, reuse_pct: float,
+              labels: tuple[str, ...]) -> list[SendOp]:
     ops: list[SendOp] = []
-    fresh: dict[str, list[SendOp]] = {label: [] for label in LABELS}
+    fresh: dict[str, list[SendOp]] = {label: [] for label in labels}
     for i in range(n):
-        sender = rng.choice(LABELS)
+        sender = rng.choice(labels)
         mine = fresh[sender]
         if mine and rng.random() < reuse_pct:
             orig = rng.choice(mine[-50:])
@@ -74,7 +83,7 @@ def _send_ops(rng: random.Random, n: int, reuse_pct: float) -> list[SendOp]:
                               Reuse.SAME if same else Reuse.DIFFERENT, orig.index))
             continue
         if rng.random() < 0.25:
-            kind, ref = "dm", rng.choice([x for x in LABELS if x != sender])
+            kind, ref = "dm", rng.choice([x for x in labels if x != sender])
         else:
             kind, ref = "topic", TOPIC
         op = SendOp(i, sender, f"{sender}-{i:06d}-{rng.getrandbits(32):08x}",
@@ -84,8 +93,8 @@ def _send_ops(rng: random.Random, n: int, reuse_pct: float) -> list[SendOp]:
     return ops
 
 
-def _fault_ops(rng: random.Random, n_sends: int, n_faults: int,
-               max_stall: float) -> list[FaultOp]:
+def _fault_ops(rng: random.Random, n_sends: int, n_faults: int, max_stall: float,
+               labels: tuple[str, ...], brokers: int) -> list[FaultOp]:
     kinds = list(FaultKind)
     # Every kind at least once (when there is room), the rest drawn at random.
     chosen = kinds[:n_faults] + [rng.choice(kinds) for _ in range(n_faults - len(kinds))]
@@ -96,9 +105,11 @@ def _fault_ops(rng: random.Random, n_sends: int, n_faults: int,
     for at, kind in zip(points, chosen, strict=True):
         target = ""
         if kind in (FaultKind.DAEMON_KILL9, FaultKind.CONSUMER_CRASH):
-            target = rng.choice(LABELS)
+            target = rng.choice(labels)
         elif kind is FaultKind.PG_RESTART:  # a clean restart, or a crash of the server
             target = rng.choice(("fast", "immediate"))
+        elif brokers > 1 and kind in BROKER_FAULTS:  # which broker (or its proxy) it hits
+            target = str(rng.randrange(brokers))
         pause = (rng.uniform(1.0, max_stall) if kind is FaultKind.WS_STALL
                  else rng.uniform(0.0, 0.5))
         faults.append(FaultOp(at, kind, target, pause))
@@ -106,9 +117,11 @@ def _fault_ops(rng: random.Random, n_sends: int, n_faults: int,
 
 
 def make_plan(seed: int, sends: int, faults: int, reuse_pct: float = 0.08,
-              max_stall: float = 3.0) -> Plan:
+              max_stall: float = 3.0, daemons: int = 3, brokers: int = 1) -> Plan:
     """The plan of a run. A ``max_stall`` over 40 s lets some stalls outlast the WebSocket
-    keepalive (20 s ping interval + 20 s timeout), so both ends must detect a dead link."""
+    keepalive (20 s ping interval + 20 s timeout), so both ends must detect a dead link.
+    With the default three daemons and one broker a seed gives the plan it always gave."""
     rng = random.Random(seed)
-    return Plan(seed, _send_ops(rng, sends, reuse_pct),
-                _fault_ops(rng, sends, faults, max_stall))
+    labels = LABELS if daemons == len(LABELS) else tuple(MORE_LABELS[:daemons])
+    return Plan(seed, _send_ops(rng, sends, reuse_pct, labels),
+                _fault_ops(rng, sends, faults, max_stall, labels, brokers), labels)
