@@ -7,6 +7,9 @@ from importlib import resources
 from typing import Any
 
 import pytest
+import rfc8785
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tidemesh.core.fingerprint import meta_canonical, prefix, request_fingerprint
 from tidemesh.core.send import parse_send_request
@@ -68,3 +71,26 @@ def test_each_field_changes_the_fingerprint() -> None:
 
 def test_prefix_is_eight_bytes_hex() -> None:
     assert prefix(bytes(range(32))) == "0001020304050607"
+
+
+_printable = st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=12)
+_plain_json = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**53) + 1, 2**53 - 1) | _printable,
+    lambda c: st.lists(c, max_size=4) | st.dictionaries(_printable, c, max_size=4),
+    max_leaves=16)
+_any_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8),
+    lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=6), c, max_size=4),
+    max_leaves=16)
+
+
+@given(st.dictionaries(_printable, _plain_json, min_size=1, max_size=6) | st.dictionaries(
+    st.text(max_size=6), _any_json, min_size=1, max_size=6))
+@settings(max_examples=2000)
+def test_meta_canonical_is_rfc8785_byte_for_byte(meta: dict[str, Any]) -> None:
+    try:
+        expected = rfc8785.dumps(meta)
+    except (rfc8785.CanonicalizationError, UnicodeEncodeError):
+        return  # refused either way (a 400 at accept)
+    assert meta_canonical(meta) == expected
