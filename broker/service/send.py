@@ -1,13 +1,14 @@
-"""Accepting sends: B1 here (the schema of a batch's item, ``broker/accept.prepare``), outside
-any transaction, then the member's send budget (``ratelimit``), then the frame's sends within
-it as one operation of the store's group-committed accept; a 201 wakes each connected
-recipient's pump.
+"""Accepting sends: the member's send budget (``ratelimit``), then B1 here (the schema of a
+batch's item, ``broker/accept.prepare``) outside any transaction for the sends within it,
+then those as one operation of the store's group-committed accept; a 201 wakes each
+connected recipient's pump.
 
 The budget counts new sends only. A frame that fits takes its tokens at once and gets back
-those of sends the accept answered 200 or 409. A frame that does not fit is looked up in the
-dedupe table first (B0): sends already there are answered from it exactly as the accept
-would, the rest take tokens in item order, and those left over are answered 429
-``rate_limited`` with ``retry_after_ms``.
+those of sends that B1 rejected or the accept answered 200 or 409. A frame that does not fit
+is looked up in the dedupe table first (B0): sends already there are answered from it
+exactly as the accept would, the rest take tokens in item order, and those left over are
+answered 429 ``rate_limited`` with ``retry_after_ms`` without B1 (a send over budget may so
+hear 429 before the 400 its content would earn; sent again, it gets the 400).
 
 A B1 reject gets its own error result and never reaches the store; the others of its frame
 go on. ``send`` and ``send_batch`` must reach the store's queue before their first
@@ -17,6 +18,7 @@ connection's sends accepted in the order they arrived.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import structlog
@@ -26,7 +28,6 @@ from tidemesh.broker.accept import (
     AcceptResult,
     Limits,
     answer_existing,
-    failed,
     prepare,
 )
 from tidemesh.broker.service.connections import Conn, Connections, now_ms
@@ -53,77 +54,98 @@ class Sends:
         self.limiter = limiter
 
     async def send(self, conn: Conn, frame: Frame) -> Frame:
-        """One ``send`` frame → its ``send_result`` frame (a batch of one)."""
-        return (await self._accept(conn, [frame], {}))[0]
+        """One ``send`` frame (the server checked its schema) → its ``send_result`` frame
+        (a batch of one)."""
+        return (await self._accept(conn, [frame], checked=True))[0]
 
     async def send_batch(self, conn: Conn, frame: Frame) -> Frame:
         """A ``send_batch`` frame → one ``send_results`` frame, a result per item in order.
         Each item is checked on its own, so a bad one gets its own 400."""
-        sends: list[Frame] = []
-        rejected: dict[int, Frame] = {}
-        for i, item in enumerate(frame["sends"]):
-            try:
-                sends.append(check({**item, "type": "send"}))
-            except InvalidFrame as exc:
-                self.metrics.bad_frames.inc()
-                rejected[i] = _invalid(item, exc)
-                sends.append(item)
         return {"type": "send_results", "id": frame["id"],
-                "results": await self._accept(conn, sends, rejected)}
+                "results": await self._accept(conn, frame["sends"], checked=False)}
 
-    async def _accept(self, conn: Conn, sends: list[Frame], answered: dict[int, Frame]
-                      ) -> list[Frame]:
-        """B1 for each send not ``answered`` yet, the budget, then the sends within it as one
-        store operation."""
+    async def _accept(self, conn: Conn, sends: list[Frame], *, checked: bool) -> list[Frame]:
+        """The budget, B1 for the sends it lets through, then those as one store operation.
+
+        B1 (schema, fingerprint, ids) is the costly part of a refusal, so a frame over budget
+        is refused before it: a flooding member's 429s cost the broker a dict lookup and one
+        B0 query a frame, not the accept's CPU."""
         now = now_ms()
-        results: dict[int, AcceptResult] = {}
-        valid: Valid = []
+        member = (conn.mesh_id, conn.pubkey)
+        answers: dict[int, Frame | AcceptResult] = {}
+        admission = self.limiter.fast(member, len(sends), now)
+        if admission is not None:
+            # No suspension before the store's queue: this frame keeps its place.
+            self._filled(member, admission)
+            valid = self._b1(conn, sends, range(len(sends)), checked, answers, now)
+            if len(valid) < len(sends):
+                self.limiter.refund(member, len(sends) - len(valid), now)
+            await self._store(member, valid, answers)
+        else:
+            async with self.limiter.turn(member):
+                valid = await self._budgeted(conn, member, sends, checked, answers, now)
+                await self._store(member, valid, answers)
+        frames: list[Frame] = []
         for i, send in enumerate(sends):
-            if i in answered:
-                continue
+            answer = answers[i]
+            if isinstance(answer, AcceptResult):
+                self._count(conn, answer)
+                answer = answer.to_frame(send["id"])
+            frames.append(answer)
+        return frames
+
+    def _b1(self, conn: Conn, sends: list[Frame], places: Iterable[int], checked: bool,
+            answers: dict[int, Frame | AcceptResult], now: int) -> Valid:
+        """B1 for the sends at ``places``: the rejected ones answered into ``answers``."""
+        valid: Valid = []
+        for i in places:
+            send = sends[i]
+            if not checked:
+                try:
+                    send = check({**send, "type": "send"})
+                except InvalidFrame as exc:
+                    self.metrics.bad_frames.inc()
+                    answers[i] = _invalid(send, exc)
+                    continue
             try:
                 valid.append((i, prepare(send, conn.mesh_id, conn.pubkey, self.limits, now)))
             except TidemeshError as exc:
-                results[i] = AcceptResult(exc.http_status, send["client_message_id"], error=exc)
-        member = (conn.mesh_id, conn.pubkey)
-        admission = self.limiter.fast(member, len(valid), now) if valid else None
-        if admission is not None or not valid:
-            # No suspension before the store's queue: this frame keeps its place.
-            self._filled(member, admission)
-            await self._store(member, valid, results)
-        else:
-            async with self.limiter.turn(member):
-                await self._store(member, await self._budgeted(member, valid, results), results)
-        for result in results.values():
-            self._count(conn, result)
-        return [answered[i] if i in answered else results[i].to_frame(send["id"])
-                for i, send in enumerate(sends)]
+                answers[i] = AcceptResult(exc.http_status, send["client_message_id"], error=exc)
+        return valid
 
-    async def _budgeted(self, member: Member, valid: Valid, results: dict[int, AcceptResult]
-                        ) -> Valid:
-        """B0, then the budget: answers the retries and the sends over budget into
-        ``results``; returns the sends that took a token."""
-        known = await self.store.known([a.key for _, a in valid])
-        fresh = [(i, a) for i, a in valid if a.key not in known]
-        for i, a in valid:
-            if a.key in known:
-                results[i] = answer_existing(a, known[a.key])
-        self.metrics.fast_path.inc(len(valid) - len(fresh))
+    async def _budgeted(self, conn: Conn, member: Member, sends: list[Frame], checked: bool,
+                        answers: dict[int, Frame | AcceptResult], now: int) -> Valid:
+        """B0, then the budget, then B1 for the sends that took a token: answers the
+        retries, the rejects and the sends over budget into ``answers``; returns the sends
+        for the store."""
+        keyed = {i: (member[0], member[1], s["client_message_id"]) for i, s in enumerate(sends)
+                 if isinstance(s.get("client_message_id"), str)}
+        known = await self.store.known(list(set(keyed.values())))
+        retries = [i for i, key in keyed.items() if key in known]
+        for i, a in self._b1(conn, sends, retries, checked, answers, now):
+            answers[i] = answer_existing(a, known[a.key])
+        self.metrics.fast_path.inc(len(retries))
+        # A send without a usable key is never a retry: it takes its turn, and B1 refuses it.
+        fresh = [i for i in range(len(sends)) if i not in answers]
         admission = self.limiter.admit(member, len(fresh), now_ms())
         self._filled(member, admission)
         over = fresh[admission.admitted:]
-        for (i, a), wait_ms in zip(over, admission.retry_after_ms, strict=True):
-            results[i] = failed(a, RateLimited(
+        for i, wait_ms in zip(over, admission.retry_after_ms, strict=True):
+            answers[i] = AcceptResult(429, str(sends[i].get("client_message_id", "")),
+                                      error=RateLimited(
                 "over this member's send budget; send it again after retry_after_ms",
                 retry_after_ms=wait_ms))
         if over:
             self.metrics.rate_limited.labels(mesh_id=member[0]).inc(len(over))
             log.info("broker_send_rate_limited", mesh_id=member[0], sender=member[1],
                      refused=len(over), retry_after_ms=admission.retry_after_ms[-1])
-        return fresh[:admission.admitted]
+        valid = self._b1(conn, sends, fresh[:admission.admitted], checked, answers, now)
+        if len(valid) < admission.admitted:
+            self.limiter.refund(member, admission.admitted - len(valid), now_ms())
+        return valid
 
-    async def _store(self, member: Member, sends: Valid, results: dict[int, AcceptResult]
-                     ) -> None:
+    async def _store(self, member: Member, sends: Valid,
+                     results: dict[int, Frame | AcceptResult]) -> None:
         """The sends that took a token, as one store operation; tokens back for retries."""
         accepted = await self.store.accept_batch([a for _, a in sends])
         for (i, _), result in zip(sends, accepted, strict=True):

@@ -114,6 +114,28 @@ async def test_retries_within_the_budget_get_their_tokens_back(broker: Broker) -
             201, 201, 429]
 
 
+async def test_a_rejected_send_costs_no_budget_and_one_over_it_is_refused_before_checks(
+        broker: Broker) -> None:
+    async with await _member(broker, broker.alice) as alice:
+        await alice.send(encode({"type": "send_batch", "id": "b", "sends": [
+            {"id": "s0", "client_message_id": "a0", **payload(body="x")},
+            {"id": "s1", "client_message_id": "a1", **payload(body="x"), "priority": "loud"},
+            {"id": "s2", "client_message_id": "a2", **payload(body="x")},
+            {"id": "s3", "client_message_id": "a3", **payload(body="x")},
+            {"id": "s4", "client_message_id": "a4", **payload(body="x"), "priority": "loud"},
+        ]}))
+        while (frame := decode(await alice.recv()))["type"] != "send_results":
+            pass
+        results = frame["results"]
+        # The frame does not fit (five sends, three tokens): the three first by place take
+        # the tokens, s1's 400 gives its token back, and s4 is refused before its check.
+        assert _statuses(results) == [201, 400, 201, 429, 429]
+        assert results[1]["error"]["code"] == "invalid_frame"
+        assert _statuses(await _batch(alice, [("a5", "x")])) == [201]
+        assert _statuses(await _batch(alice, [("a6", "x")])) == [429]
+    assert (await broker.store.counts())["client_message_dedupe"] == 3
+
+
 async def test_a_send_after_the_wait_goes_through(store_url: str) -> None:
     """The bucket refills at the rate (a fast one here; no timing asserted, only that a
     send made after retry_after_ms is accepted)."""
