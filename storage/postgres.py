@@ -3,8 +3,10 @@ group-commit batch operations.
 
 Concurrent submissions are drained into batches by several writer connections (so batches
 overlap each other's COMMIT; PostgreSQL flushes concurrent commits together). Each submission
-names a shard (the broker uses the sender), and one shard always goes to one writer, which keeps
-its submissions in arrival order. A batch runs each operation once for all its args, in one
+names a shard (the broker uses the sender). A shard with submissions in flight sends the next
+to the writer that holds them, which keeps its submissions in arrival order; a shard with none
+goes to the least loaded writer, so one member's big batches do not hold up another member's
+send while a writer is free (fair load). A batch runs each operation once for all its args, in one
 transaction; if a statement fails, the batch is redone in a new transaction with a savepoint per
 arg, so only the arg that fails again gets an error. Args of one ``key`` in one batch are split:
 the later ones wait for the writer's next batch, so each is decided against what the first one
@@ -60,6 +62,7 @@ class BatchOp(Generic[A, T]):
 class _Pending(Pending):
     op: BatchOp[Any, Any]
     arg: Any
+    shard: Hashable
 
 
 class Database(BatchCounters):
@@ -77,6 +80,8 @@ class Database(BatchCounters):
         self._queues: list[asyncio.Queue[_Pending | None]] = [
             asyncio.Queue() for _ in range(writers)]
         self._tasks: list[asyncio.Task[None]] = []
+        self._load = [0] * writers                  # submissions in flight, per writer
+        self._homes: dict[Hashable, list[int]] = {}  # shard -> [writer, in flight]
 
     @classmethod
     async def open(cls, dsn: str, setup: Callable[[Any], Awaitable[None]], *,
@@ -103,13 +108,33 @@ class Database(BatchCounters):
 
     async def submit(self, op: BatchOp[A, T], arg: A, shard: Hashable) -> T:
         """Run ``op`` for ``arg`` in the next batch of the writer that owns ``shard``."""
-        i = hash(shard) % len(self._queues)
+        i = self._place(shard)
         if self._tasks[i].done():
+            self._release(shard)
             raise Unavailable(f"the {self.name} database writer is not running")
-        item = _Pending(future=asyncio.get_running_loop().create_future(), op=op, arg=arg)
+        item = _Pending(future=asyncio.get_running_loop().create_future(), op=op, arg=arg,
+                        shard=shard)
         self._queues[i].put_nowait(item)
         result: T = await item.future
         return result
+
+    def _place(self, shard: Hashable) -> int:
+        home = self._homes.get(shard)
+        if home is None:
+            idle = min(range(len(self._load)), key=self._load.__getitem__)
+            home = self._homes[shard] = [idle, 0]
+        home[1] += 1
+        self._load[home[0]] += 1
+        return home[0]
+
+    def _release(self, shard: Hashable) -> None:
+        """The writer is done with one of ``shard``'s submissions (answered or failed): only
+        then may the shard's next one go to another writer."""
+        home = self._homes[shard]
+        home[1] -= 1
+        self._load[home[0]] -= 1
+        if home[1] == 0:
+            del self._homes[shard]
 
     async def close(self) -> None:
         """Finish everything queued, commit it, then close the pool."""
@@ -129,12 +154,19 @@ class Database(BatchCounters):
                 batch, carry = _split_by_key(batch)
                 if batch:
                     conn = await self._commit_batch(conn, batch)
+                    batch = []   # answered and released: not the finally's to fail
             if conn is not None:
                 await conn.close()
                 conn = None
         finally:
-            fail_all(queue, [*batch, *carry],
-                     Unavailable(f"the {self.name} database writer stopped"))
+            left = [*batch, *carry]
+            while not queue.empty():
+                p = queue.get_nowait()
+                if p is not None:
+                    left.append(p)
+            fail_all(queue, left, Unavailable(f"the {self.name} database writer stopped"))
+            for p in left:
+                self._release(p.shard)
             if conn is not None:
                 conn.terminate()
 
@@ -157,6 +189,8 @@ class Database(BatchCounters):
         conn = await self._commit(conn, batch)
         self._record(len(batch), time.perf_counter() - started)
         answer(batch)
+        for p in batch:
+            self._release(p.shard)
         return conn
 
     async def _commit(self, conn: Any, batch: list[_Pending]) -> Any:
