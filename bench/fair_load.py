@@ -5,8 +5,10 @@ without the per-member send budget, on a real broker process per store.
         [--steady 100] [--frame 100] [--stores sqlite,postgres] [--pg-dsn DSN]
 
 Member ``steady`` sends lone ``send`` frames at ``--steady`` a second (open loop: on a clock,
-not waiting for answers); its p99 accept latency (send to answer) is the figure. Four
-phases, each ``--seconds`` long, in this order:
+not waiting for answers); its p99 accept latency (send to answer) is the figure. The flooding
+member runs in a process of its own, as another daemon would, so that its frames do not
+queue the steady member's answers in the measuring process. Four phases, each ``--seconds``
+long, in this order:
 
 * ``quiet``: the steady member alone, budget on (the peer the others are compared with);
 * ``flood-unlimited``: a second member floods (``send_batch`` frames of ``--frame``, two in
@@ -23,12 +25,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import multiprocessing
 import os
 import secrets
 import signal
 import statistics
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +40,10 @@ from typing import Any
 import asyncpg
 import structlog
 from broker_accept import Member, prepare, send_item, start_broker
+from nacl.signing import SigningKey
+
+# The flooding member's process, the broker's port, the mesh and the flooder's key.
+Flooder = tuple[ProcessPoolExecutor, int, str, SigningKey]
 
 
 @dataclass
@@ -74,10 +82,24 @@ async def _timed(m: Member, cmid: str, phase: Phase) -> None:
     phase.latencies.append(time.perf_counter() - t0)
 
 
+def flood_process(port: int, mesh_id: str, seed: bytes, frame: int, stop_at: float,
+                  obey: bool) -> tuple[int, int]:
+    """The flooding member, in a process of its own until ``stop_at`` (wall clock):
+    (accepted, refused)."""
+    async def run() -> tuple[int, int]:
+        m = await Member.connect(port, mesh_id, SigningKey(seed))
+        phase = Phase("flood")
+        await asyncio.gather(*(flood(m, frame, stop_at, phase, obey) for _ in range(2)))
+        await m.close()
+        return phase.flood_accepted, phase.flood_refused
+
+    return asyncio.run(run())
+
+
 async def flood(m: Member, frame: int, stop_at: float, phase: Phase, obey: bool) -> None:
     tag, n = secrets.token_hex(3), 0
     todo: list[dict[str, Any]] = []
-    while time.perf_counter() < stop_at:
+    while time.time() < stop_at:
         n += 1
         todo += [send_item(f"f-{tag}-{n}-{i}") for i in range(frame - len(todo))]
         answer = await m.call({"type": "send_batch", "id": f"f-{tag}-{n}", "sends": todo})
@@ -90,34 +112,38 @@ async def flood(m: Member, frame: int, stop_at: float, phase: Phase, obey: bool)
             await asyncio.sleep(max(waits) / 1000)
 
 
-async def run_phase(phase: Phase, steady_m: Member, flooder: Member | None,
+async def run_phase(phase: Phase, steady_m: Member, flooder: Flooder | None,
                     args: argparse.Namespace, obey: bool) -> Phase:
-    stop_at = time.perf_counter() + args.seconds
     t0 = time.perf_counter()
-    jobs = [steady(steady_m, args.steady, stop_at, phase)]
+    flooding = None
     if flooder is not None:
-        jobs += [flood(flooder, args.frame, stop_at, phase, obey) for _ in range(2)]
-    await asyncio.gather(*jobs)
+        pool, port, mesh_id, key = flooder
+        flooding = asyncio.get_running_loop().run_in_executor(
+            pool, flood_process, port, mesh_id, bytes(key), args.frame,
+            time.time() + args.seconds, obey)
+    await steady(steady_m, args.steady, t0 + args.seconds, phase)
+    if flooding is not None:
+        phase.flood_accepted, phase.flood_refused = await flooding
     phase.seconds = time.perf_counter() - t0
     return phase
 
 
 async def with_broker(url: str, budget: tuple[float, int] | None, mesh_id: str,
                       keys: list[Any], phases: list[tuple[Phase, bool, bool]],
-                      args: argparse.Namespace) -> None:
+                      args: argparse.Namespace, pool: ProcessPoolExecutor) -> None:
     rate, burst = budget or (0.0, 1)
     os.environ["TIDEMESH_LIMITS_MEMBER_RATE"] = str(rate)
     os.environ["TIDEMESH_LIMITS_MEMBER_BURST"] = str(burst)
     with tempfile.TemporaryDirectory(prefix="tm-bench-") as home:
         proc, port = start_broker(url, home)
         try:
-            steady_m, flooder = [await Member.connect(port, mesh_id, k) for k in keys]
+            steady_m = await Member.connect(port, mesh_id, keys[0])
+            flooder = (pool, port, mesh_id, keys[1])
             await run_phase(Phase("warmup"), steady_m, None,
                             argparse.Namespace(**{**vars(args), "seconds": 1.0}), True)
             for phase, flooding, obey in phases:
                 await run_phase(phase, steady_m, flooder if flooding else None, args, obey)
-            for m in (steady_m, flooder):
-                await m.close()
+            await steady_m.close()
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(10)
@@ -127,10 +153,12 @@ async def one_store(name: str, url: str, args: argparse.Namespace) -> None:
     mesh_id, keys = await prepare(url, 2)
     quiet, unlimited = Phase("quiet"), Phase("flood-unlimited")
     obeying, ignoring = Phase("flood-obeying"), Phase("flood-ignoring")
-    await with_broker(url, (args.rate, args.burst), mesh_id, keys,
-                      [(quiet, False, True), (obeying, True, True), (ignoring, True, False)],
-                      args)
-    await with_broker(url, None, mesh_id, keys, [(unlimited, True, True)], args)
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        pool.submit(time.time).result()   # started before the first phase, not during it
+        await with_broker(url, (args.rate, args.burst), mesh_id, keys,
+                          [(quiet, False, True), (obeying, True, True),
+                           (ignoring, True, False)], args, pool)
+        await with_broker(url, None, mesh_id, keys, [(unlimited, True, True)], args, pool)
     print(f"{name}: steady {args.steady:.0f}/s; budget {args.rate:.0f}/s burst {args.burst}",
           flush=True)
     quiet_p99 = statistics.quantiles(quiet.latencies, n=100)[98]
