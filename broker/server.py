@@ -90,9 +90,10 @@ class BrokerServer:
                     asyncio.TaskGroup() as tg:
                 inflight = asyncio.Semaphore(self.max_inflight)
                 pump: asyncio.Task[None] | None = None
+                loop = asyncio.get_running_loop()   # once: each call is a getpid() on 3.11
                 try:
                     async for raw in ws:
-                        for action in session.on_text(raw, asyncio.get_running_loop().time()):
+                        for action in session.on_text(raw, loop.time()):
                             if isinstance(action, Authenticate):
                                 conn = await self._authenticate(peer, session, action)
                                 if conn is not None:

@@ -80,6 +80,8 @@ class Database(BatchCounters):
         self._queues: list[asyncio.Queue[_Pending | None]] = [
             asyncio.Queue() for _ in range(writers)]
         self._tasks: list[asyncio.Task[None]] = []
+        # Known once: on Python 3.11 every get_running_loop() is a getpid() system call.
+        self._loop = asyncio.get_running_loop()
         self._load = [0] * writers                  # submissions in flight, per writer
         self._homes: dict[Hashable, list[int]] = {}  # shard -> [writer, in flight]
 
@@ -112,7 +114,7 @@ class Database(BatchCounters):
         if self._tasks[i].done():
             self._release(shard)
             raise Unavailable(f"the {self.name} database writer is not running")
-        item = _Pending(future=asyncio.get_running_loop().create_future(), op=op, arg=arg,
+        item = _Pending(future=self._loop.create_future(), op=op, arg=arg,
                         shard=shard)
         self._queues[i].put_nowait(item)
         result: T = await item.future
