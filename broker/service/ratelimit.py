@@ -37,8 +37,15 @@ class Limiter:
     def fast(self, member: Member, sends: int, now_ms: int) -> Admission | None:
         """Take ``sends`` tokens when all fit and none of the member's frames is waiting
         for its B0 lookup; None sends the frame the slow way (``turn``, B0, ``admit``)."""
+        if member in self._turns:
+            return None
+        return self.if_fits(member, sends, now_ms)
+
+    def if_fits(self, member: Member, sends: int, now_ms: int) -> Admission | None:
+        """Take ``sends`` tokens when all fit (a frame holding the member's turn asks this
+        before it pays for B0)."""
         rate = self.rate(member[0])
-        if member in self._turns or not self.buckets.fits(member, rate, sends, now_ms):
+        if not self.buckets.fits(member, rate, sends, now_ms):
             return None
         return self.buckets.admit(member, rate, sends, now_ms)
 

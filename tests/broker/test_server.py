@@ -21,6 +21,7 @@ from tidemesh.broker import admin
 from tidemesh.broker.server import BrokerServer
 from tidemesh.broker.service import UNLIMITED, BrokerService
 from tidemesh.broker.service.delivery import batch_frames
+from tidemesh.broker.service.send import B1_SLICE
 from tidemesh.broker.store import open_store
 from tidemesh.broker.store.base import Store
 from tidemesh.core import features, handshake
@@ -420,7 +421,8 @@ async def test_one_connections_sends_are_accepted_in_the_order_they_arrived(
     store_url: str,
 ) -> None:
     """Lone sends and send_batch frames written back to back (as a daemon's link coalesces
-    them) reach the recipient in the order they left the sender, on either store."""
+    them) reach the recipient in the order they left the sender, on either store; also
+    frames big enough that their B1 is done a slice at a time."""
     b, server = await _start(store_url)
     frames: list[dict[str, Any]] = []
     expected: list[str] = []
@@ -430,7 +432,8 @@ async def test_one_connections_sends_are_accepted_in_the_order_they_arrived(
             expected.append(cmid)
             frames.append({"type": "send", "id": cmid, "client_message_id": cmid, **payload()})
         else:
-            cmids = [f"m{len(expected) + i}" for i in range(n % 3 + 1)]
+            size = 3 * B1_SLICE if n % 10 == 5 else n % 3 + 1
+            cmids = [f"m{len(expected) + i}" for i in range(size)]
             expected += cmids
             frames.append({"type": "send_batch", "id": f"b{n}", "sends": [
                 {"id": c, "client_message_id": c, **payload()} for c in cmids]})
