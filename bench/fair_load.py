@@ -2,7 +2,7 @@
 without the per-member send budget, on a real broker process per store.
 
     .venv/bin/python bench/fair_load.py [--seconds 10] [--rate 200] [--burst 200]
-        [--steady 100] [--frame 100] [--stores sqlite,postgres] [--pg-dsn DSN]
+        [--steady 100] [--frame 100] [--rounds 3] [--stores sqlite,postgres] [--pg-dsn DSN]
 
 Member ``steady`` sends lone ``send`` frames at ``--steady`` a second (open loop: on a clock,
 not waiting for answers); its p99 accept latency (send to answer) is the figure. The flooding
@@ -16,6 +16,10 @@ long, in this order:
 * ``flood-obeying``: it floods on a broker with ``--rate``/``--burst``, waiting each
   answer's largest ``retry_after_ms`` before sending the refused sends again, as a daemon;
 * ``flood-ignoring``: it floods with the budget on but sends the refused ones again at once.
+
+The first, second and fourth run ``--rounds`` times in turn on one broker and each phase's
+samples are pooled, so that a stall of the machine lands on all of them alike rather than on
+one; ``flood-unlimited`` runs once, on a broker without a budget.
 
 Prints, per phase, the steady member's sends and p99/p50, the flooder's accepted sends per
 second and its 429s, and the steady p99 as a ratio of ``quiet``'s from the same run.
@@ -123,8 +127,10 @@ async def run_phase(phase: Phase, steady_m: Member, flooder: Flooder | None,
             time.time() + args.seconds, obey)
     await steady(steady_m, args.steady, t0 + args.seconds, phase)
     if flooding is not None:
-        phase.flood_accepted, phase.flood_refused = await flooding
-    phase.seconds = time.perf_counter() - t0
+        accepted, refused = await flooding
+        phase.flood_accepted += accepted
+        phase.flood_refused += refused
+    phase.seconds += time.perf_counter() - t0
     return phase
 
 
@@ -157,7 +163,7 @@ async def one_store(name: str, url: str, args: argparse.Namespace) -> None:
         pool.submit(time.time).result()   # started before the first phase, not during it
         await with_broker(url, (args.rate, args.burst), mesh_id, keys,
                           [(quiet, False, True), (obeying, True, True),
-                           (ignoring, True, False)], args, pool)
+                           (ignoring, True, False)] * args.rounds, args, pool)
         await with_broker(url, None, mesh_id, keys, [(unlimited, True, True)], args, pool)
     print(f"{name}: steady {args.steady:.0f}/s; budget {args.rate:.0f}/s burst {args.burst}",
           flush=True)
@@ -174,6 +180,8 @@ async def main() -> None:
     ap.add_argument("--burst", type=int, default=200)
     ap.add_argument("--steady", type=float, default=100.0, help="the other member's sends/s")
     ap.add_argument("--frame", type=int, default=100)
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="quiet, obeying and ignoring phases this many times over, pooled")
     ap.add_argument("--stores", default="sqlite,postgres")
     ap.add_argument("--pg-dsn", default="postgresql://postgres@127.0.0.1:5432/test")
     args = ap.parse_args()
