@@ -63,7 +63,9 @@ class Buckets:
         bucket = self._bucket(key, rate, now_ms)
         level = bucket.level(rate, now_ms)
         admitted = min(sends, int(level))
-        bucket.tokens, bucket.at_ms = level - admitted, now_ms
+        # A caller's clock read before a wait can be older than the bucket's: the bucket's
+        # time never goes back, or the refill since it would be counted twice.
+        bucket.tokens, bucket.at_ms = level - admitted, max(bucket.at_ms, now_ms)
         waits = tuple(_wait_ms(bucket.tokens, k, rate) for k in range(1, sends - admitted + 1))
         return Admission(admitted, waits, bucket.tokens / rate.burst)
 
@@ -72,8 +74,8 @@ class Buckets:
         bucket = self._buckets.get(key)
         if bucket is None or rate.unlimited or sends <= 0:
             return
-        bucket.tokens, bucket.at_ms = min(float(rate.burst),
-                                          bucket.level(rate, now_ms) + sends), now_ms
+        bucket.tokens, bucket.at_ms = (min(float(rate.burst), bucket.level(rate, now_ms) + sends),
+                                       max(bucket.at_ms, now_ms))
 
     def prune(self, rate_of: Callable[[Hashable], Rate], now_ms: int) -> int:
         """Forget the buckets that are full again (or no longer limited); how many."""

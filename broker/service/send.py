@@ -112,7 +112,7 @@ class Sends:
         # The turn is left first (the TaskGroup then waits for the commit).
         async with asyncio.TaskGroup() as tg, self.limiter.turn(member):
             if admission is None:
-                admission = self.limiter.if_fits(member, len(sends), now)
+                admission = self.limiter.if_fits(member, len(sends), now_ms())
             if admission is None:
                 places = await self._budgeted(conn, member, sends, checked, answers, now)
             else:

@@ -77,3 +77,15 @@ def test_prune_forgets_only_full_buckets() -> None:
     assert b.prune(lambda _: RATE, now_ms=450) == 0
     assert b.prune(lambda _: RATE, now_ms=500) == 1     # alice refilled, bob not yet
     assert len(b) == 1
+
+
+def test_a_late_callers_older_clock_does_not_count_the_refill_twice() -> None:
+    """A frame that read the clock, then waited its turn, asks with a time older than the
+    bucket's: the refill since then is counted once, not again by the next caller."""
+    b = Buckets()
+    b.admit(KEY, RATE, 5, now_ms=0)                  # empty
+    assert b.admit(KEY, RATE, 5, now_ms=1_000).admitted == 5
+    assert b.admit(KEY, RATE, 5, now_ms=400).admitted == 0   # read before the one above
+    assert b.admit(KEY, RATE, 5, now_ms=1_000).admitted == 0
+    b.refund(KEY, RATE, 1, now_ms=400)
+    assert b.admit(KEY, RATE, 5, now_ms=1_000).admitted == 1
