@@ -108,9 +108,13 @@ async def flood(m: Member, frame: int, stop_at: float, phase: Phase, obey: bool)
         todo += [send_item(f"f-{tag}-{n}-{i}") for i in range(frame - len(todo))]
         answer = await m.call({"type": "send_batch", "id": f"f-{tag}-{n}", "sends": todo})
         refused = [s for s, r in zip(todo, answer["results"], strict=True) if r["status"] == 429]
+        wrong = [r for r in answer["results"] if r["status"] not in (201, 429)]
+        if wrong:
+            raise RuntimeError(f"the flooder was answered {wrong[0]}")
         phase.flood_accepted += len(todo) - len(refused)
         phase.flood_refused += len(refused)
-        todo = [{**s, "id": f"{s['id']}r"} for s in refused]
+        # A frame id of its own each time (ids are bounded; a growing suffix would turn 400).
+        todo = [{**s, "id": f"{s['client_message_id']}.{n}"} for s in refused]
         waits = [r["retry_after_ms"] for r in answer["results"] if r["status"] == 429]
         if obey and waits:
             await asyncio.sleep(max(waits) / 1000)
