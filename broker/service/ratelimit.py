@@ -9,18 +9,34 @@ connected to two of them has twice the budget.
 The limiter only counts new sends. A frame that does not fit is looked up in the dedupe
 table first (B0, one query for the frame) and its retries answered from there; one member's
 such frames wait for each other, so its sends still reach the store in the order read.
+
+Refusing keeps a member's order too: after a 429 the member owes its first refused send (a
+*gate*). Its frames already on the wire behind the refused one would find the bucket refilled
+and go through ahead of it; until a frame brings that send again, the member's other new
+sends are refused as well, with the same wait. A gate whose send never comes back (the row
+was aborted) opens ``GATE_SLACK_MS`` after its wait.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Hashable
+from collections.abc import AsyncIterator, Collection, Hashable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 
 from tidemesh.broker.store.base import MeshLimits, Store
 from tidemesh.core.ratelimit import Admission, Buckets, Rate
 
 Member = tuple[str, str]   # (mesh_id, pubkey)
+GATE_SLACK_MS = 10_000
+# Sends refused by a gate whose wait is over (the owed send is late) wait at least this long.
+GATE_MIN_WAIT_MS = 100
+
+
+@dataclass(slots=True)
+class Gate:
+    client_message_id: str   # the first send refused: the member must send it again first
+    retry_at_ms: int         # the time its 429 named
 
 
 class Limiter:
@@ -30,6 +46,7 @@ class Limiter:
         self.buckets = Buckets()
         self.overrides: dict[str, Rate] = {}
         self._turns: dict[Member, tuple[asyncio.Lock, int]] = {}
+        self._gates: dict[Member, Gate] = {}
 
     def rate(self, mesh_id: str) -> Rate:
         return self.overrides.get(mesh_id, self.default)
@@ -37,9 +54,26 @@ class Limiter:
     def fast(self, member: Member, sends: int, now_ms: int) -> Admission | None:
         """Take ``sends`` tokens when all fit and none of the member's frames is waiting
         for its B0 lookup; None sends the frame the slow way (``turn``, B0, ``admit``)."""
-        if member in self._turns:
+        if member in self._turns or member in self._gates:
             return None
         return self.if_fits(member, sends, now_ms)
+
+    def gate(self, member: Member, client_message_ids: Collection[str], now_ms: int
+             ) -> int | None:
+        """How long the member's new sends in this frame must wait because it owes a refused
+        send (ms); None when it owes none, or this frame brings it (which opens the gate)."""
+        g = self._gates.get(member)
+        if g is None:
+            return None
+        if g.client_message_id in client_message_ids or now_ms > g.retry_at_ms + GATE_SLACK_MS:
+            del self._gates[member]
+            return None
+        return max(GATE_MIN_WAIT_MS if now_ms >= g.retry_at_ms else 1, g.retry_at_ms - now_ms)
+
+    def refused(self, member: Member, client_message_id: str, retry_at_ms: int) -> None:
+        """The member was refused ``client_message_id`` (its first over budget) until
+        ``retry_at_ms``; an earlier gate still open stays."""
+        self._gates.setdefault(member, Gate(client_message_id, retry_at_ms))
 
     def if_fits(self, member: Member, sends: int, now_ms: int) -> Admission | None:
         """Take ``sends`` tokens when all fit (a frame holding the member's turn asks this
@@ -76,6 +110,9 @@ class Limiter:
         found = await self.store.mesh_limits()
         self.overrides = {mesh_id: self._rate_of(m) for mesh_id, m in found.items()}
         self.buckets.prune(self._key_rate, now_ms)
+        for member in [m for m, g in self._gates.items()
+                       if now_ms > g.retry_at_ms + GATE_SLACK_MS]:
+            del self._gates[member]
 
     def _key_rate(self, key: Hashable) -> Rate:
         assert isinstance(key, tuple)

@@ -111,10 +111,15 @@ class Sends:
         together."""
         # The turn is left first (the TaskGroup then waits for the commit).
         async with asyncio.TaskGroup() as tg, self.limiter.turn(member):
+            gate_ms = None
             if admission is None:
-                admission = self.limiter.if_fits(member, len(sends), now_ms())
+                cmids = {c for s in sends if isinstance(c := s.get("client_message_id"), str)}
+                gate_ms = self.limiter.gate(member, cmids, now_ms())
+                if gate_ms is None:
+                    admission = self.limiter.if_fits(member, len(sends), now_ms())
             if admission is None:
-                places = await self._budgeted(conn, member, sends, checked, answers, now)
+                places = await self._budgeted(conn, member, sends, checked, answers, now,
+                                              gate_ms)
             else:
                 self._filled(member, admission)
                 places = list(range(len(sends)))
@@ -153,9 +158,11 @@ class Sends:
         return valid
 
     async def _budgeted(self, conn: Conn, member: Member, sends: list[Frame], checked: bool,
-                        answers: dict[int, Frame | AcceptResult], now: int) -> list[int]:
-        """B0, then the budget: answers the retries and the sends over budget into
-        ``answers``; returns the places of the sends that took a token."""
+                        answers: dict[int, Frame | AcceptResult], now: int,
+                        gate_ms: int | None) -> list[int]:
+        """B0, then the budget (or, while the member owes a refused send, ``gate_ms`` for
+        every new send): answers the retries and the sends over budget into ``answers``;
+        returns the places of the sends that took a token."""
         keyed = {i: (member[0], member[1], s["client_message_id"]) for i, s in enumerate(sends)
                  if isinstance(s.get("client_message_id"), str)}
         known = await self.store.known(list(set(keyed.values())))
@@ -165,9 +172,16 @@ class Sends:
         self.metrics.fast_path.inc(len(retries))
         # A send without a usable key is never a retry: it takes its turn, and B1 refuses it.
         fresh = [i for i in range(len(sends)) if i not in answers]
-        admission = self.limiter.admit(member, len(fresh), now_ms())
-        self._filled(member, admission)
+        if gate_ms is None:
+            admission = self.limiter.admit(member, len(fresh), now_ms())
+            self._filled(member, admission)
+        else:
+            admission = Admission(0, (gate_ms,) * len(fresh), 0.0)
         over = fresh[admission.admitted:]
+        owed = [i for i in over if isinstance(sends[i].get("client_message_id"), str)]
+        if owed and gate_ms is None:
+            self.limiter.refused(member, sends[owed[0]]["client_message_id"],
+                                 now_ms() + admission.retry_after_ms[-1])
         for i, wait_ms in zip(over, admission.retry_after_ms, strict=True):
             answers[i] = AcceptResult(429, str(sends[i].get("client_message_id", "")),
                                       error=RateLimited(

@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from websockets.asyncio.client import ClientConnection, connect
 
 from tests.broker.test_send_batch import _hello
-from tests.broker.test_server import Broker, _start, payload
+from tests.broker.test_server import Broker, _start, payload, pub
 from tidemesh.broker.service import UNLIMITED
 from tidemesh.broker.store.base import MeshLimits
 from tidemesh.core.metrics import render
@@ -129,10 +129,12 @@ async def test_a_rejected_send_costs_no_budget_and_one_over_it_is_refused_before
         results = frame["results"]
         # The frame does not fit (five sends, three tokens): the three first by place take
         # the tokens, s1's 400 gives its token back, and s4 is refused before its check.
+        # Refused sends are owed: new ones wait until a3 comes again.
         assert _statuses(results) == [201, 400, 201, 429, 429]
         assert results[1]["error"]["code"] == "invalid_frame"
-        assert _statuses(await _batch(alice, [("a5", "x")])) == [201]
-        assert _statuses(await _batch(alice, [("a6", "x")])) == [429]
+        # The owed send (a3, the first refused) comes again and takes s1's token back.
+        assert _statuses(await _batch(alice, [("a3", "x")])) == [201]
+        assert _statuses(await _batch(alice, [("a4", "x")])) == [429]
     assert (await broker.store.counts())["client_message_dedupe"] == 3
 
 
@@ -168,3 +170,24 @@ async def test_a_mesh_override_keeps_the_brokers_value_for_what_it_leaves_out(
     finally:
         await server.stop()
         await b.store.close()
+
+
+async def test_a_frame_behind_a_refused_one_waits_for_it_so_order_holds(store_url: str) -> None:
+    """A daemon has frames on the wire behind one that was refused; by the time the broker
+    reads them the bucket has refilled. They are refused too until the refused send comes
+    again, so the recipient gets the sender's messages in the order they were sent."""
+    b, server = await _start(store_url, Rate(per_s=20, burst=3))
+    try:
+        async with await _member(b, b.alice) as ws:
+            assert _statuses(await _batch(ws, [(f"a{i}", "x") for i in range(4)])) == [
+                201, 201, 201, 429]
+            await asyncio.sleep(0.3)   # the bucket is full again
+            behind = await _batch(ws, [("a4", "x")])
+            assert _statuses(behind) == [429]
+            assert behind[0]["retry_after_ms"] >= 1
+            assert _statuses(await _batch(ws, [("a3", "x"), ("a4", "x")])) == [201, 201]
+        received = await b.store.deliveries_after(b.mesh_id, pub(b.bob), 1, 0, 100)
+    finally:
+        await server.stop()
+        await b.store.close()
+    assert [r.client_message_id for r in received] == [f"a{i}" for i in range(5)]
