@@ -21,6 +21,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
 from tidemesh.broker.service import BrokerService, Conn, routes
+from tidemesh.broker.service.connections import now_ms
 from tidemesh.broker.session import Authenticate, Close, Dispatch, Send, Session
 from tidemesh.core import handshake, metrics
 from tidemesh.core.wire import CloseCode, FrameType, encode
@@ -93,6 +94,8 @@ class BrokerServer:
                 loop = asyncio.get_running_loop()   # once: each call is a getpid() on 3.11
                 try:
                     async for raw in ws:
+                        if conn is not None and conn.hold_until_ms > (now := now_ms()):
+                            await asyncio.sleep((conn.hold_until_ms - now) / 1000)
                         for action in session.on_text(raw, loop.time()):
                             if isinstance(action, Authenticate):
                                 conn = await self._authenticate(peer, session, action)

@@ -55,6 +55,8 @@ class Conn:
     sent_seq: int = 0
     pumping: bool = False
     batch_deliveries: bool = False  # the daemon negotiated deliver_batch frames
+    # After a 429 the connection is not read again before this (ms): see service/send.py.
+    hold_until_ms: int = 0
     connected_at: int = field(default_factory=now_ms)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
 

@@ -47,6 +47,8 @@ Valid = list[tuple[int, AcceptInput]]   # sends that passed B1, by their place i
 # A frame's B1 is done this many sends at a time, reading other frames between slices: at
 # ~17 µs a send, no frame holds the broker's event loop much over half a millisecond for it.
 B1_SLICE = 32
+# The longest a connection goes unread after a 429 (keepalive pings must still get through).
+READ_HOLD_MAX_MS = 1000
 
 
 class Sends:
@@ -188,6 +190,13 @@ class Sends:
                 "over this member's send budget; send it again after retry_after_ms",
                 retry_after_ms=wait_ms))
         if over:
+            # Backpressure on a member that does not wait: its connection is not read until
+            # the largest wait has passed (at most READ_HOLD_MAX_MS), so sending again at once
+            # gains it nothing and costs the others nothing. A daemon waits that long anyway;
+            # its delivery acks wait with it. The gate keeps what it sent meanwhile in order.
+            conn.hold_until_ms = max(conn.hold_until_ms,
+                                     now_ms() + min(admission.retry_after_ms[-1],
+                                                    READ_HOLD_MAX_MS))
             self.metrics.rate_limited.labels(mesh_id=member[0]).inc(len(over))
             log.info("broker_send_rate_limited", mesh_id=member[0], sender=member[1],
                      refused=len(over), retry_after_ms=admission.retry_after_ms[-1])

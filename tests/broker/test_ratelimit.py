@@ -191,3 +191,26 @@ async def test_a_frame_behind_a_refused_one_waits_for_it_so_order_holds(store_ur
         await server.stop()
         await b.store.close()
     assert [r.client_message_id for r in received] == [f"a{i}" for i in range(5)]
+
+
+async def test_a_member_that_does_not_wait_is_not_read_while_others_are_served(
+        broker: Broker) -> None:
+    """After a 429 the broker does not read the member's connection for the wait (at most
+    READ_HOLD_MAX_MS, a second here): a frame it sends at once is answered after a frame
+    another member sent later, and both are answered."""
+    async with await _member(broker, broker.alice) as alice, \
+            await _member(broker, broker.bob) as bob:
+        assert _statuses(await _batch(alice, [(f"a{i}", "x") for i in range(4)])) == [
+            201, 201, 201, 429]
+        order: list[str] = []
+
+        async def answered(ws: ClientConnection, who: str, cmid: str) -> list[int]:
+            statuses = _statuses(await _batch(ws, [(cmid, who)]))
+            order.append(who)
+            return statuses
+
+        ignoring = asyncio.create_task(answered(alice, "alice", "a3"))
+        await asyncio.sleep(0.05)  # alice's frame is on the wire first
+        assert await answered(bob, "bob", "b0") == [201]
+        assert await ignoring == [429]
+    assert order == ["bob", "alice"]
