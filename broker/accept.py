@@ -136,9 +136,11 @@ class Limits:
 
 
 def prepare(
-    frame: dict[str, Any], mesh_id: str, sender: str, limits: Limits, now_ms: int
+    frame: dict[str, Any], mesh_id: str, sender: str, limits: Limits, now_ms: int,
+    ids: tuple[str, str] | None = None,
 ) -> AcceptInput:
-    """Phase B1 on a schema-valid ``send`` frame; raises (4xx, no side effects)."""
+    """Phase B1 on a schema-valid ``send`` frame; raises (4xx, no side effects). ``ids``
+    (broker_message_id, history_id) are minted here unless the caller minted them in bulk."""
     req = parse_send_request(frame)
     cmid = req.client_message_id
     if cmid is None:  # the send schema requires it; parse_send_request allows its absence
@@ -156,7 +158,8 @@ def prepare(
         kind=kind, ref=ref, body=req.body, body_encoding=req.body_encoding,
         priority=priority, meta=req.meta, reply_to=req.reply_to,
         fingerprint=request_fingerprint(kind, ref, req.body, priority, req.meta, req.reply_to),
-        broker_message_id=new_ulid(now_ms), history_id=new_ulid(now_ms),
+        broker_message_id=ids[0] if ids else new_ulid(now_ms),
+        history_id=ids[1] if ids else new_ulid(now_ms),
         now_ms=now_ms, expires_at=expires,
     )
 

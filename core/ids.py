@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import os
 import re
 import time
 
@@ -30,6 +32,29 @@ def new_ulid(now_ms: int | None = None, randomness: bytes | None = None) -> str:
     # The generator, called directly: ULID.from_timestamp would build the id twice. It reads
     # an int as milliseconds and a float as seconds: int() keeps ours milliseconds.
     return str(_GENERATOR.generate(None if now_ms is None else int(now_ms)))
+
+
+# base64's RFC 4648 alphabet to ULID's Crockford one, letter for letter.
+_CROCKFORD = bytes.maketrans(b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567",
+                             b"0123456789ABCDEFGHJKMNPQRSTVWXYZ")
+_PAD = bytes(4)
+
+
+def new_ulids(count: int, now_ms: int) -> list[str]:
+    """``count`` ULIDs of ``now_ms``, each with 80 fresh random bits, minted together.
+
+    The same ids python-ulid would make from these bytes (a test holds them to its parser),
+    at about half the cost each: one ``os.urandom`` and one C-level base32 pass for the lot.
+    The broker mints two per send. Each id is 4 zero bytes, 6 of milliseconds and 10 random
+    ones: 160 bits, 32 base32 characters of which the first 6 carry only the zero padding and
+    the last 26 are the ULID."""
+    if count <= 0:
+        return []
+    ms = now_ms.to_bytes(6, "big")
+    rand = os.urandom(10 * count)
+    raw = b"".join(_PAD + ms + rand[k:k + 10] for k in range(0, 10 * count, 10))
+    text = base64.b32encode(raw).translate(_CROCKFORD).decode("ascii")
+    return [text[k + 6:k + 32] for k in range(0, 32 * count, 32)]
 
 
 def ordered_ulid(now_ms: int | None = None) -> str:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import Iterable
+from collections.abc import Sequence
 from typing import Any
 
 import structlog
@@ -37,6 +37,7 @@ from tidemesh.broker.service.metrics import Metrics
 from tidemesh.broker.service.ratelimit import Limiter, Member
 from tidemesh.broker.store.base import Store
 from tidemesh.core.errors import RateLimited, TidemeshError
+from tidemesh.core.ids import new_ulids
 from tidemesh.core.ratelimit import Admission
 from tidemesh.core.wire import InvalidFrame, check
 
@@ -140,11 +141,12 @@ class Sends:
         if len(valid) < admitted:
             self.limiter.refund(member, admitted - len(valid), now_ms())
 
-    def _b1(self, conn: Conn, sends: list[Frame], places: Iterable[int], checked: bool,
+    def _b1(self, conn: Conn, sends: list[Frame], places: Sequence[int], checked: bool,
             answers: dict[int, Frame | AcceptResult], now: int) -> Valid:
         """B1 for the sends at ``places``: the rejected ones answered into ``answers``."""
         valid: Valid = []
-        for i in places:
+        ids = new_ulids(2 * len(places), now)
+        for n, i in enumerate(places):
             send = sends[i]
             if not checked:
                 try:
@@ -154,7 +156,8 @@ class Sends:
                     answers[i] = _invalid(send, exc)
                     continue
             try:
-                valid.append((i, prepare(send, conn.mesh_id, conn.pubkey, self.limits, now)))
+                valid.append((i, prepare(send, conn.mesh_id, conn.pubkey, self.limits, now,
+                                         (ids[2 * n], ids[2 * n + 1]))))
             except TidemeshError as exc:
                 answers[i] = AcceptResult(exc.http_status, send["client_message_id"], error=exc)
         return valid

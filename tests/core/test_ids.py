@@ -8,7 +8,7 @@ from itertools import pairwise
 import pytest
 from ulid import ULID
 
-from tidemesh.core.ids import ULID_PATTERN, new_ulid, ordered_ulid
+from tidemesh.core.ids import ULID_PATTERN, new_ulid, new_ulids, ordered_ulid
 
 
 @pytest.mark.parametrize(("ms", "randomness", "expected"), [
@@ -41,3 +41,17 @@ def test_ordered_ids_of_one_millisecond_sort_in_the_order_they_were_minted() -> 
     minted = [ordered_ulid(1_700_000_000_000) for _ in range(1000)]
     assert minted == sorted(minted) and len(set(minted)) == 1000
     assert ordered_ulid(1_700_000_000_001) > minted[-1]
+
+
+@pytest.mark.parametrize("ms", [0, 1_469_918_176_385, 1_700_000_000_000, 2**48 - 1])
+def test_ids_minted_in_bulk_are_the_ulids_python_ulid_reads_back(ms: int) -> None:
+    minted = new_ulids(500, ms)
+    parsed = [ULID.from_str(i) for i in minted]
+    tails = [int.from_bytes(u.bytes[6:], "big") for u in parsed]
+
+    assert len(minted) == 500 and len(set(minted)) == 500
+    assert all(ULID_PATTERN.fullmatch(i) for i in minted)
+    assert all(str(u) == i and u.milliseconds == ms for u, i in zip(parsed, minted, strict=True))
+    # Each id's random bits are its own: not a counter, not shared.
+    assert sum(b - a == 1 for a, b in pairwise(tails)) < 10
+    assert new_ulids(0, ms) == []
