@@ -37,14 +37,20 @@ def main() -> int:
     ap.add_argument("--no-audit", action="store_true", help="skip the Spark orphan audit")
     ap.add_argument("--keep", action="store_true",
                     help="keep the run's folder (logs, stores) even when the run is clean")
+    ap.add_argument("--budget", default=None, metavar="RATE,BURST",
+                    help="give the mesh a send budget (429s and the gate under faults)")
     args = ap.parse_args()
+    budget = None
+    if args.budget:
+        rate, burst = args.budget.split(",")
+        budget = (float(rate), int(burst))
     root = Path(tempfile.mkdtemp(prefix="tm-faults-", dir="/tmp"))
     ok = False
     try:
         plan = make_plan(args.seed, args.sends, args.faults, max_stall=args.max_stall,
                          daemons=args.daemons, brokers=args.brokers)
         run = FaultRun(RunConfig(plan, root, args.concurrency, args.settle_timeout,
-                                 not args.no_audit, brokers=args.brokers))
+                                 not args.no_audit, brokers=args.brokers, budget=budget))
         report = asyncio.run(run.run())
         print(report.table())
         ok = report.ok

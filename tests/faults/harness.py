@@ -49,6 +49,8 @@ class RunConfig:
     settle_timeout: float = 180.0
     audit: bool = True
     brokers: int = 1  # brokers on the one PostgreSQL database, each behind its own proxy
+    # The mesh's send budget (rate per s, burst), set as an operator would; None: no budget.
+    budget: tuple[float, int] | None = None
     # Runs with the stores still up, after the check (the checker's own tests use it).
     after_check: Callable[[Ledger, Stores], Awaitable[None]] | None = None
 
@@ -105,6 +107,10 @@ class FaultRun:
             broker = Broker(home, self.dsn)
             if i == 0:  # the mesh lives in the database, which every broker shares
                 await asyncio.to_thread(broker.cli, "mesh", "create", "team")
+                if self.cfg.budget is not None:
+                    rate, burst = self.cfg.budget
+                    await asyncio.to_thread(broker.cli, "mesh", "limits", "--mesh", "team",
+                                            "--rate", str(rate), "--burst", str(burst))
             await asyncio.to_thread(broker.start)
             proxy = FaultProxy(broker.port)
             await proxy.start()

@@ -165,3 +165,35 @@ async def test_the_checker_catches_lost_duplicated_and_orphaned(short_tmp: Path)
     report = await FaultRun(RunConfig(plan, short_tmp, audit=False, after_check=tamper)).run()
     assert report.ok, report.table()
     assert "'lost'" in seen[0] and "'orphaned'" in seen[1] and "'duplicated'" in seen[2], seen
+
+
+def _refused(run: FaultRun) -> list[dict[str, Any]]:
+    return [e for b in run.brokers for e in _log_events(b.home / "broker.out")
+            if e.get("event") == "broker_send_rate_limited"]
+
+
+@pytest.mark.timeout(300)
+async def test_under_a_send_budget_faults_lose_and_duplicate_nothing(short_tmp: Path) -> None:
+    """The mesh has a small send budget, so daemons are answered 429 and the broker's gate
+    holds their later sends back, while daemons, the broker, PostgreSQL and links fail."""
+    plan = make_plan(seed=9, sends=240, faults=6)
+    run = FaultRun(RunConfig(plan, short_tmp, settle_timeout=120, audit=False,
+                             budget=(20.0, 10)))
+    report = await run.run()
+    print(report.table())
+    assert report.ok, report.table()
+    assert _refused(run), "the budget never refused a send: the run did not test it"
+
+
+@pytest.mark.timeout(300)
+async def test_under_a_send_budget_every_send_arrives_in_send_order(short_tmp: Path) -> None:
+    """Without faults every send counts, those refused 429 and sent again included: the
+    daemons pipeline frames behind refused ones, and the gate keeps them behind."""
+    plan = make_plan(seed=10, sends=200, faults=0)
+    run = FaultRun(RunConfig(plan, short_tmp, concurrency=1, settle_timeout=120, audit=False,
+                             budget=(20.0, 10)))
+    report = await run.run()
+    print(report.table())
+    assert report.ok, report.table()
+    assert _refused(run), "the budget never refused a send: the run did not test it"
+    _assert_send_order(plan, report)
