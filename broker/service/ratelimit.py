@@ -38,6 +38,10 @@ class Gate:
     client_message_id: str   # the first send refused: the member must send it again first
     retry_at_ms: int         # the time its 429 named
 
+    def expired(self, now_ms: int) -> bool:
+        """Its send never came back (the row was aborted): the gate opens."""
+        return now_ms > self.retry_at_ms + GATE_SLACK_MS
+
 
 class Limiter:
     def __init__(self, default: Rate, store: Store) -> None:
@@ -52,8 +56,9 @@ class Limiter:
         return self.overrides.get(mesh_id, self.default)
 
     def fast(self, member: Member, sends: int, now_ms: int) -> Admission | None:
-        """Take ``sends`` tokens when all fit and none of the member's frames is waiting
-        for its B0 lookup; None sends the frame the slow way (``turn``, B0, ``admit``)."""
+        """Take ``sends`` tokens when all fit, none of the member's frames holds its turn and
+        it owes no refused send; None sends the frame the slow way (``turn``, the gate, B0,
+        ``admit``)."""
         if member in self._turns or member in self._gates:
             return None
         return self.if_fits(member, sends, now_ms)
@@ -65,7 +70,7 @@ class Limiter:
         g = self._gates.get(member)
         if g is None:
             return None
-        if g.client_message_id in client_message_ids or now_ms > g.retry_at_ms + GATE_SLACK_MS:
+        if g.client_message_id in client_message_ids or g.expired(now_ms):
             del self._gates[member]
             return None
         return max(GATE_MIN_WAIT_MS if now_ms >= g.retry_at_ms else 1, g.retry_at_ms - now_ms)
@@ -87,7 +92,8 @@ class Limiter:
         return self.buckets.admit(member, self.rate(member[0]), sends, now_ms)
 
     def refund(self, member: Member, sends: int, now_ms: int) -> None:
-        """Tokens back for sends that the accept found were retries (200, 409)."""
+        """Tokens back for sends that B1 rejected or the accept found were retries (200,
+        409)."""
         self.buckets.refund(member, self.rate(member[0]), sends, now_ms)
 
     @asynccontextmanager
@@ -110,8 +116,7 @@ class Limiter:
         found = await self.store.mesh_limits()
         self.overrides = {mesh_id: self._rate_of(m) for mesh_id, m in found.items()}
         self.buckets.prune(self._key_rate, now_ms)
-        for member in [m for m, g in self._gates.items()
-                       if now_ms > g.retry_at_ms + GATE_SLACK_MS]:
+        for member in [m for m, g in self._gates.items() if g.expired(now_ms)]:
             del self._gates[member]
 
     def _key_rate(self, key: Hashable) -> Rate:

@@ -12,8 +12,8 @@ hear 429 before the 400 its content would earn; sent again, it gets the 400).
 
 A B1 reject gets its own error result and never reaches the store; the others of its frame
 go on. ``send`` and ``send_batch`` must reach the store's queue before their first
-suspension: the server starts them in arrival order, and that is what keeps one
-connection's sends accepted in the order they arrived.
+suspension, or hold their member's turn until they do: the server starts them in arrival
+order, and that is what keeps one connection's sends accepted in the order they arrived.
 """
 
 from __future__ import annotations
@@ -116,10 +116,11 @@ class Sends:
         async with asyncio.TaskGroup() as tg, self.limiter.turn(member):
             gate_ms = None
             if admission is None:
-                cmids = {c for s in sends if isinstance(c := s.get("client_message_id"), str)}
-                gate_ms = self.limiter.gate(member, cmids, now_ms())
+                waited = now_ms()
+                cmids = {c for s in sends if (c := _key_of(s)) is not None}
+                gate_ms = self.limiter.gate(member, cmids, waited)
                 if gate_ms is None:
-                    admission = self.limiter.if_fits(member, len(sends), now_ms())
+                    admission = self.limiter.if_fits(member, len(sends), waited)
             if admission is None:
                 places = await self._budgeted(conn, member, sends, checked, answers, now,
                                               gate_ms)
@@ -168,8 +169,8 @@ class Sends:
         """B0, then the budget (or, while the member owes a refused send, ``gate_ms`` for
         every new send): answers the retries and the sends over budget into ``answers``;
         returns the places of the sends that took a token."""
-        keyed = {i: (member[0], member[1], s["client_message_id"]) for i, s in enumerate(sends)
-                 if isinstance(s.get("client_message_id"), str)}
+        keyed = {i: (member[0], member[1], c) for i, s in enumerate(sends)
+                 if (c := _key_of(s)) is not None}
         known = await self.store.known(list(set(keyed.values())))
         retries = [i for i, key in keyed.items() if key in known]
         for i, a in self._b1(conn, sends, retries, checked, answers, now):
@@ -183,10 +184,9 @@ class Sends:
         else:
             admission = Admission(0, (gate_ms,) * len(fresh), 0.0)
         over = fresh[admission.admitted:]
-        owed = [i for i in over if isinstance(sends[i].get("client_message_id"), str)]
+        owed = [c for i in over if (c := _key_of(sends[i])) is not None]
         if owed and gate_ms is None:
-            self.limiter.refused(member, sends[owed[0]]["client_message_id"],
-                                 now_ms() + admission.retry_after_ms[-1])
+            self.limiter.refused(member, owed[0], now_ms() + admission.retry_after_ms[-1])
         for i, wait_ms in zip(over, admission.retry_after_ms, strict=True):
             answers[i] = AcceptResult(429, str(sends[i].get("client_message_id", "")),
                                       error=RateLimited(
@@ -238,6 +238,13 @@ class Sends:
     def _mismatched(self, conn: Conn, result: AcceptResult) -> None:
         log.warning("broker_fingerprint_mismatched", mesh_id=conn.mesh_id,
                     sender=conn.pubkey, client_message_id=result.client_message_id)
+
+
+def _key_of(send: Frame) -> str | None:
+    """The send's client_message_id, if it is one a dedupe key or a gate can hold (an
+    unchecked batch item may carry anything there; B1 refuses it later)."""
+    cmid = send.get("client_message_id")
+    return cmid if isinstance(cmid, str) else None
 
 
 def _invalid(item: Frame, exc: InvalidFrame) -> Frame:
