@@ -102,6 +102,12 @@ class Mesh:
         self.daemons[label] = d
         return d
 
+    def stop(self) -> None:
+        """Stop every daemon, then the broker (a test's teardown)."""
+        for d in self.daemons.values():
+            d.stop()
+        self.broker.stop()
+
 
 async def two_on_topic(mesh: Mesh, root: Path, topic: str = "ops"
                        ) -> tuple[RunningDaemon, RunningDaemon]:

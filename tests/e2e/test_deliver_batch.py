@@ -31,9 +31,7 @@ def any_mesh(request: pytest.FixtureRequest, short_tmp: Path) -> Iterator[Mesh]:
     try:
         yield mesh
     finally:
-        for d in mesh.daemons.values():
-            d.stop()
-        broker.stop()
+        mesh.stop()
 
 
 async def _backlog(mesh: Mesh, root: Path, n: int) -> tuple[list[str], RunningDaemon]:

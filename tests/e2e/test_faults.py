@@ -104,6 +104,4 @@ async def test_broker_kill_9_and_restart_on_postgres(pg_database: str, short_tmp
     try:
         await _broker_restart_mid_stream(m, short_tmp)
     finally:
-        for d in m.daemons.values():
-            d.stop()
-        broker.stop()
+        m.stop()

@@ -68,9 +68,7 @@ async def _lapsed_lease(home: Path, url: str, short_tmp: Path) -> None:
         await wait_for(lambda: _total(c1, c2, 21))
         assert sorted(await _ids(c1) + await _ids(c2)) == sorted([*ids, "later"])
     finally:
-        for d in mesh.daemons.values():
-            d.stop()
-        broker.stop()
+        mesh.stop()
 
 
 async def _count(d: RunningDaemon, n: int) -> bool:

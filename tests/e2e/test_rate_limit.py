@@ -27,9 +27,7 @@ def limited(short_tmp: Path) -> Iterator[Mesh]:
     try:
         yield m
     finally:
-        for d in m.daemons.values():
-            d.stop()
-        b.stop()
+        m.stop()
 
 
 async def test_a_flood_is_slowed_down_and_arrives_once_in_order(limited: Mesh,

@@ -186,9 +186,7 @@ async def test_stale_sequence_after_inbox_restored_from_backup(short_tmp: Path) 
         await wait_for(lambda: _bodies(b, 1))
         assert [e["client_message_id"] for e in await inbox(b)] == ["new0"]
     finally:
-        for d in mesh.daemons.values():
-            d.stop()
-        broker.stop()
+        mesh.stop()
 
 
 def _pruned(broker: Broker) -> bool:

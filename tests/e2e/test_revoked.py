@@ -43,12 +43,18 @@ async def test_a_revoked_daemon_exits_for_good_and_every_verb_says_revoked(
     _assert_cold_send_says_revoked(a)
 
 
-async def test_revoked_while_down_the_cold_path_finds_out_and_up_then_refuses(
-        mesh: Mesh, short_tmp: Path) -> None:
+async def _revoked_while_down(mesh: Mesh, short_tmp: Path) -> RunningDaemon:
+    """Daemon a joins and connects, stops cleanly, and is revoked while it is down."""
     a = mesh.add("a", short_tmp)
     await wait_for(lambda: connected(a))
     assert a.stop() == 0
     mesh.broker.cli("member", "revoke", "--mesh", "team", pubkey(a))
+    return a
+
+
+async def test_revoked_while_down_the_cold_path_finds_out_and_up_then_refuses(
+        mesh: Mesh, short_tmp: Path) -> None:
+    a = await _revoked_while_down(mesh, short_tmp)
     _assert_cold_send_says_revoked(a)
     up = run_cli(a.home, "daemon", "up", "--mesh", "m")
     assert up.returncode == Exit.REVOKED and SAID in up.stderr
@@ -56,10 +62,7 @@ async def test_revoked_while_down_the_cold_path_finds_out_and_up_then_refuses(
 
 async def test_revoked_while_down_up_hears_it_from_the_broker_and_says_so(
         mesh: Mesh, short_tmp: Path) -> None:
-    a = mesh.add("a", short_tmp)
-    await wait_for(lambda: connected(a))
-    assert a.stop() == 0
-    mesh.broker.cli("member", "revoke", "--mesh", "team", pubkey(a))
+    a = await _revoked_while_down(mesh, short_tmp)
     # No cold send told this host: only the broker's refusal can, and `up` waits for it.
     up = run_cli(a.home, "daemon", "up", "--mesh", "m")
     assert up.returncode == Exit.REVOKED, up.stdout + up.stderr

@@ -134,9 +134,7 @@ async def test_a_damaged_inbox_is_rebuilt_from_redelivery(short_tmp: Path) -> No
         got = [e["client_message_id"] for e in await inbox(b)]
         assert got == [f"m{i}" for i in range(6)], "redelivered once each, then new ones"
     finally:
-        for d in mesh.daemons.values():
-            d.stop()
-        broker.stop()
+        mesh.stop()
 
 
 async def _count(d: RunningDaemon, n: int) -> bool:
