@@ -10,9 +10,10 @@ has refilled is the same as none, so ``prune`` forgets it.
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,3 +100,62 @@ def _wait_ms(tokens: float, k: int, rate: Rate) -> int:
     """Milliseconds until the ``k``-th refused send has its token, at least 1."""
     need = min(k, rate.burst) - tokens
     return max(1, math.ceil(need * 1000 / rate.per_s))
+
+
+@dataclass(slots=True)
+class Owed:
+    """One member's refused sends, in the order they were refused, each with the time its 429
+    named. A member that sends again in order (a daemon resends its outbox rows in their
+    order) brings them back first; until it has, nothing new of its goes through, or a send
+    it had on the wire behind a refused one would overtake it.
+
+    A send that never comes back (its row was aborted) stops being owed ``slack_ms`` after
+    its time. At most ``cap`` are kept: a member past it is not resending what it was
+    refused, and its later refusals are not remembered."""
+
+    slack_ms: int
+    cap: int
+    keys: dict[str, int] = field(default_factory=dict)   # insertion order is refusal order
+
+    def __bool__(self) -> bool:
+        return bool(self.keys)
+
+    def expire(self, now_ms: int) -> None:
+        """Forget the sends at the front that are long overdue (they are not coming back)."""
+        while self.keys:
+            key, at_ms = next(iter(self.keys.items()))
+            if now_ms <= at_ms + self.slack_ms:
+                return
+            del self.keys[key]
+
+    def allowed(self, keys: Sequence[str | None]) -> int:
+        """How many of a frame's new sends, from the first, may take a token: those owed, in
+        the order owed, then any once nothing more is owed."""
+        owed = iter(self.keys)
+        head = next(owed, None)
+        for n, key in enumerate(keys):
+            if head is None:
+                return len(keys)
+            if key != head:
+                return n
+            head = next(owed, None)
+        return len(keys)
+
+    def wait_ms(self, skipped: int, now_ms: int, late_ms: int) -> int:
+        """How long sends held back behind the owed ones (all but the first ``skipped``) wait:
+        until the first still owed may come back, at least ``late_ms`` once it is late."""
+        at_ms = next(itertools.islice(self.keys.values(), skipped, None), now_ms)
+        return late_ms if now_ms >= at_ms else at_ms - now_ms
+
+    def settle(self, keys: Sequence[str | None], admitted: int, waits: Sequence[int],
+               now_ms: int) -> None:
+        """The frame's first ``admitted`` sends went through; the rest were refused with
+        ``waits``: those come off, these are owed (the ones already owed keep their place)."""
+        for key in keys[:admitted]:
+            if key is not None:
+                self.keys.pop(key, None)
+        for key, wait in zip(keys[admitted:], waits, strict=True):
+            if key is None:
+                continue
+            if key in self.keys or len(self.keys) < self.cap:
+                self.keys[key] = now_ms + wait

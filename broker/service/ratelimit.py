@@ -10,37 +10,29 @@ The limiter only counts new sends. A frame that does not fit is looked up in the
 table first (B0, one query for the frame) and its retries answered from there; one member's
 such frames wait for each other, so its sends still reach the store in the order read.
 
-Refusing keeps a member's order too: after a 429 the member owes its first refused send (a
-*gate*). Its frames already on the wire behind the refused one would find the bucket refilled
-and go through ahead of it; until a frame brings that send again, the member's other new
-sends are refused as well, with the same wait. A gate whose send never comes back (the row
-was aborted) opens ``GATE_SLACK_MS`` after its wait.
+Refusing keeps a member's order too: the sends it was refused are *owed*
+(``core.ratelimit.Owed``), in the order refused. Its frames already on the wire behind a
+refused one would find the bucket refilled and go through ahead of it; while it owes sends,
+they come back first and in that order, and its new sends are refused with a wait until the
+first owed one may come back. A send that never comes back (the row was aborted) stops being
+owed ``OWED_SLACK_MS`` after its wait.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Collection, Hashable
+from collections.abc import AsyncIterator, Collection, Hashable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 
 from tidemesh.broker.store.base import MeshLimits, Store
-from tidemesh.core.ratelimit import Admission, Buckets, Rate
+from tidemesh.core.ratelimit import Admission, Buckets, Owed, Rate
 
 Member = tuple[str, str]   # (mesh_id, pubkey)
-GATE_SLACK_MS = 10_000
-# Sends refused by a gate whose wait is over (the owed send is late) wait at least this long.
-GATE_MIN_WAIT_MS = 100
-
-
-@dataclass(slots=True)
-class Gate:
-    client_message_id: str   # the first send refused: the member must send it again first
-    retry_at_ms: int         # the time its 429 named
-
-    def expired(self, now_ms: int) -> bool:
-        """Its send never came back (the row was aborted): the gate opens."""
-        return now_ms > self.retry_at_ms + GATE_SLACK_MS
+OWED_SLACK_MS = 10_000
+# New sends held back behind an owed one that is late wait at least this long.
+OWED_LATE_WAIT_MS = 100
+# A daemon has at most its window (1,024 by default) of sends on the wire to be refused.
+OWED_CAP = 4096
 
 
 class Limiter:
@@ -50,46 +42,66 @@ class Limiter:
         self.buckets = Buckets()
         self.overrides: dict[str, Rate] = {}
         self._turns: dict[Member, tuple[asyncio.Lock, int]] = {}
-        self._gates: dict[Member, Gate] = {}
+        self._owed: dict[Member, Owed] = {}
 
     def rate(self, mesh_id: str) -> Rate:
         return self.overrides.get(mesh_id, self.default)
 
     def fast(self, member: Member, sends: int, now_ms: int) -> Admission | None:
         """Take ``sends`` tokens when all fit, none of the member's frames holds its turn and
-        it owes no refused send; None sends the frame the slow way (``turn``, the gate, B0,
+        it owes no refused send; None sends the frame the slow way (``turn``, B0,
         ``admit``)."""
-        if member in self._turns or member in self._gates:
+        if member in self._turns or member in self._owed:
             return None
         return self.if_fits(member, sends, now_ms)
 
-    def gate(self, member: Member, client_message_ids: Collection[str], now_ms: int
-             ) -> int | None:
-        """How long the member's new sends in this frame must wait because it owes a refused
-        send (ms); None when it owes none, or this frame brings it (which opens the gate)."""
-        g = self._gates.get(member)
-        if g is None:
-            return None
-        if g.client_message_id in client_message_ids or g.expired(now_ms):
-            del self._gates[member]
-            return None
-        return max(GATE_MIN_WAIT_MS if now_ms >= g.retry_at_ms else 1, g.retry_at_ms - now_ms)
-
-    def refused(self, member: Member, client_message_id: str, retry_at_ms: int) -> None:
-        """The member was refused ``client_message_id`` (its first over budget) until
-        ``retry_at_ms``; an earlier gate still open stays."""
-        self._gates.setdefault(member, Gate(client_message_id, retry_at_ms))
+    def owes(self, member: Member, now_ms: int) -> bool:
+        """Does the member owe refused sends (which its next frame must bring first)?"""
+        owed = self._owed.get(member)
+        if owed is None:
+            return False
+        owed.expire(now_ms)
+        if not owed:
+            del self._owed[member]
+        return bool(owed)
 
     def if_fits(self, member: Member, sends: int, now_ms: int) -> Admission | None:
         """Take ``sends`` tokens when all fit (a frame holding the member's turn asks this
-        before it pays for B0)."""
+        before it pays for B0; only while the member owes nothing)."""
         rate = self.rate(member[0])
         if not self.buckets.fits(member, rate, sends, now_ms):
             return None
         return self.buckets.admit(member, rate, sends, now_ms)
 
-    def admit(self, member: Member, sends: int, now_ms: int) -> Admission:
-        return self.buckets.admit(member, self.rate(member[0]), sends, now_ms)
+    def admit(self, member: Member, keys: Sequence[str | None], now_ms: int) -> Admission:
+        """Decide a frame's new sends (their client_message_ids) in item order: the owed ones
+        first, in the order owed, then new ones once nothing is owed, each while a token is
+        left. The refused ones are owed from now on."""
+        owed = self._owed.get(member)
+        if owed is not None:
+            owed.expire(now_ms)
+        allowed = owed.allowed(keys) if owed else len(keys)
+        taken = self.buckets.admit(member, self.rate(member[0]), allowed, now_ms)
+        waits = list(taken.retry_after_ms)
+        if owed and allowed < len(keys):
+            held = owed.wait_ms(allowed, now_ms, OWED_LATE_WAIT_MS)
+            waits += [max(held, waits[-1] if waits else 1)] * (len(keys) - allowed)
+        if waits and owed is None:
+            owed = self._owed[member] = Owed(OWED_SLACK_MS, OWED_CAP)
+        if owed is not None:
+            owed.settle(keys, taken.admitted, waits, now_ms)
+            if not owed:
+                del self._owed[member]
+        return Admission(taken.admitted, tuple(waits), taken.fill)
+
+    def forgive(self, member: Member, keys: Collection[str]) -> None:
+        """Sends found already accepted (B0) are owed no longer."""
+        owed = self._owed.get(member)
+        if owed is not None:
+            for key in keys:
+                owed.keys.pop(key, None)
+            if not owed:
+                del self._owed[member]
 
     def refund(self, member: Member, sends: int, now_ms: int) -> None:
         """Tokens back for sends that B1 rejected or the accept found were retries (200,
@@ -116,8 +128,8 @@ class Limiter:
         found = await self.store.mesh_limits()
         self.overrides = {mesh_id: self._rate_of(m) for mesh_id, m in found.items()}
         self.buckets.prune(self._key_rate, now_ms)
-        for member in [m for m, g in self._gates.items() if g.expired(now_ms)]:
-            del self._gates[member]
+        for member in list(self._owed):
+            self.owes(member, now_ms)
 
     def _key_rate(self, key: Hashable) -> Rate:
         assert isinstance(key, tuple)

@@ -114,16 +114,12 @@ class Sends:
         together."""
         # The turn is left first (the TaskGroup then waits for the commit).
         async with asyncio.TaskGroup() as tg, self.limiter.turn(member):
-            gate_ms = None
             if admission is None:
                 waited = now_ms()
-                cmids = {c for s in sends if (c := _key_of(s)) is not None}
-                gate_ms = self.limiter.gate(member, cmids, waited)
-                if gate_ms is None:
+                if not self.limiter.owes(member, waited):
                     admission = self.limiter.if_fits(member, len(sends), waited)
             if admission is None:
-                places = await self._budgeted(conn, member, sends, checked, answers, now,
-                                              gate_ms)
+                places = await self._budgeted(conn, member, sends, checked, answers, now)
             else:
                 self._filled(member, admission)
                 places = list(range(len(sends)))
@@ -164,29 +160,22 @@ class Sends:
         return valid
 
     async def _budgeted(self, conn: Conn, member: Member, sends: list[Frame], checked: bool,
-                        answers: dict[int, Frame | AcceptResult], now: int,
-                        gate_ms: int | None) -> list[int]:
-        """B0, then the budget (or, while the member owes a refused send, ``gate_ms`` for
-        every new send): answers the retries and the sends over budget into ``answers``;
-        returns the places of the sends that took a token."""
+                        answers: dict[int, Frame | AcceptResult], now: int) -> list[int]:
+        """B0, then the budget (the sends the member owes first): answers the retries and the
+        refused sends into ``answers``; returns the places of the sends that took a token."""
         keyed = {i: (member[0], member[1], c) for i, s in enumerate(sends)
                  if (c := _key_of(s)) is not None}
         known = await self.store.known(list(set(keyed.values())))
         retries = [i for i, key in keyed.items() if key in known]
         for i, a in self._b1(conn, sends, retries, checked, answers, now):
             answers[i] = answer_existing(a, known[a.key])
+        self.limiter.forgive(member, [keyed[i][2] for i in retries])
         self.metrics.fast_path.inc(len(retries))
         # A send without a usable key is never a retry: it takes its turn, and B1 refuses it.
         fresh = [i for i in range(len(sends)) if i not in answers]
-        if gate_ms is None:
-            admission = self.limiter.admit(member, len(fresh), now_ms())
-            self._filled(member, admission)
-        else:
-            admission = Admission(0, (gate_ms,) * len(fresh), 0.0)
+        admission = self.limiter.admit(member, [_key_of(sends[i]) for i in fresh], now_ms())
+        self._filled(member, admission)
         over = fresh[admission.admitted:]
-        owed = [c for i in over if (c := _key_of(sends[i])) is not None]
-        if owed and gate_ms is None:
-            self.limiter.refused(member, owed[0], now_ms() + admission.retry_after_ms[-1])
         for i, wait_ms in zip(over, admission.retry_after_ms, strict=True):
             answers[i] = AcceptResult(429, str(sends[i].get("client_message_id", "")),
                                       error=RateLimited(
@@ -196,7 +185,7 @@ class Sends:
             # Backpressure on a member that does not wait: its connection is not read until
             # the largest wait has passed (at most READ_HOLD_MAX_MS), so sending again at once
             # gains it nothing and costs the others nothing. A daemon waits that long anyway;
-            # its delivery acks wait with it. The gate keeps what it sent meanwhile in order.
+            # its delivery acks wait with it. What it sent meanwhile waits behind what it owes.
             conn.hold_until_ms = max(conn.hold_until_ms,
                                      now_ms() + min(admission.retry_after_ms[-1],
                                                     READ_HOLD_MAX_MS))
@@ -241,7 +230,7 @@ class Sends:
 
 
 def _key_of(send: Frame) -> str | None:
-    """The send's client_message_id, if it is one a dedupe key or a gate can hold (an
+    """The send's client_message_id, if it is one a dedupe key or the owed sends can hold (an
     unchecked batch item may carry anything there; B1 refuses it later)."""
     cmid = send.get("client_message_id")
     return cmid if isinstance(cmid, str) else None

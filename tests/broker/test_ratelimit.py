@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
@@ -56,6 +57,23 @@ async def _member(b: Broker, key: SigningKey) -> ClientConnection:
     ws = await connect(b.url)
     await _hello(ws, b, key)
     return ws
+
+
+@asynccontextmanager
+async def _limited(store_url: str, rate: Rate) -> AsyncIterator[Broker]:
+    """A broker whose members have ``rate`` (one that refills while a test runs)."""
+    b, server = await _start(store_url, rate)
+    try:
+        yield b
+    finally:
+        await server.stop()
+        await b.store.close()
+
+
+async def _bob_received(b: Broker) -> list[str]:
+    """The client_message_ids bob has been delivered, in his order."""
+    return [r.client_message_id
+            for r in await b.store.deliveries_after(b.mesh_id, pub(b.bob), 1, 0, 100)]
 
 
 def _statuses(results: list[Frame]) -> list[int]:
@@ -141,23 +159,18 @@ async def test_a_rejected_send_costs_no_budget_and_one_over_it_is_refused_before
 async def test_a_send_after_the_wait_goes_through(store_url: str) -> None:
     """The bucket refills at the rate (a fast one here; no timing asserted, only that a
     send made after retry_after_ms is accepted)."""
-    b, server = await _start(store_url, Rate(per_s=20, burst=1))
-    try:
-        async with await _member(b, b.alice) as ws:
-            got = await _batch(ws, [("a0", "x"), ("a1", "x")])
-            assert _statuses(got) == [201, 429]
-            wait_ms = got[1]["retry_after_ms"]
-            await asyncio.sleep(wait_ms / 1000 + 0.01)
-            assert _statuses(await _batch(ws, [("a1", "x")])) == [201]
-    finally:
-        await server.stop()
-        await b.store.close()
+    async with _limited(store_url, Rate(per_s=20, burst=1)) as b, \
+            await _member(b, b.alice) as ws:
+        got = await _batch(ws, [("a0", "x"), ("a1", "x")])
+        assert _statuses(got) == [201, 429]
+        wait_ms = got[1]["retry_after_ms"]
+        await asyncio.sleep(wait_ms / 1000 + 0.01)
+        assert _statuses(await _batch(ws, [("a1", "x")])) == [201]
 
 
 async def test_a_mesh_override_keeps_the_brokers_value_for_what_it_leaves_out(
         store_url: str) -> None:
-    b, server = await _start(store_url, Rate(per_s=50, burst=7))
-    try:
+    async with _limited(store_url, Rate(per_s=50, burst=7)) as b:
         limiter = b.service.limiter
         await b.store.set_mesh_limits(b.mesh_id, MeshLimits(member_rate=2, member_burst=None))
         await b.service.refresh_limits()
@@ -167,17 +180,13 @@ async def test_a_mesh_override_keeps_the_brokers_value_for_what_it_leaves_out(
         await b.service.refresh_limits()
         assert limiter.rate(b.mesh_id) == Rate(per_s=50, burst=7)
         assert await b.store.mesh_limits() == {}
-    finally:
-        await server.stop()
-        await b.store.close()
 
 
 async def test_a_frame_behind_a_refused_one_waits_for_it_so_order_holds(store_url: str) -> None:
     """A daemon has frames on the wire behind one that was refused; by the time the broker
     reads them the bucket has refilled. They are refused too until the refused send comes
     again, so the recipient gets the sender's messages in the order they were sent."""
-    b, server = await _start(store_url, Rate(per_s=20, burst=3))
-    try:
+    async with _limited(store_url, Rate(per_s=20, burst=3)) as b:
         async with await _member(b, b.alice) as ws:
             assert _statuses(await _batch(ws, [(f"a{i}", "x") for i in range(4)])) == [
                 201, 201, 201, 429]
@@ -186,11 +195,25 @@ async def test_a_frame_behind_a_refused_one_waits_for_it_so_order_holds(store_ur
             assert _statuses(behind) == [429]
             assert behind[0]["retry_after_ms"] >= 1
             assert _statuses(await _batch(ws, [("a3", "x"), ("a4", "x")])) == [201, 201]
-        received = await b.store.deliveries_after(b.mesh_id, pub(b.bob), 1, 0, 100)
-    finally:
-        await server.stop()
-        await b.store.close()
-    assert [r.client_message_id for r in received] == [f"a{i}" for i in range(5)]
+        assert await _bob_received(b) == [f"a{i}" for i in range(5)]
+
+
+async def test_every_refused_send_comes_back_before_anything_newer_goes_through(
+        store_url: str) -> None:
+    """Two frames refused in turn; the daemon's retry brings the first one and newer sends
+    (the second's answer had not reached it when it claimed). The newer ones wait for the
+    second refused send, which the fault harness once saw overtaken."""
+    async with _limited(store_url, Rate(per_s=20, burst=2)) as b:
+        async with await _member(b, b.alice) as ws:
+            assert _statuses(await _batch(ws, [("a0", "x"), ("a1", "x"), ("a2", "x")])) == [
+                201, 201, 429]
+            assert _statuses(await _batch(ws, [("a3", "x")])) == [429]
+            await asyncio.sleep(0.3)   # the bucket is full again
+            assert _statuses(await _batch(ws, [("a2", "x"), ("a4", "x")])) == [201, 429]
+            assert _statuses(await _batch(ws, [("a4", "x")])) == [429]  # a3 first
+            await asyncio.sleep(0.3)
+            assert _statuses(await _batch(ws, [("a3", "x"), ("a4", "x")])) == [201, 201]
+        assert await _bob_received(b) == [f"a{i}" for i in range(5)]
 
 
 async def test_a_member_that_does_not_wait_is_not_read_while_others_are_served(

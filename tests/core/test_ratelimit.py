@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tidemesh.core.ratelimit import Buckets, Rate
+from tidemesh.core.ratelimit import Buckets, Owed, Rate
 
 RATE = Rate(per_s=10, burst=5)   # a token every 100 ms, five at most
 KEY = ("mesh", "alice")
@@ -89,3 +89,49 @@ def test_a_late_callers_older_clock_does_not_count_the_refill_twice() -> None:
     assert b.admit(KEY, RATE, 5, now_ms=1_000).admitted == 0
     b.refund(KEY, RATE, 1, now_ms=400)
     assert b.admit(KEY, RATE, 5, now_ms=1_000).admitted == 1
+
+
+def _owed(*refused: tuple[str, int]) -> Owed:
+    owed = Owed(slack_ms=10_000, cap=3)
+    keys = [k for k, _ in refused]
+    owed.settle(keys, 0, [at for _, at in refused], 0)
+    return owed
+
+
+def test_owed_sends_come_back_first_and_in_the_order_refused() -> None:
+    owed = _owed(("a", 50), ("b", 60))
+    assert owed.allowed(["a", "b", "c"]) == 3
+    assert owed.allowed(["a", "c", "b"]) == 1      # c is new while b is still owed
+    assert owed.allowed(["b", "a"]) == 0           # out of order
+    assert owed.allowed(["c"]) == 0
+    assert Owed(10_000, 3).allowed(["c", "d"]) == 2
+
+
+def test_owed_sends_that_go_through_are_owed_no_more_and_refused_ones_keep_their_place(
+        ) -> None:
+    owed = _owed(("a", 50), ("b", 60))
+    owed.settle(["a", "c"], 1, [90], 10)
+    assert list(owed.keys) == ["b", "c"]
+    owed.settle(["b", "c"], 0, [30, 40], 20)
+    assert owed.keys == {"b": 50, "c": 60}
+
+
+def test_new_sends_wait_for_the_first_still_owed_at_least_a_little_once_it_is_late() -> None:
+    owed = _owed(("a", 50), ("b", 80))
+    assert owed.wait_ms(0, 20, late_ms=100) == 30
+    assert owed.wait_ms(1, 20, late_ms=100) == 60     # a comes back in this frame
+    assert owed.wait_ms(0, 50, late_ms=100) == 100
+
+
+def test_a_send_that_never_comes_back_stops_being_owed_after_the_slack() -> None:
+    owed = _owed(("a", 50), ("b", 20_000))
+    owed.expire(10_050)
+    assert list(owed.keys) == ["a", "b"]
+    owed.expire(10_051)
+    assert list(owed.keys) == ["b"]
+
+
+def test_refusals_past_the_cap_are_not_remembered() -> None:
+    owed = _owed(("a", 1), ("b", 1), ("c", 1))
+    owed.settle(["d", "a"], 0, [5, 5], 0)
+    assert owed.keys == {"a": 5, "b": 1, "c": 1}

@@ -183,3 +183,18 @@ async def test_under_a_send_budget_faults_lose_and_duplicate_nothing(short_tmp: 
     print(report.table())
     assert report.ok, report.table()
     assert _refused(run), "the budget never refused a send: the run did not test it"
+
+
+@pytest.mark.timeout(300)
+async def test_under_a_send_budget_every_send_arrives_in_send_order(short_tmp: Path) -> None:
+    """Without faults every send counts, those refused 429 and sent again included: the
+    daemons pipeline frames behind refused ones, and the broker holds them back until the
+    refused sends have come again."""
+    plan = make_plan(seed=10, sends=200, faults=0)
+    run = FaultRun(RunConfig(plan, short_tmp, concurrency=1, settle_timeout=120, audit=False,
+                             budget=(20.0, 10)))
+    report = await run.run()
+    print(report.table())
+    assert report.ok, report.table()
+    assert _refused(run), "the budget never refused a send: the run did not test it"
+    _assert_send_order(plan, report)
