@@ -7,6 +7,8 @@ others with it), commits, and only then resolves each caller's future: an answer
 before its row is durable (``synchronous=FULL``). Later items in a batch see the rows earlier
 items wrote, so decisions stay serial. Reads use a second, read-only connection (WAL: they
 never block the writer). Other processes (the CLI) may write too: ``busy_timeout`` covers them.
+A weighed op's light args drained beside heavy ones of other owners commit first, in a
+transaction of their own (``light_first``), so a lone write does not wait for a big one.
 
 Each connection is an aiosqlite connection, whose thread runs one queued call at a time. A
 whole batch's transaction (or a whole read) is one such call on the plain ``sqlite3``
@@ -22,7 +24,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -119,6 +121,9 @@ class BatchOp(Generic[A, T]):
 
     name: str
     run: Callable[[sqlite3.Connection, Sequence[A]], list[T]]
+    # Both or neither: the rows an arg writes and whose it is (``light_first``).
+    weight: Callable[[A], int] | None = None
+    owner: Callable[[A], Hashable] | None = None
 
 
 @dataclass(slots=True, kw_only=True)
@@ -126,6 +131,33 @@ class _Item(Pending):
     fn: Callable[[sqlite3.Connection], Any] | None = None
     op: BatchOp[Any, Any] | None = None
     arg: Any = None
+
+
+# An arg of at most this weight is light (a lone send or a few); ``light_first``.
+LIGHT_WEIGHT = 16
+
+
+def light_first(batch: Sequence[_Item]) -> tuple[list[_Item], list[_Item]]:
+    """Split a drained batch of one weighed op that mixes light args with heavy ones: the
+    light ones commit first, in a transaction of their own, and the heavy ones next. With one
+    writer, a lone send queued beside a flood's frame would otherwise wait for that frame's
+    rows too. An owner's args keep their order (one behind its own heavy arg is deferred with
+    it); anything else, or a batch of one weight, is not split: ([], batch)."""
+    op = batch[0].op if batch else None
+    if op is None or op.weight is None or op.owner is None or any(
+            it.op is not op for it in batch):
+        return [], list(batch)
+    light: list[_Item] = []
+    heavy: list[_Item] = []
+    deferred: set[Hashable] = set()
+    for it in batch:
+        owner = op.owner(it.arg)
+        if owner in deferred or op.weight(it.arg) > LIGHT_WEIGHT:
+            deferred.add(owner)
+            heavy.append(it)
+        else:
+            light.append(it)
+    return (light, heavy) if light and heavy else ([], list(batch))
 
 
 class Database(BatchCounters):
@@ -141,6 +173,7 @@ class Database(BatchCounters):
         self._wconn: aiosqlite.Connection | None = None
         self._rconn: aiosqlite.Connection | None = None
         self._task: asyncio.Task[None] | None = None
+        self._deferred: list[_Item] = []   # heavy args ``light_first`` put off one commit
         # The writer's loop, known once: on Python 3.11 every get_running_loop() is a
         # getpid() system call, ~5 % of the daemon's event loop at 64 senders (py-spy).
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -227,14 +260,25 @@ class Database(BatchCounters):
                 if batch:
                     await self._commit_batch(batch)
         finally:
-            fail_all(self._queue, batch, Unavailable(f"the {self.name} database writer stopped"))
+            fail_all(self._queue, batch + self._deferred,
+                     Unavailable(f"the {self.name} database writer stopped"))
 
     async def _next_batch(self) -> tuple[list[_Item], bool]:
+        if self._deferred:
+            # Put off once only: these go now, with whatever is queued, light or not.
+            batch, self._deferred = self._deferred, []
+            return batch, take(self._queue, batch, self.batch_max)
         first = await self._queue.get()
         if first is None:
             return [], True
         batch = [first]
-        return batch, take(self._queue, batch, self.batch_max)
+        stopping = take(self._queue, batch, self.batch_max)
+        if not stopping:
+            light, heavy = light_first(batch)
+            if light:
+                self._deferred = heavy
+                return light, False
+        return batch, stopping
 
     async def _commit_batch(self, batch: list[_Item]) -> None:
         conn = self._wconn

@@ -1,7 +1,9 @@
 """The accept (SQLite): the shared sequence (``broker/store/accept.py``) over this port.
 
 A frame's sends are one item of the writer's queue; the writer runs every frame it drained
-as one batch of the sequence, in one savepoint of its group commit. Should a statement fail,
+as one batch of the sequence, in one savepoint of its group commit (frames of a few sends
+drained beside a big frame of another sender go first, in a commit of their own: the
+engine's ``light_first``, so a lone send does not wait for a flood's rows). Should a statement fail,
 the savepoint is rolled back and each send is redone in its own savepoint, in order, so one
 bad send fails alone and later sends of a key are still decided against earlier ones."""
 
@@ -30,7 +32,9 @@ class Accept(SqliteBase):
 
     def _init_accept(self) -> None:
         self.accept_rows = accept.AcceptRows(lambda: None)  # one writer
-        self._accept_op = BatchOp("accept", self._accept_frames)
+        # Weighed: a lone send commits before a flood's frame drained with it (light_first).
+        self._accept_op = BatchOp("accept", self._accept_frames, weight=len,
+                                  owner=lambda f: (f[0].mesh_id, f[0].sender_pubkey))
 
     async def accept(self, item: AcceptInput) -> AcceptResult:
         return (await self.accept_batch([item]))[0]
