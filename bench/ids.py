@@ -1,7 +1,8 @@
 """bench/ids: minting a ULID string, ``tidemesh.core.ids.new_ulid`` against python-ulid.
 
 timeit, in one run, rounds interleaved: each way of minting an id as the accept path does
-(with the clock's milliseconds, and with the time read inside). ``--file`` adds another
+(with the clock's milliseconds, and with the time read inside), and in bulk as the
+broker's B1 does (``new_ulids``). ``--file`` adds another
 version of core/ids.py (``git show REV:core/ids.py > old_ids.py``) as the peer. Prints the
 best of the rounds in ns per id and each one's ratio to python-ulid's ``str(ULID())``.
 
@@ -22,6 +23,9 @@ from ulid import ULID
 
 from tidemesh.core import ids
 
+# The broker mints a B1 slice's ids in one call: two per send, 32 sends a slice.
+BULK = 64
+
 
 def _load(path: str) -> Any:
     spec = importlib.util.spec_from_file_location("bench_ids_from_file", path)
@@ -41,21 +45,27 @@ def main() -> None:
     args = ap.parse_args()
 
     now = int(time.time() * 1000)
-    cases: dict[str, Callable[[], object]] = {
-        "python-ulid str(ULID())": lambda: str(ULID()),
-        "python-ulid str(ULID.from_timestamp(ms))": lambda: str(ULID.from_timestamp(now)),
-        "new_ulid()": ids.new_ulid,
-        "new_ulid(now_ms)": lambda: ids.new_ulid(now),
+    # name -> (a call, the ids it mints)
+    cases: dict[str, tuple[Callable[[], object], int]] = {
+        "python-ulid str(ULID())": (lambda: str(ULID()), 1),
+        "python-ulid str(ULID.from_timestamp(ms))": (lambda: str(ULID.from_timestamp(now)), 1),
+        "new_ulid()": (ids.new_ulid, 1),
+        "new_ulid(now_ms)": (lambda: ids.new_ulid(now), 1),
+        f"new_ulids({BULK}, now_ms), per id": (lambda: ids.new_ulids(BULK, now), BULK),
     }
     if args.file:
         old = _load(args.file)
-        cases["file new_ulid()"] = old.new_ulid
-        cases["file new_ulid(now_ms)"] = lambda: old.new_ulid(now)
+        cases["file new_ulid()"] = (old.new_ulid, 1)
+        cases["file new_ulid(now_ms)"] = (lambda: old.new_ulid(now), 1)
+        if hasattr(old, "new_ulids"):
+            cases[f"file new_ulids({BULK}, now_ms), per id"] = (
+                lambda: old.new_ulids(BULK, now), BULK)
     best = {name: float("inf") for name in cases}
     for _ in range(args.rounds):
-        for name, fn in cases.items():
-            took = timeit.timeit(fn, number=args.number)
-            best[name] = min(best[name], took / args.number * 1e9)
+        for name, (fn, per_call) in cases.items():
+            calls = max(1, args.number // per_call)
+            took = timeit.timeit(fn, number=calls)
+            best[name] = min(best[name], took / (calls * per_call) * 1e9)
     base = best["python-ulid str(ULID())"]
     print(f"best of {args.rounds} rounds x {args.number:,} ids, ns per id")
     for name, ns in best.items():

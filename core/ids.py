@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import os
 import re
 import time
@@ -34,27 +33,25 @@ def new_ulid(now_ms: int | None = None, randomness: bytes | None = None) -> str:
     return str(_GENERATOR.generate(None if now_ms is None else int(now_ms)))
 
 
-# base64's RFC 4648 alphabet to ULID's Crockford one, letter for letter.
-_CROCKFORD = bytes.maketrans(b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567",
-                             b"0123456789ABCDEFGHJKMNPQRSTVWXYZ")
-_PAD = bytes(4)
+_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+# Any byte to the Crockford character of its low five bits: 256 is a multiple of 32, so a
+# random byte gives a uniformly random character.
+_FIVE_BITS = bytes(ord(_CROCKFORD[b & 31]) for b in range(256))
 
 
 def new_ulids(count: int, now_ms: int) -> list[str]:
     """``count`` ULIDs of ``now_ms``, each with 80 fresh random bits, minted together.
 
-    The same ids python-ulid would make from these bytes (a test holds them to its parser),
-    at about half the cost each: one ``os.urandom`` and one C-level base32 pass for the lot.
-    The broker mints two per send. Each id is 4 zero bytes, 6 of milliseconds and 10 random
-    ones: 160 bits, 32 base32 characters of which the first 6 carry only the zero padding and
-    the last 26 are the ULID."""
+    The same ids python-ulid would make from these bits (a test holds them to its parser),
+    about fifteen times cheaper each: the 10 characters of the time are made once, and the
+    16 random characters of every id come from one ``os.urandom`` and one C-level
+    ``bytes.translate`` that maps each byte to the character of its low five bits. The
+    broker mints two per send."""
     if count <= 0:
         return []
-    ms = now_ms.to_bytes(6, "big")
-    rand = os.urandom(10 * count)
-    raw = b"".join(_PAD + ms + rand[k:k + 10] for k in range(0, 10 * count, 10))
-    text = base64.b32encode(raw).translate(_CROCKFORD).decode("ascii")
-    return [text[k + 6:k + 32] for k in range(0, 32 * count, 32)]
+    stamp = "".join(_CROCKFORD[(now_ms >> shift) & 31] for shift in range(45, -5, -5))
+    tails = os.urandom(16 * count).translate(_FIVE_BITS).decode("ascii")
+    return [stamp + tails[k:k + 16] for k in range(0, 16 * count, 16)]
 
 
 def ordered_ulid(now_ms: int | None = None) -> str:
