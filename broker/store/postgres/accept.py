@@ -28,6 +28,7 @@ from tidemesh.broker.store import accept
 from tidemesh.broker.store.accept import Key
 from tidemesh.broker.store.postgres.base import PostgresBase
 from tidemesh.core.errors import TidemeshError
+from tidemesh.storage.pgarray import int_array, text_array
 from tidemesh.storage.postgres import BatchOp, storage_error
 
 log = structlog.get_logger(__name__)
@@ -60,7 +61,8 @@ class Accept(PostgresBase):
     async def known(self, keys: Sequence[Key]) -> dict[Key, DedupeRow]:
         if not keys:
             return {}
-        rows = await self.pool.fetch(KNOWN_SQL, *([k[i] for k in keys] for i in range(3)))
+        rows = await self.pool.fetch(KNOWN_SQL, *(text_array([k[i] for k in keys])
+                                                  for i in range(3)))
         return _dedupe_rows(rows)
 
     async def accept_batch(self, items: Sequence[AcceptInput]) -> list[AcceptResult]:
@@ -111,21 +113,24 @@ class PgAcceptPort:
         self.conn = conn
 
     async def claim(self, items: Sequence[AcceptInput]) -> None:
-        await self.conn.execute(CLAIM_SQL, *(_col(items, attr) for attr in (
-            "mesh_id", "sender_pubkey", "client_message_id", "broker_message_id", "history_id",
-            "fingerprint", "kind", "ref", "now_ms", "expires_at")))
+        await self.conn.execute(
+            CLAIM_SQL, *(_texts(items, attr) for attr in (
+                "mesh_id", "sender_pubkey", "client_message_id", "broker_message_id",
+                "history_id")),
+            _col(items, "fingerprint"), _texts(items, "kind"), _texts(items, "ref"),
+            _ints(items, "now_ms"), _ints(items, "expires_at"))
 
     async def read_back(self, items: Sequence[AcceptInput]) -> dict[accept.Key, DedupeRow]:
-        return _dedupe_rows(await self.conn.fetch(READBACK_SQL, _col(items, "mesh_id"),
-                                                  _col(items, "sender_pubkey"),
-                                                  _col(items, "client_message_id")))
+        return _dedupe_rows(await self.conn.fetch(READBACK_SQL, _texts(items, "mesh_id"),
+                                                  _texts(items, "sender_pubkey"),
+                                                  _texts(items, "client_message_id")))
 
     async def destinations(self, items: Sequence[AcceptInput]
                            ) -> dict[accept.Destination, list[str]]:
-        args: list[list[str]] = []
+        args: list[str] = []
         for kind in ("topic", "dm", "queue"):
             keys = sorted({(a.mesh_id, a.ref) for a in items if a.kind == kind})
-            args += [[k[0] for k in keys], [k[1] for k in keys]]
+            args += [text_array([k[0] for k in keys]), text_array([k[1] for k in keys])]
         out: dict[accept.Destination, list[str]] = {}
         for kind, mesh_id, ref, pubkey in await self.conn.fetch(B2_SQL, *args):
             members = out.setdefault((kind, mesh_id, ref), [])
@@ -134,7 +139,7 @@ class PgAcceptPort:
         return out
 
     async def unclaim(self, broker_message_ids: Sequence[str]) -> None:
-        await self.conn.execute(UNCLAIM_SQL, list(broker_message_ids))
+        await self.conn.execute(UNCLAIM_SQL, text_array(broker_message_ids))
 
     async def insert(self, accepted: Sequence[tuple[AcceptInput, list[str]]]
                      ) -> dict[str, list[Delivery]]:
@@ -145,8 +150,10 @@ class PgAcceptPort:
         if rows:
             now = max(a.now_ms for a in items)
             for bm, pubkey, epoch, seq in await self.conn.fetch(
-                DELIVERIES_INSERT_SQL, [a.mesh_id for a, _ in rows], [p for _, p in rows],
-                [a.broker_message_id for a, _ in rows], [a.now_ms for a, _ in rows], now,
+                DELIVERIES_INSERT_SQL, text_array([a.mesh_id for a, _ in rows]),
+                text_array([p for _, p in rows]),
+                text_array([a.broker_message_id for a, _ in rows]),
+                int_array([a.now_ms for a, _ in rows]), now,
             ):
                 by_message.setdefault(bm, []).append(Delivery(pubkey, epoch, seq))
         return {bm: sorted(ds, key=lambda d: d.recipient_pubkey)
@@ -157,8 +164,9 @@ CLAIM_SQL = """
 INSERT INTO mesh.client_message_dedupe (mesh_id, sender_pubkey, client_message_id,
     broker_message_id, history_id, request_fingerprint, destination_kind, destination_ref,
     first_seen_at, expires_at)
-SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[],
-                     $7::text[], $8::text[], $9::bigint[], $10::bigint[])
+SELECT * FROM unnest($1::text::text[], $2::text::text[], $3::text::text[], $4::text::text[],
+                     $5::text::text[], $6::bytea[], $7::text::text[], $8::text::text[],
+                     $9::text::bigint[], $10::text::bigint[])
 ON CONFLICT (mesh_id, sender_pubkey, client_message_id) DO NOTHING
 """
 
@@ -168,29 +176,30 @@ KNOWN_SQL = """
 SELECT d.mesh_id, d.sender_pubkey, d.client_message_id, d.broker_message_id, d.history_id,
        d.request_fingerprint, d.history_available, d.first_seen_at
 FROM mesh.client_message_dedupe d
-JOIN unnest($1::text[], $2::text[], $3::text[]) AS k(m, s, c)
+JOIN unnest($1::text::text[], $2::text::text[], $3::text::text[]) AS k(m, s, c)
   ON d.mesh_id = k.m AND d.sender_pubkey = k.s AND d.client_message_id = k.c
 """
 
 READBACK_SQL = KNOWN_SQL + "FOR SHARE OF d\n"
 
 UNCLAIM_SQL = """
-DELETE FROM mesh.client_message_dedupe WHERE broker_message_id = ANY($1::text[])
+DELETE FROM mesh.client_message_dedupe WHERE broker_message_id = ANY($1::text::text[])
 """
 
 # One round trip for every destination check of the batch, tagged by kind.
 B2_SQL = """
 SELECT 'topic', k.m, k.n, s.member_pubkey
-FROM unnest($1::text[], $2::text[]) AS k(m, n)
+FROM unnest($1::text::text[], $2::text::text[]) AS k(m, n)
 JOIN mesh.topic t ON t.mesh_id = k.m AND t.name = k.n
 LEFT JOIN (mesh.topic_subscription s JOIN mesh.member mb ON mb.mesh_id = s.mesh_id
            AND mb.pubkey = s.member_pubkey AND mb.revoked_at IS NULL)
   ON s.mesh_id = t.mesh_id AND s.topic = t.name
 UNION ALL
-SELECT 'dm', k.m, k.p, k.p FROM unnest($3::text[], $4::text[]) AS k(m, p)
+SELECT 'dm', k.m, k.p, k.p FROM unnest($3::text::text[], $4::text::text[]) AS k(m, p)
 JOIN mesh.member mb ON mb.mesh_id = k.m AND mb.pubkey = k.p AND mb.revoked_at IS NULL
 UNION ALL
-SELECT 'queue', c.mesh_id, c.queue, c.member_pubkey FROM unnest($5::text[], $6::text[]) AS k(m, q)
+SELECT 'queue', c.mesh_id, c.queue, c.member_pubkey
+FROM unnest($5::text::text[], $6::text::text[]) AS k(m, q)
 JOIN mesh.queue_consumer c ON c.mesh_id = k.m AND c.queue = k.q
 JOIN mesh.member mb ON mb.mesh_id = c.mesh_id AND mb.pubkey = c.member_pubkey
   AND mb.revoked_at IS NULL
@@ -201,21 +210,23 @@ MESSAGES_SQL = """
 WITH tm AS (
   INSERT INTO mesh.topic_message (id, mesh_id, sender_pubkey, client_message_id, topic, body,
       body_encoding, priority, meta, reply_to, created_at)
-  SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
-                       $6::bytea[], $7::text[], $8::text[], $9::text[], $10::text[],
-                       $11::bigint[])
+  SELECT * FROM unnest($1::text::text[], $2::text::text[], $3::text::text[], $4::text::text[],
+                       $5::text::text[], $6::bytea[], $7::text::text[], $8::text::text[],
+                       $9::text::text[], $10::text::text[], $11::text::bigint[])
 ), mq AS (
   INSERT INTO mesh.message_queue (id, mesh_id, sender_pubkey, client_message_id,
       destination_kind, destination_ref, body, body_encoding, priority, meta, reply_to,
       created_at)
-  SELECT * FROM unnest($12::text[], $13::text[], $14::text[], $15::text[], $16::text[],
-                       $17::text[], $18::bytea[], $19::text[], $20::text[], $21::text[],
-                       $22::text[], $23::bigint[])
+  SELECT * FROM unnest($12::text::text[], $13::text::text[], $14::text::text[],
+                       $15::text::text[], $16::text::text[], $17::text::text[], $18::bytea[],
+                       $19::text::text[], $20::text::text[], $21::text::text[],
+                       $22::text::text[], $23::text::bigint[])
 )
 INSERT INTO mesh.message_history (history_id, broker_message_id, mesh_id, sender_pubkey,
     destination_kind, destination_ref, created_at)
-SELECT * FROM unnest($24::text[], $25::text[], $26::text[], $27::text[], $28::text[],
-                     $29::text[], $30::bigint[])
+SELECT * FROM unnest($24::text::text[], $25::text::text[], $26::text::text[],
+                     $27::text::text[], $28::text::text[], $29::text::text[],
+                     $30::text::bigint[])
 """
 
 # Bump each recipient's cursor by its number of new deliveries (rows locked in
@@ -224,7 +235,7 @@ SELECT * FROM unnest($24::text[], $25::text[], $26::text[], $27::text[], $28::te
 DELIVERIES_INSERT_SQL = """
 WITH c AS (
   INSERT INTO mesh.recipient_cursor (mesh_id, recipient_pubkey, last_seq, updated_at)
-  SELECT m, p, count(*), $5::bigint FROM unnest($1::text[], $2::text[]) AS u(m, p)
+  SELECT m, p, count(*), $5::bigint FROM unnest($1::text::text[], $2::text::text[]) AS u(m, p)
   GROUP BY m, p ORDER BY m, p
   ON CONFLICT (mesh_id, recipient_pubkey) DO UPDATE
     SET last_seq = mesh.recipient_cursor.last_seq + EXCLUDED.last_seq,
@@ -233,7 +244,7 @@ WITH c AS (
 ), x AS (
   SELECT m, p, bm, at, count(*) OVER (PARTITION BY m, p) AS n,
          row_number() OVER (PARTITION BY m, p ORDER BY ord) AS rn
-  FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[])
+  FROM unnest($1::text::text[], $2::text::text[], $3::text::text[], $4::text::bigint[])
        WITH ORDINALITY AS u(m, p, bm, at, ord)
 )
 INSERT INTO mesh.delivery_queue (mesh_id, recipient_pubkey, epoch, seq, broker_message_id,
@@ -252,21 +263,31 @@ def _col(items: Sequence[AcceptInput], attr: str) -> list[Any]:
     return [getattr(a, attr) for a in items]
 
 
-def _message_args(items: Sequence[AcceptInput]) -> list[list[Any]]:
+def _texts(items: Sequence[AcceptInput], attr: str) -> str:
+    return text_array([getattr(a, attr) for a in items])
+
+
+def _ints(items: Sequence[AcceptInput], attr: str) -> str:
+    return int_array([getattr(a, attr) for a in items])
+
+
+def _message_args(items: Sequence[AcceptInput]) -> list[Any]:
     metas = {a.broker_message_id: json.dumps(a.meta, separators=(",", ":")) if a.meta else None
              for a in items}
     t = [a for a in items if a.kind == "topic"]
     q = [a for a in items if a.kind != "topic"]
     return [
-        _col(t, "broker_message_id"), _col(t, "mesh_id"), _col(t, "sender_pubkey"),
-        _col(t, "client_message_id"), _col(t, "ref"), _col(t, "body"), _col(t, "body_encoding"),
-        _col(t, "priority"), [metas[a.broker_message_id] for a in t], _col(t, "reply_to"),
-        _col(t, "now_ms"),
-        _col(q, "broker_message_id"), _col(q, "mesh_id"), _col(q, "sender_pubkey"),
-        _col(q, "client_message_id"), _col(q, "kind"), _col(q, "ref"), _col(q, "body"),
-        _col(q, "body_encoding"), _col(q, "priority"), [metas[a.broker_message_id] for a in q],
-        _col(q, "reply_to"), _col(q, "now_ms"),
-        _col(items, "history_id"), _col(items, "broker_message_id"), _col(items, "mesh_id"),
-        _col(items, "sender_pubkey"), _col(items, "kind"), _col(items, "ref"),
-        _col(items, "now_ms"),
+        _texts(t, "broker_message_id"), _texts(t, "mesh_id"), _texts(t, "sender_pubkey"),
+        _texts(t, "client_message_id"), _texts(t, "ref"), _col(t, "body"),
+        _texts(t, "body_encoding"), _texts(t, "priority"),
+        text_array([metas[a.broker_message_id] for a in t]), _texts(t, "reply_to"),
+        _ints(t, "now_ms"),
+        _texts(q, "broker_message_id"), _texts(q, "mesh_id"), _texts(q, "sender_pubkey"),
+        _texts(q, "client_message_id"), _texts(q, "kind"), _texts(q, "ref"), _col(q, "body"),
+        _texts(q, "body_encoding"), _texts(q, "priority"),
+        text_array([metas[a.broker_message_id] for a in q]), _texts(q, "reply_to"),
+        _ints(q, "now_ms"),
+        _texts(items, "history_id"), _texts(items, "broker_message_id"),
+        _texts(items, "mesh_id"), _texts(items, "sender_pubkey"), _texts(items, "kind"),
+        _texts(items, "ref"), _ints(items, "now_ms"),
     ]
