@@ -9,6 +9,7 @@ bad send fails alone and later sends of a key are still decided against earlier 
 
 from __future__ import annotations
 
+import collections
 import json
 import sqlite3
 from collections.abc import Sequence
@@ -144,17 +145,45 @@ class SqliteAcceptPort:
 
     def insert(self, accepted: Sequence[tuple[AcceptInput, list[str]]]
                ) -> dict[str, list[Delivery]]:
+        """The batch's messages, history and deliveries, a statement per table (and one
+        cursor bump per recipient, by its number of new deliveries): seqs are handed out in
+        batch order, gapless, from what the bump returned."""
+        if not accepted:
+            return {}
+        topic, queue, history = [], [], []
+        for a, _ in accepted:
+            meta = json.dumps(a.meta, separators=(",", ":")) if a.meta else None
+            if a.kind == "topic":
+                topic.append((a.broker_message_id, a.mesh_id, a.sender_pubkey,
+                              a.client_message_id, a.ref, a.body, a.body_encoding, a.priority,
+                              meta, a.reply_to, a.now_ms))
+            else:
+                queue.append((a.broker_message_id, a.mesh_id, a.sender_pubkey,
+                              a.client_message_id, a.kind, a.ref, a.body, a.body_encoding,
+                              a.priority, meta, a.reply_to, a.now_ms))
+            history.append((a.history_id, a.broker_message_id, a.mesh_id, a.sender_pubkey,
+                            a.kind, a.ref, a.now_ms))
+        self.conn.executemany(TOPIC_MESSAGE_SQL, topic)
+        self.conn.executemany(QUEUE_MESSAGE_SQL, queue)
+        self.conn.executemany(HISTORY_SQL, history)
+        counts = collections.Counter((a.mesh_id, p) for a, recipients in accepted
+                                     for p in recipients)
+        now = max(a.now_ms for a, _ in accepted)
+        cursors: dict[tuple[str, str], list[int]] = {}   # (epoch, the last seq handed out)
+        for (mesh_id, pubkey), n in counts.items():
+            epoch, last_seq = self.conn.execute(BUMP_CURSOR_SQL, (mesh_id, pubkey, n, now)
+                                                ).fetchone()
+            cursors[(mesh_id, pubkey)] = [epoch, last_seq - n]
         out: dict[str, list[Delivery]] = {}
+        rows = []
         for a, recipients in accepted:
-            _insert_message(self.conn, a)
-            out[a.broker_message_id] = deliveries = [
-                Delivery(p, *self.conn.execute(BUMP_CURSOR_SQL, (a.mesh_id, p, a.now_ms))
-                         .fetchone()) for p in recipients]
-            self.conn.executemany(
-                "INSERT INTO delivery_queue (mesh_id, recipient_pubkey, epoch, seq,"
-                " broker_message_id, created_at) VALUES (?, ?, ?, ?, ?, ?)",
-                [(a.mesh_id, d.recipient_pubkey, d.epoch, d.seq, a.broker_message_id, a.now_ms)
-                 for d in deliveries])
+            out[a.broker_message_id] = deliveries = []
+            for p in recipients:
+                cursor = cursors[(a.mesh_id, p)]
+                cursor[1] += 1
+                deliveries.append(Delivery(p, cursor[0], cursor[1]))
+                rows.append((a.mesh_id, p, cursor[0], cursor[1], a.broker_message_id, a.now_ms))
+        self.conn.executemany(DELIVERY_SQL, rows)
         return out
 
 
@@ -182,33 +211,26 @@ SELECT c.member_pubkey FROM queue_consumer c JOIN member m
   ON m.mesh_id = c.mesh_id AND m.pubkey = c.member_pubkey AND m.revoked_at IS NULL
 WHERE c.mesh_id = ? AND c.queue = ?
 """
-# The recipient's next seq, gapless: one row per (mesh, recipient), bumped in the writer's
-# transaction.
+# A recipient's cursor moved past its ``n`` new deliveries of the batch (one row per mesh and
+# recipient, bumped in the writer's transaction): they take the seqs just below the new
+# last_seq, gapless.
 BUMP_CURSOR_SQL = """
 INSERT INTO recipient_cursor (mesh_id, recipient_pubkey, last_seq, updated_at)
-VALUES (?, ?, 1, ?) ON CONFLICT (mesh_id, recipient_pubkey) DO UPDATE
-SET last_seq = last_seq + 1, updated_at = excluded.updated_at
+VALUES (?, ?, ?, ?) ON CONFLICT (mesh_id, recipient_pubkey) DO UPDATE
+SET last_seq = last_seq + excluded.last_seq, updated_at = excluded.updated_at
 RETURNING epoch, last_seq
 """
-
-
-def _insert_message(conn: sqlite3.Connection, a: AcceptInput) -> None:
-    meta = json.dumps(a.meta, separators=(",", ":")) if a.meta else None
-    if a.kind == "topic":
-        conn.execute(
-            "INSERT INTO topic_message (id, mesh_id, sender_pubkey, client_message_id, topic,"
-            " body, body_encoding, priority, meta, reply_to, created_at)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (a.broker_message_id, a.mesh_id, a.sender_pubkey, a.client_message_id, a.ref, a.body,
-             a.body_encoding, a.priority, meta, a.reply_to, a.now_ms))
-    else:
-        conn.execute(
-            "INSERT INTO message_queue (id, mesh_id, sender_pubkey, client_message_id,"
-            " destination_kind, destination_ref, body, body_encoding, priority, meta, reply_to,"
-            " created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (a.broker_message_id, a.mesh_id, a.sender_pubkey, a.client_message_id, a.kind, a.ref,
-             a.body, a.body_encoding, a.priority, meta, a.reply_to, a.now_ms))
-    conn.execute(
-        "INSERT INTO message_history (history_id, broker_message_id, mesh_id, sender_pubkey,"
-        " destination_kind, destination_ref, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-        (a.history_id, a.broker_message_id, a.mesh_id, a.sender_pubkey, a.kind, a.ref, a.now_ms))
+TOPIC_MESSAGE_SQL = (
+    "INSERT INTO topic_message (id, mesh_id, sender_pubkey, client_message_id, topic,"
+    " body, body_encoding, priority, meta, reply_to, created_at)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+QUEUE_MESSAGE_SQL = (
+    "INSERT INTO message_queue (id, mesh_id, sender_pubkey, client_message_id,"
+    " destination_kind, destination_ref, body, body_encoding, priority, meta, reply_to,"
+    " created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+HISTORY_SQL = (
+    "INSERT INTO message_history (history_id, broker_message_id, mesh_id, sender_pubkey,"
+    " destination_kind, destination_ref, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)")
+DELIVERY_SQL = (
+    "INSERT INTO delivery_queue (mesh_id, recipient_pubkey, epoch, seq, broker_message_id,"
+    " created_at) VALUES (?, ?, ?, ?, ?, ?)")
