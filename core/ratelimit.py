@@ -10,7 +10,6 @@ has refilled is the same as none, so ``prune`` forgets it.
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
@@ -104,53 +103,53 @@ def _wait_ms(tokens: float, k: int, rate: Rate) -> int:
 
 @dataclass(slots=True)
 class Owed:
-    """One member's refused sends, in the order they were refused, each with the time its 429
-    named. A member that sends again in order (a daemon resends its outbox rows in their
-    order) brings them back first; until it has, nothing new of its goes through, or a send
-    it had on the wire behind a refused one would overtake it.
+    """One member's refused sends, each with the time its 429 named. Until they have come
+    back, nothing new of the member's goes through, or a send it had on the wire behind a
+    refused one would overtake it; the owed ones themselves go through in the order the
+    member brings them. A new send held back this way is refused, so it is owed in turn
+    and goes through with them next time: the member always makes progress, whatever order
+    it sends again in (a daemon's rows whose link dropped come back behind newer ones).
 
     A send that never comes back (its row was aborted) stops being owed ``slack_ms`` after
-    its time. At most ``cap`` are kept: a member past it is not resending what it was
+    its time. At most ``cap`` are kept: a member past it is not sending again what it was
     refused, and its later refusals are not remembered."""
 
     slack_ms: int
     cap: int
-    keys: dict[str, int] = field(default_factory=dict)   # insertion order is refusal order
+    keys: dict[str, int] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
         return bool(self.keys)
 
     def expire(self, now_ms: int) -> None:
-        """Forget the sends at the front that are long overdue (they are not coming back)."""
-        while self.keys:
-            key, at_ms = next(iter(self.keys.items()))
-            if now_ms <= at_ms + self.slack_ms:
-                return
+        """Forget the sends long overdue (they are not coming back)."""
+        gone = [k for k, at_ms in self.keys.items() if now_ms > at_ms + self.slack_ms]
+        for key in gone:
             del self.keys[key]
 
     def allowed(self, keys: Sequence[str | None]) -> int:
-        """How many of a frame's new sends, from the first, may take a token: those owed, in
-        the order owed, then any once nothing more is owed."""
-        owed = iter(self.keys)
-        head = next(owed, None)
+        """How many of a frame's new sends, from the first, may take a token: owed ones,
+        then any once the frame has brought back every one owed."""
+        brought: set[str] = set()
         for n, key in enumerate(keys):
-            if head is None:
+            if len(brought) == len(self.keys):
                 return len(keys)
-            if key != head:
+            if key not in self.keys:
                 return n
-            head = next(owed, None)
+            brought.add(key)
         return len(keys)
 
-    def wait_ms(self, skipped: int, now_ms: int, late_ms: int) -> int:
-        """How long sends held back behind the owed ones (all but the first ``skipped``) wait:
-        until the first still owed may come back, at least ``late_ms`` once it is late."""
-        at_ms = next(itertools.islice(self.keys.values(), skipped, None), now_ms)
+    def wait_ms(self, keys: Sequence[str | None], now_ms: int, late_ms: int) -> int:
+        """How long sends held back behind owed ones the frame (``keys``) did not bring
+        wait: until the last of those may come back, at least ``late_ms`` once it is late."""
+        brought = set(keys)
+        at_ms = max((at for k, at in self.keys.items() if k not in brought), default=now_ms)
         return late_ms if now_ms >= at_ms else at_ms - now_ms
 
     def settle(self, keys: Sequence[str | None], admitted: int, waits: Sequence[int],
                now_ms: int) -> None:
         """The frame's first ``admitted`` sends went through; the rest were refused with
-        ``waits``: those come off, these are owed (the ones already owed keep their place)."""
+        ``waits``: those are owed no more, these are (again)."""
         for key in keys[:admitted]:
             if key is not None:
                 self.keys.pop(key, None)

@@ -11,11 +11,11 @@ table first (B0, one query for the frame) and its retries answered from there; o
 such frames wait for each other, so its sends still reach the store in the order read.
 
 Refusing keeps a member's order too: the sends it was refused are *owed*
-(``core.ratelimit.Owed``), in the order refused. Its frames already on the wire behind a
-refused one would find the bucket refilled and go through ahead of it; while it owes sends,
-they come back first and in that order, and its new sends are refused with a wait until the
-first owed one may come back. A send that never comes back (the row was aborted) stops being
-owed ``OWED_SLACK_MS`` after its wait.
+(``core.ratelimit.Owed``). Its frames already on the wire behind a refused one would find
+the bucket refilled and go through ahead of it; while it owes sends, its new ones are
+refused (and owed in turn) with a wait until the owed ones may come back, and owed ones go
+through in the order the member sends them again. A send that never comes back (the row
+was aborted) stops being owed ``OWED_SLACK_MS`` after its wait.
 """
 
 from __future__ import annotations
@@ -74,8 +74,8 @@ class Limiter:
         return self.buckets.admit(member, rate, sends, now_ms)
 
     def admit(self, member: Member, keys: Sequence[str | None], now_ms: int) -> Admission:
-        """Decide a frame's new sends (their client_message_ids) in item order: the owed ones
-        first, in the order owed, then new ones once nothing is owed, each while a token is
+        """Decide a frame's new sends (their client_message_ids) in item order: owed ones,
+        then new ones once the frame has brought back every one owed, each while a token is
         left. The refused ones are owed from now on."""
         owed = self._owed.get(member)
         if owed is not None:
@@ -84,7 +84,7 @@ class Limiter:
         taken = self.buckets.admit(member, self.rate(member[0]), allowed, now_ms)
         waits = list(taken.retry_after_ms)
         if owed and allowed < len(keys):
-            held = owed.wait_ms(allowed, now_ms, OWED_LATE_WAIT_MS)
+            held = owed.wait_ms(keys[:allowed], now_ms, OWED_LATE_WAIT_MS)
             waits += [max(held, waits[-1] if waits else 1)] * (len(keys) - allowed)
         if waits and owed is None:
             owed = self._owed[member] = Owed(OWED_SLACK_MS, OWED_CAP)
