@@ -11,7 +11,7 @@ has refilled is the same as none, so ``prune`` forgets it.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 
@@ -145,6 +145,11 @@ class Owed:
         brought = set(keys)
         at_ms = max((at for k, at in self.keys.items() if k not in brought), default=now_ms)
         return late_ms if now_ms >= at_ms else at_ms - now_ms
+
+    def forget(self, keys: Iterable[str]) -> None:
+        """These are owed no longer (found already accepted)."""
+        for key in keys:
+            self.keys.pop(key, None)
 
     def settle(self, keys: Sequence[str | None], admitted: int, waits: Sequence[int],
                now_ms: int) -> None:

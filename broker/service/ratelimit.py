@@ -57,13 +57,20 @@ class Limiter:
 
     def owes(self, member: Member, now_ms: int) -> bool:
         """Does the member owe refused sends (which its next frame must bring first)?"""
+        return self._owed_by(member, now_ms) is not None
+
+    def _owed_by(self, member: Member, now_ms: int) -> Owed | None:
+        """The member's owed sends still due, None when there are none (then forgotten)."""
         owed = self._owed.get(member)
-        if owed is None:
-            return False
-        owed.expire(now_ms)
-        if not owed:
+        if owed is not None:
+            owed.expire(now_ms)
+        return self._kept(member, owed)
+
+    def _kept(self, member: Member, owed: Owed | None) -> Owed | None:
+        if owed is not None and not owed:
             del self._owed[member]
-        return bool(owed)
+            return None
+        return owed
 
     def if_fits(self, member: Member, sends: int, now_ms: int) -> Admission | None:
         """Take ``sends`` tokens when all fit (a frame holding the member's turn asks this
@@ -77,31 +84,26 @@ class Limiter:
         """Decide a frame's new sends (their client_message_ids) in item order: owed ones,
         then new ones once the frame has brought back every one owed, each while a token is
         left. The refused ones are owed from now on."""
-        owed = self._owed.get(member)
-        if owed is not None:
-            owed.expire(now_ms)
-        allowed = owed.allowed(keys) if owed else len(keys)
+        owed = self._owed_by(member, now_ms)
+        allowed = owed.allowed(keys) if owed is not None else len(keys)
         taken = self.buckets.admit(member, self.rate(member[0]), allowed, now_ms)
         waits = list(taken.retry_after_ms)
-        if owed and allowed < len(keys):
+        if owed is not None and allowed < len(keys):
             held = owed.wait_ms(keys[:allowed], now_ms, OWED_LATE_WAIT_MS)
             waits += [max(held, waits[-1] if waits else 1)] * (len(keys) - allowed)
         if waits and owed is None:
             owed = self._owed[member] = Owed(OWED_SLACK_MS, OWED_CAP)
         if owed is not None:
             owed.settle(keys, taken.admitted, waits, now_ms)
-            if not owed:
-                del self._owed[member]
+            self._kept(member, owed)
         return Admission(taken.admitted, tuple(waits), taken.fill)
 
     def forgive(self, member: Member, keys: Collection[str]) -> None:
         """Sends found already accepted (B0) are owed no longer."""
         owed = self._owed.get(member)
         if owed is not None:
-            for key in keys:
-                owed.keys.pop(key, None)
-            if not owed:
-                del self._owed[member]
+            owed.forget(keys)
+            self._kept(member, owed)
 
     def refund(self, member: Member, sends: int, now_ms: int) -> None:
         """Tokens back for sends that B1 rejected or the accept found were retries (200,
@@ -129,7 +131,7 @@ class Limiter:
         self.overrides = {mesh_id: self._rate_of(m) for mesh_id, m in found.items()}
         self.buckets.prune(self._key_rate, now_ms)
         for member in list(self._owed):
-            self.owes(member, now_ms)
+            self._owed_by(member, now_ms)
 
     def _key_rate(self, key: Hashable) -> Rate:
         assert isinstance(key, tuple)

@@ -31,15 +31,11 @@ SLOW = Rate(per_s=0.001, burst=3)
 async def broker(request: pytest.FixtureRequest, store_url: str) -> AsyncIterator[Broker]:
     """A broker whose members have three sends; set in the broker's settings, or as the
     mesh's own override of an unlimited broker (``broker mesh limits``)."""
-    b, server = await _start(store_url, request.param or UNLIMITED)
-    if request.param is None:
-        await b.store.set_mesh_limits(b.mesh_id, MeshLimits(SLOW.per_s, SLOW.burst))
-        await b.service.refresh_limits()
-    try:
+    async with _limited(store_url, request.param or UNLIMITED) as b:
+        if request.param is None:
+            await b.store.set_mesh_limits(b.mesh_id, MeshLimits(SLOW.per_s, SLOW.burst))
+            await b.service.refresh_limits()
         yield b
-    finally:
-        await server.stop()
-        await b.store.close()
 
 
 async def _batch(ws: ClientConnection, sends: list[tuple[str, str]]) -> list[Frame]:
@@ -61,7 +57,7 @@ async def _member(b: Broker, key: SigningKey) -> ClientConnection:
 
 @asynccontextmanager
 async def _limited(store_url: str, rate: Rate) -> AsyncIterator[Broker]:
-    """A broker whose members have ``rate`` (one that refills while a test runs)."""
+    """A broker whose members have ``rate``, stopped and closed after."""
     b, server = await _start(store_url, rate)
     try:
         yield b
