@@ -137,16 +137,16 @@ class _Item(Pending):
 LIGHT_WEIGHT = 16
 
 
-def light_first(batch: Sequence[_Item]) -> tuple[list[_Item], list[_Item]]:
+def light_first(batch: Sequence[_Item]) -> tuple[list[_Item], list[_Item]] | None:
     """Split a drained batch of one weighed op that mixes light args with heavy ones: the
     light ones commit first, in a transaction of their own, and the heavy ones next. With one
     writer, a lone send queued beside a flood's frame would otherwise wait for that frame's
     rows too. An owner's args keep their order (one behind its own heavy arg is deferred with
-    it); anything else, or a batch of one weight, is not split: ([], batch)."""
+    it); anything else, or a batch of one weight, is not split (None)."""
     op = batch[0].op if batch else None
     if op is None or op.weight is None or op.owner is None or any(
             it.op is not op for it in batch):
-        return [], list(batch)
+        return None
     light: list[_Item] = []
     heavy: list[_Item] = []
     deferred: set[Hashable] = set()
@@ -157,7 +157,7 @@ def light_first(batch: Sequence[_Item]) -> tuple[list[_Item], list[_Item]]:
             heavy.append(it)
         else:
             light.append(it)
-    return (light, heavy) if light and heavy else ([], list(batch))
+    return (light, heavy) if light and heavy else None
 
 
 class Database(BatchCounters):
@@ -273,12 +273,11 @@ class Database(BatchCounters):
             return [], True
         batch = [first]
         stopping = take(self._queue, batch, self.batch_max)
-        if not stopping:
-            light, heavy = light_first(batch)
-            if light:
-                self._deferred = heavy
-                return light, False
-        return batch, stopping
+        split = None if stopping else light_first(batch)
+        if split is None:
+            return batch, stopping
+        light, self._deferred = split
+        return light, False
 
     async def _commit_batch(self, batch: list[_Item]) -> None:
         conn = self._wconn
