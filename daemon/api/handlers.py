@@ -138,7 +138,8 @@ async def post_outbox_requeue(request: web.Request) -> web.Response:
 
 async def _dry_run(request: web.Request) -> bool:
     raw = await request.read()
-    data = checked("prune_request.schema.json", parse_json(raw)) if raw.strip() else {}
+    # No body is the defaults; anything sent must be the JSON the schema names.
+    data = checked("prune_request.schema.json", parse_json(raw)) if raw else {}
     return bool(data.get("dry_run", False))
 
 

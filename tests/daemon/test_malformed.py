@@ -110,3 +110,17 @@ async def test_unknown_route_and_wrong_method_use_the_error_shape(daemon: Runnin
         async with s.get("/v1/outbox/requeue") as r:
             assert (r.status, r.headers["Allow"]) == (405, "POST")
             jsonschema.validate(await r.json(), ERROR_SCHEMA)
+
+
+@pytest.mark.parametrize("path", ["/v1/outbox/prune", "/v1/inbox/prune"])
+async def test_a_prune_body_is_json_or_nothing(daemon: RunningDaemon, path: str) -> None:
+    """No body means the defaults; a body that is only whitespace is not JSON (schemathesis
+    found it answered 200, and a real prune, where it should have been 400)."""
+    async with daemon.session() as s:
+        async with s.post(path, data=b"\n\n",
+                          headers={"Content-Type": "application/json"}) as r:
+            assert r.status == 400
+            jsonschema.validate(await r.json(), ERROR_SCHEMA)
+        async with s.post(path, data=b"") as r:
+            assert r.status == 200
+            assert (await r.json())["dry_run"] is False
