@@ -8,7 +8,9 @@ before its row is durable (``synchronous=FULL``). Later items in a batch see the
 items wrote, so decisions stay serial. Reads use a second, read-only connection (WAL: they
 never block the writer). Other processes (the CLI) may write too: ``busy_timeout`` covers them.
 A weighed op's light args drained beside heavy ones of other owners commit first, in a
-transaction of their own (``light_first``), so a lone write does not wait for a big one.
+transaction of their own (``light_first``), so a lone write does not wait for a big one; and a
+heavy batch runs ``HEAVY_CHUNK`` of weight at a time, committing early when a light arg of
+another owner was queued meanwhile, so that one waits for a chunk rather than the whole batch.
 
 Each connection is an aiosqlite connection, whose thread runs one queued call at a time. A
 whole batch's transaction (or a whole read) is one such call on the plain ``sqlite3``
@@ -22,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sqlite3
+import sys
 import threading
 import time
 from collections.abc import Callable, Hashable, Sequence
@@ -135,14 +138,38 @@ class _Item(Pending):
 
 # An arg of at most this weight is light (a lone send or a few); ``light_first``.
 LIGHT_WEIGHT = 16
+# A heavy batch runs this much weight between chances to commit early (``Plan``): what a light
+# arg queued behind it waits for at most. A caller with one big arg splits it to this size
+# (the broker's accept does) so that the chance comes inside it too.
+HEAVY_CHUNK = 32
+# Chunks are run only while light args come (one was queued this recently): each chunk's run
+# costs its statements again, which a batch with no one behind it need not pay.
+LIGHT_RECENT_S = 1.0
+
+
+@dataclass(slots=True)
+class Plan:
+    """How one transaction runs a drained batch: ``light`` first, then ``heavy`` in chunks of
+    ``HEAVY_CHUNK`` weight. Before each chunk the writer commits what it has ran and puts the
+    rest off when a light arg waits (one of this batch, or one of an owner not in ``heavy``
+    queued since the drain), except that a batch whose heavy args were put off last time
+    without any of them running (``owed``) runs one chunk first: heavy args are slowed by
+    light ones, never starved. ``weighed`` is False for a batch that is not all of one weighed
+    op: it runs whole, as it always did."""
+
+    light: list[_Item]
+    heavy: list[_Item]
+    weighed: bool = False
+    owed: bool = False
+    heavy_owners: frozenset[Hashable] = frozenset()
+    chunk: int = HEAVY_CHUNK    # the weight run between chances (no chances: unbounded)
 
 
 def light_first(batch: Sequence[_Item]) -> tuple[list[_Item], list[_Item]] | None:
-    """Split a drained batch of one weighed op that mixes light args with heavy ones: the
-    light ones commit first, in a transaction of their own, and the heavy ones next. With one
-    writer, a lone send queued beside a flood's frame would otherwise wait for that frame's
-    rows too. An owner's args keep their order (one behind its own heavy arg is deferred with
-    it); anything else, or a batch of one weight, is not split (None)."""
+    """Split a drained batch of one weighed op into its light args and the rest: the light
+    ones run first. With one writer, a lone send queued beside a flood's frame would otherwise
+    wait for that frame's rows too. An owner's args keep their order (one behind its own heavy
+    arg stays behind with it). None for a batch that is not all of one weighed op."""
     op = batch[0].op if batch else None
     if op is None or op.weight is None or op.owner is None or any(
             it.op is not op for it in batch):
@@ -157,7 +184,21 @@ def light_first(batch: Sequence[_Item]) -> tuple[list[_Item], list[_Item]] | Non
             heavy.append(it)
         else:
             light.append(it)
-    return (light, heavy) if light and heavy else None
+    return light, heavy
+
+
+def next_chunk(items: list[_Item], chunk: int = HEAVY_CHUNK) -> tuple[list[_Item], list[_Item]]:
+    """The first ``chunk`` of weight of a weighed batch's heavy args (at least one arg), and
+    the rest."""
+    op = items[0].op if items else None
+    assert op is not None
+    assert op.weight is not None
+    total = 0
+    for i, it in enumerate(items):
+        total += op.weight(it.arg)
+        if total >= chunk:
+            return items[:i + 1], items[i + 1:]
+    return items, []
 
 
 class Database(BatchCounters):
@@ -173,7 +214,12 @@ class Database(BatchCounters):
         self._wconn: aiosqlite.Connection | None = None
         self._rconn: aiosqlite.Connection | None = None
         self._task: asyncio.Task[None] | None = None
-        self._deferred: list[_Item] = []   # heavy args ``light_first`` put off one commit
+        self._deferred: list[_Item] = []   # heavy args a commit put off (``Plan``)
+        self._owed = False                 # ... without running any of them
+        # Owners of the light args queued since the last drain. Appended on the event loop,
+        # read by the writer's thread between chunks (a list append is atomic).
+        self._lights_queued: list[Hashable] = []
+        self._light_at = -LIGHT_RECENT_S      # when the last light arg was queued (monotonic)
         # The writer's loop, known once: on Python 3.11 every get_running_loop() is a
         # getpid() system call, ~5 % of the daemon's event loop at 64 senders (py-spy).
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -212,9 +258,24 @@ class Database(BatchCounters):
 
     async def submit(self, op: BatchOp[A, T], arg: A) -> T:
         """Run ``op`` for ``arg`` together with the other queued args of the same op."""
-        result: T = await self._enqueue(
-            _Item(future=self._new_future(), op=op, arg=arg))
+        if op.weight is not None and op.owner is not None and op.weight(arg) <= LIGHT_WEIGHT:
+            self._lights_queued.append(op.owner(arg))
+            self._light_at = time.monotonic()
+        result: T = await self._enqueue(_Item(future=self._new_future(), op=op, arg=arg))
         return result
+
+    async def submit_all(self, op: BatchOp[A, T], args: Sequence[A]
+                         ) -> list[T | BaseException]:
+        """``submit`` for each of ``args``, queued at once and in order (no other caller's
+        write lands between them): each arg's result, or the error it met. They may commit
+        in more than one transaction. The parts of one caller's write: none counts as a
+        light arg queued (the last part of a big frame is often small)."""
+        items = [_Item(future=self._new_future(), op=op, arg=arg) for arg in args]
+        for it in items:
+            self._put(it)
+        got: list[T | BaseException] = await asyncio.gather(
+            *(it.future for it in items), return_exceptions=True)
+        return got
 
     def _new_future(self) -> asyncio.Future[Any]:
         if self._loop is None:
@@ -222,10 +283,13 @@ class Database(BatchCounters):
         return self._loop.create_future()
 
     async def _enqueue(self, item: _Item) -> Any:
+        self._put(item)
+        return await item.future
+
+    def _put(self, item: _Item) -> None:
         if self._task is None or self._task.done():
             raise Unavailable(f"the {self.name} database writer is not running")
         self._queue.put_nowait(item)
-        return await item.future
 
     async def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``fn`` on the read-only connection (WAL: never blocks the writer)."""
@@ -258,58 +322,90 @@ class Database(BatchCounters):
             while not stopping:
                 batch, stopping = await self._next_batch()
                 if batch:
-                    await self._commit_batch(batch)
+                    await self._commit_batch(batch, stopping)
         finally:
             fail_all(self._queue, batch + self._deferred,
                      Unavailable(f"the {self.name} database writer stopped"))
 
     async def _next_batch(self) -> tuple[list[_Item], bool]:
-        if self._deferred:
-            # Put off once only: these go now, with whatever is queued, light or not.
-            batch, self._deferred = self._deferred, []
-            return batch, take(self._queue, batch, self.batch_max)
-        first = await self._queue.get()
-        if first is None:
-            return [], True
-        batch = [first]
+        # Put-off heavy args come first: they were queued before anything queued now.
+        batch, self._deferred = self._deferred, []
+        if not batch:
+            first = await self._queue.get()
+            if first is None:
+                return [], True
+            batch = [first]
         stopping = take(self._queue, batch, self.batch_max)
-        split = None if stopping else light_first(batch)
-        if split is None:
-            return batch, stopping
-        light, self._deferred = split
-        return light, False
+        self._lights_queued = []
+        return batch, stopping
 
-    async def _commit_batch(self, batch: list[_Item]) -> None:
+    def _plan(self, batch: list[_Item], stopping: bool) -> Plan:
+        split = None if stopping else light_first(batch)   # closing: commit it all
+        if split is None:
+            return Plan([], batch)
+        light, heavy = split
+        owners = frozenset(it.op.owner(it.arg) for it in heavy
+                           if it.op is not None and it.op.owner is not None)
+        recent = time.monotonic() - self._light_at < LIGHT_RECENT_S
+        return Plan(light, heavy, weighed=True, owed=self._owed, heavy_owners=owners,
+                    chunk=HEAVY_CHUNK if recent else sys.maxsize)
+
+    async def _commit_batch(self, batch: list[_Item], stopping: bool) -> None:
         conn = self._wconn
         assert conn is not None
+        plan = self._plan(batch, stopping)
         started = time.perf_counter()
-        await _on_thread(conn, lambda c: self._commit(c, batch))
-        self._record(len(batch), time.perf_counter() - started)
-        answer(batch)
+        put_off = await _on_thread(conn, lambda c: self._commit(c, plan))
+        self._owed = bool(put_off) and len(put_off) == len(plan.heavy)
+        self._deferred = put_off
+        done = plan.light + plan.heavy[:len(plan.heavy) - len(put_off)]
+        self._record(len(done), time.perf_counter() - started)
+        answer(done)
 
-    def _commit(self, conn: sqlite3.Connection, batch: list[_Item]) -> None:
+    def _light_waiting(self, plan: Plan) -> bool:
+        """On the writer's thread: does a light arg wait that the rest of ``plan`` holds up?"""
+        return bool(plan.light) or any(
+            owner not in plan.heavy_owners for owner in self._lights_queued)
+
+    def _commit(self, conn: sqlite3.Connection, plan: Plan) -> list[_Item]:
+        """One transaction for ``plan``; returns the heavy args it put off (not run)."""
+        left = plan.heavy
         try:
             conn.execute("BEGIN IMMEDIATE")
-            start = 0
-            while start < len(batch):
-                op = batch[start].op
-                end = start + 1
-                while op is not None and end < len(batch) and batch[end].op is op:
-                    end += 1
-                if op is None:
-                    self._run_item(conn, batch[start])
-                else:
-                    self._run_op(conn, op, batch[start:end])
-                start = end
+            self._run_items(conn, plan.light)
+            if not plan.weighed:
+                self._run_items(conn, left)
+                left = []
+            ran = 0
+            while left and not ((ran or not plan.owed) and self._light_waiting(plan)):
+                chunk, left = next_chunk(left, plan.chunk)
+                self._run_items(conn, chunk)
+                ran += 1
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             err = storage_error(exc, self.name)
             log.error(f"{self.name}_commit_failed", path=str(self.path), error=str(exc),
-                      items=len(batch))
-            for item in batch:
+                      items=len(plan.light) + len(plan.heavy))
+            for item in plan.light + plan.heavy:
                 item.error = err
+            return []
+        return left
+
+    def _run_items(self, conn: sqlite3.Connection, batch: list[_Item]) -> None:
+        """Run ``batch`` in order: each run of one op's args as one ``op.run``."""
+        start = 0
+        while start < len(batch):
+            op = batch[start].op
+            end = start + 1
+            while op is not None and end < len(batch) and batch[end].op is op:
+                end += 1
+            if op is None:
+                self._run_item(conn, batch[start])
+            else:
+                self._run_op(conn, op, batch[start:end])
+            start = end
 
     def _run_op(self, conn: sqlite3.Connection, op: BatchOp[Any, Any], items: list[_Item]) -> None:
         conn.execute("SAVEPOINT run")

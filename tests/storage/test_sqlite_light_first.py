@@ -55,3 +55,114 @@ async def test_a_light_write_beside_a_heavy_one_commits_first_and_an_owner_keeps
     finally:
         conn.close()
     assert order == [("lone", 0)] + [("flood", n) for n in range(len(heavy) + 1)]
+
+
+class Gate:
+    """Holds the writer inside each flood chunk until the test lets it go on."""
+
+    def __init__(self) -> None:
+        self.entered: asyncio.Queue[int] = asyncio.Queue()
+        self.go = threading.Semaphore(0)
+        self.loop = asyncio.get_running_loop()
+        self.calls = 0
+        self.op = sqlite.BatchOp("put", self.put, weight=len, owner=lambda parts: parts[0][0])
+
+    async def inside(self) -> int:
+        """Wait until the writer is in a flood chunk (fails fast when it never is)."""
+        return await asyncio.wait_for(self.entered.get(), 10)
+
+    def put(self, conn: sqlite3.Connection, args: Sequence[list[Part]]) -> list[int]:
+        if args[0][0][0] == "flood":
+            self.calls += 1
+            self.loop.call_soon_threadsafe(self.entered.put_nowait, self.calls)
+            self.go.acquire(timeout=10)
+        return _put(conn, args)
+
+
+def _order(path: Path) -> list[tuple[str, int]]:
+    conn = sqlite3.connect(path)
+    try:
+        return [tuple(r) for r in conn.execute("SELECT owner, n FROM part ORDER BY seq")]
+    finally:
+        conn.close()
+
+
+async def _open(path: Path) -> sqlite.Database:
+    return await sqlite.Database.open(path, lambda c: c.execute(
+        "CREATE TABLE part (seq INTEGER PRIMARY KEY AUTOINCREMENT, owner TEXT, n INTEGER)"))
+
+
+def _flood(chunks: int) -> list[list[Part]]:
+    size = sqlite.HEAVY_CHUNK
+    return [[("flood", i * size + j) for j in range(size)] for i in range(chunks)]
+
+
+async def test_a_light_write_queued_while_a_heavy_batch_runs_waits_for_one_chunk_of_it(
+        tmp_path: Path) -> None:
+    db = await _open(tmp_path / "chunks.db")
+    gate = Gate()
+    op = gate.op
+    flood = _flood(3)
+    try:
+        assert await db.submit(op, [("lone", -1)]) == 1   # a light writer is about
+        heavy = asyncio.ensure_future(db.submit_all(op, flood))
+        await gate.inside()                    # the writer is in the flood's first chunk
+        lone = asyncio.ensure_future(db.submit(op, [("lone", 0)]))
+        await asyncio.sleep(0)                 # queued while that chunk runs
+        for _ in flood:
+            gate.go.release()
+        assert await lone == 1
+        assert await heavy == [sqlite.HEAVY_CHUNK] * 3
+        # The first chunk, the lone write alone, then the rest of the flood together.
+        assert (db.batches, db.items) == (1 + 3, 1 + 4)
+    finally:
+        for _ in range(3):
+            gate.go.release()
+        await db.close()
+    first = [("flood", n) for n in range(sqlite.HEAVY_CHUNK)]
+    rest = [("flood", n) for n in range(sqlite.HEAVY_CHUNK, 3 * sqlite.HEAVY_CHUNK)]
+    assert _order(tmp_path / "chunks.db") == [("lone", -1), *first, ("lone", 0), *rest]
+
+
+async def test_light_writes_arriving_all_the_time_slow_a_heavy_batch_but_never_starve_it(
+        tmp_path: Path) -> None:
+    db = await _open(tmp_path / "steady.db")
+    gate = Gate()
+    op = gate.op
+    flood = _flood(3)
+    lones = []
+    try:
+        assert await db.submit(op, [("lone", -1)]) == 1
+        heavy = asyncio.ensure_future(db.submit_all(op, flood))
+        for n in range(len(flood)):            # a lone write queued during every chunk
+            await gate.inside()
+            lones.append(asyncio.ensure_future(db.submit(op, [("lone", n)])))
+            await asyncio.sleep(0)
+            gate.go.release()
+        assert await heavy == [sqlite.HEAVY_CHUNK] * 3
+        assert await asyncio.gather(*lones) == [1, 1, 1]
+    finally:
+        for _ in range(3):
+            gate.go.release()
+        await db.close()
+    want: list[tuple[str, int]] = [("lone", -1)]
+    for i, chunk in enumerate(flood):          # each round: a chunk, then the lone write
+        want += [*chunk, ("lone", i)]
+    assert _order(tmp_path / "steady.db") == want
+
+
+async def test_with_no_light_writer_about_a_heavy_batch_commits_whole(tmp_path: Path) -> None:
+    db = await _open(tmp_path / "whole.db")
+    gate = Gate()
+    op = gate.op
+    flood = _flood(3)
+    try:
+        heavy = asyncio.ensure_future(db.submit_all(op, flood))
+        assert await gate.inside() == 1
+        gate.go.release()
+        assert await heavy == [sqlite.HEAVY_CHUNK] * 3
+        # One transaction, and the op ran once for all three args (no chunks to pay for).
+        assert (db.batches, db.items, gate.calls) == (1, 3, 1)
+    finally:
+        gate.go.release()
+        await db.close()

@@ -1,11 +1,13 @@
 """The accept (SQLite): the shared sequence (``broker/store/accept.py``) over this port.
 
-A frame's sends are one item of the writer's queue; the writer runs every frame it drained
-as one batch of the sequence, in one savepoint of its group commit (frames of a few sends
-drained beside a big frame of another sender go first, in a commit of their own: the
-engine's ``light_first``, so a lone send does not wait for a flood's rows). Should a statement fail,
-the savepoint is rolled back and each send is redone in its own savepoint, in order, so one
-bad send fails alone and later sends of a key are still decided against earlier ones."""
+A frame's sends are one item of the writer's queue (a frame of more than the engine's
+``HEAVY_CHUNK`` sends, parts of that size queued together); the writer runs every frame it
+drained as one batch of the sequence, in one savepoint of its group commit. Frames of a few
+sends go before a big frame of another sender, and one that arrives while a big one runs
+waits for its current part only (the engine's ``Plan``), so a lone send does not wait for a
+flood's rows. Should a statement fail, the savepoint is rolled back and each send is redone
+in its own savepoint, in order, so one bad send fails alone and later sends of a key are
+still decided against earlier ones."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from tidemesh.broker.store import accept
 from tidemesh.broker.store.accept import Key
 from tidemesh.broker.store.sqlite.base import SqliteBase
 from tidemesh.core.errors import InsufficientStorage, TidemeshError, Unavailable
-from tidemesh.storage.sqlite import BatchOp, storage_error
+from tidemesh.storage.sqlite import HEAVY_CHUNK, BatchOp, storage_error
 
 log = structlog.get_logger(__name__)
 Frames = Sequence[Sequence[AcceptInput]]
@@ -52,12 +54,28 @@ class Accept(SqliteBase):
         return await self._read(fn) if keys else {}
 
     async def accept_batch(self, items: Sequence[AcceptInput]) -> list[AcceptResult]:
-        if not items:
-            return []
+        """A frame bigger than the engine's ``HEAVY_CHUNK`` goes in as parts of that size,
+        queued together: one transaction unless a lone send of another member arrives
+        meanwhile, which then waits for one part, not the whole frame."""
+        if len(items) <= HEAVY_CHUNK:
+            try:
+                return await self._submit(self._accept_op, items) if items else []
+            except TidemeshError as exc:
+                return [failed(a, exc) for a in items]
+        parts = [items[i:i + HEAVY_CHUNK] for i in range(0, len(items), HEAVY_CHUNK)]
         try:
-            return await self._submit(self._accept_op, items)
+            answers = await self.db.submit_all(self._accept_op, parts)
         except TidemeshError as exc:
             return [failed(a, exc) for a in items]
+        results: list[AcceptResult] = []
+        for part, got in zip(parts, answers, strict=True):
+            if isinstance(got, BaseException):
+                err = got if isinstance(got, TidemeshError) else Unavailable(
+                    f"the broker database write failed: {got}")
+                results += [failed(a, err) for a in part]
+            else:
+                results += got
+        return results
 
     def _accept_frames(self, conn: sqlite3.Connection, frames: Frames
                        ) -> list[list[AcceptResult]]:
