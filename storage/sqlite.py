@@ -9,14 +9,16 @@ items wrote, so decisions stay serial. Reads use a second, read-only connection 
 never block the writer). Other processes (the CLI) may write too: ``busy_timeout`` covers them.
 A weighed op's light args drained beside heavy ones of other owners commit first, in a
 transaction of their own (``light_first``), so a lone write does not wait for a big one; and a
-heavy batch runs ``HEAVY_CHUNK`` of weight at a time, committing early when a light arg of
-another owner was queued meanwhile, so that one waits for a chunk rather than the whole batch.
+heavy batch runs ``HEAVY_CHUNK`` of weight at a time, and a light arg of another owner
+queued meanwhile joins the transaction after the current chunk, which then commits: it
+waits for a chunk and one commit rather than the whole batch.
 
 Each connection is an aiosqlite connection, whose thread runs one queued call at a time. A
 whole batch's transaction (or a whole read) is one such call on the plain ``sqlite3``
 connection, never one await per statement: aiosqlite's hop to its thread and back costs
 tens of microseconds, so it is paid per batch. bench/storage_engine.py measures the
-difference.
+difference. (A transaction that light args join is two calls: between them the event loop
+takes what was queued; nothing else is awaited with a transaction open.)
 """
 
 from __future__ import annotations
@@ -150,12 +152,12 @@ LIGHT_RECENT_S = 1.0
 @dataclass(slots=True)
 class Plan:
     """How one transaction runs a drained batch: ``light`` first, then ``heavy`` in chunks of
-    ``HEAVY_CHUNK`` weight. Before each chunk the writer commits what it has ran and puts the
-    rest off when a light arg waits (one of this batch, or one of an owner not in ``heavy``
-    queued since the drain), except that a batch whose heavy args were put off last time
-    without any of them running (``owed``) runs one chunk first: heavy args are slowed by
-    light ones, never starved. ``weighed`` is False for a batch that is not all of one weighed
-    op: it runs whole, as it always did."""
+    ``HEAVY_CHUNK`` weight. Before each chunk the writer puts the rest off when a light arg
+    waits: one of an owner not in ``heavy`` queued since the drain joins the transaction
+    (``_joining``) and it commits; with one of this batch it commits at once. Except that a
+    batch whose heavy args were put off last time without any of them running (``owed``)
+    runs one chunk first: heavy args are slowed by light ones, never starved. ``weighed`` is
+    False for a batch that is not all of one weighed op: it runs whole, as it always did."""
 
     light: list[_Item]
     heavy: list[_Item]
@@ -220,6 +222,7 @@ class Database(BatchCounters):
         # read by the writer's thread between chunks (a list append is atomic).
         self._lights_queued: list[Hashable] = []
         self._light_at = -LIGHT_RECENT_S      # when the last light arg was queued (monotonic)
+        self._stop_seen = False               # close()'s None was drained by ``_joining``
         # The writer's loop, known once: on Python 3.11 every get_running_loop() is a
         # getpid() system call, ~5 % of the daemon's event loop at 64 senders (py-spy).
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -330,6 +333,8 @@ class Database(BatchCounters):
     async def _next_batch(self) -> tuple[list[_Item], bool]:
         # Put-off heavy args come first: they were queued before anything queued now.
         batch, self._deferred = self._deferred, []
+        if self._stop_seen:
+            return batch, True
         if not batch:
             first = await self._queue.get()
             if first is None:
@@ -355,20 +360,28 @@ class Database(BatchCounters):
         assert conn is not None
         plan = self._plan(batch, stopping)
         started = time.perf_counter()
-        put_off = await _on_thread(conn, lambda c: self._commit(c, plan))
-        self._owed = bool(put_off) and len(put_off) == len(plan.heavy)
-        self._deferred = put_off
-        done = plan.light + plan.heavy[:len(plan.heavy) - len(put_off)]
+        left, still_open = await _on_thread(conn, lambda c: self._run_plan(c, plan))
+        done = plan.light + plan.heavy[:len(plan.heavy) - len(left)]
+        rest: list[_Item] = []
+        if still_open:
+            # A light arg of another owner was queued while the heavy ones ran: it joins
+            # this transaction, so it waits for one commit, not for two.
+            joining, rest = self._joining(plan.heavy_owners)
+            await _on_thread(conn, lambda c: self._finish(c, joining, done))
+            done += joining
+        self._owed = bool(left) and len(left) == len(plan.heavy)
+        self._deferred = left + rest
         self._record(len(done), time.perf_counter() - started)
         answer(done)
 
-    def _light_waiting(self, plan: Plan) -> bool:
-        """On the writer's thread: does a light arg wait that the rest of ``plan`` holds up?"""
-        return bool(plan.light) or any(
-            owner not in plan.heavy_owners for owner in self._lights_queued)
+    def _light_queued(self, plan: Plan) -> bool:
+        """On the writer's thread: was a light arg queued since the drain that the rest of
+        ``plan`` holds up (one of an owner with nothing in it)?"""
+        return any(owner not in plan.heavy_owners for owner in self._lights_queued)
 
-    def _commit(self, conn: sqlite3.Connection, plan: Plan) -> list[_Item]:
-        """One transaction for ``plan``; returns the heavy args it put off (not run)."""
+    def _run_plan(self, conn: sqlite3.Connection, plan: Plan) -> tuple[list[_Item], bool]:
+        """Begin a transaction and run ``plan``: the heavy args it put off, and whether it
+        left the transaction open for the light args queued meanwhile (``_finish``)."""
         left = plan.heavy
         try:
             conn.execute("BEGIN IMMEDIATE")
@@ -377,21 +390,61 @@ class Database(BatchCounters):
                 self._run_items(conn, left)
                 left = []
             ran = 0
-            while left and not ((ran or not plan.owed) and self._light_waiting(plan)):
+            while left:
+                if ran or not plan.owed:
+                    if self._light_queued(plan):
+                        return left, True
+                    if plan.light:
+                        break
                 chunk, left = next_chunk(left, plan.chunk)
                 self._run_items(conn, chunk)
                 ran += 1
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            err = storage_error(exc, self.name)
-            log.error(f"{self.name}_commit_failed", path=str(self.path), error=str(exc),
-                      items=len(plan.light) + len(plan.heavy))
-            for item in plan.light + plan.heavy:
-                item.error = err
-            return []
-        return left
+            self._failed(conn, exc, plan.light + plan.heavy)
+            return [], False
+        return left, False
+
+    def _joining(self, heavy_owners: frozenset[Hashable]) -> tuple[list[_Item], list[_Item]]:
+        """On the loop, the transaction open: take what was queued; the light args of owners
+        with nothing ahead join it, the rest is put off in its order. Nothing overtakes a
+        write that is not of a weighed op."""
+        queued: list[_Item] = []
+        self._stop_seen = take(self._queue, queued, self.batch_max)
+        self._lights_queued = []
+        joining: list[_Item] = []
+        rest: list[_Item] = []
+        blocked = set(heavy_owners)
+        behind_unweighed = False
+        for it in queued:
+            op = it.op
+            if op is None or op.weight is None or op.owner is None:
+                behind_unweighed = True
+            elif not behind_unweighed:
+                owner = op.owner(it.arg)
+                if owner not in blocked and op.weight(it.arg) <= LIGHT_WEIGHT:
+                    joining.append(it)
+                    continue
+                blocked.add(owner)
+            rest.append(it)
+        return joining, rest
+
+    def _finish(self, conn: sqlite3.Connection, joining: list[_Item], done: list[_Item]) -> None:
+        """Run ``joining`` in the transaction ``_run_plan`` left open, and commit."""
+        try:
+            self._run_items(conn, joining)
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            self._failed(conn, exc, done + joining)
+
+    def _failed(self, conn: sqlite3.Connection, exc: sqlite3.Error, items: list[_Item]) -> None:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        err = storage_error(exc, self.name)
+        log.error(f"{self.name}_commit_failed", path=str(self.path), error=str(exc),
+                  items=len(items))
+        for item in items:
+            item.error = err
 
     def _run_items(self, conn: sqlite3.Connection, batch: list[_Item]) -> None:
         """Run ``batch`` in order: each run of one op's args as one ``op.run``."""

@@ -113,8 +113,8 @@ async def test_a_light_write_queued_while_a_heavy_batch_runs_waits_for_one_chunk
             gate.go.release()
         assert await lone == 1
         assert await heavy == [sqlite.HEAVY_CHUNK] * 3
-        # The first chunk, the lone write alone, then the rest of the flood together.
-        assert (db.batches, db.items) == (1 + 3, 1 + 4)
+        # The first chunk with the lone write in its transaction, then the rest of the flood.
+        assert (db.batches, db.items) == (1 + 2, 1 + 4)
     finally:
         for _ in range(3):
             gate.go.release()
@@ -166,3 +166,48 @@ async def test_with_no_light_writer_about_a_heavy_batch_commits_whole(tmp_path: 
     finally:
         gate.go.release()
         await db.close()
+
+
+async def test_close_while_a_lone_write_joins_a_heavy_batch_commits_everything_queued(
+        tmp_path: Path) -> None:
+    db = await _open(tmp_path / "close.db")
+    gate = Gate()
+    flood = _flood(3)
+    try:
+        assert await db.submit(gate.op, [("lone", -1)]) == 1
+        heavy = asyncio.ensure_future(db.submit_all(gate.op, flood))
+        await gate.inside()
+        lone = asyncio.ensure_future(db.submit(gate.op, [("lone", 0)]))
+        closing = asyncio.ensure_future(db.close())   # queued behind the lone write
+        await asyncio.sleep(0)
+    finally:
+        for _ in flood:
+            gate.go.release()
+    await closing
+    assert await lone == 1
+    assert await heavy == [sqlite.HEAVY_CHUNK] * 3
+    assert len(_order(tmp_path / "close.db")) == 2 + 3 * sqlite.HEAVY_CHUNK
+
+
+async def test_a_lone_write_does_not_overtake_a_plain_write_queued_before_it(
+        tmp_path: Path) -> None:
+    db = await _open(tmp_path / "plain.db")
+    gate = Gate()
+    flood = _flood(2)
+    try:
+        assert await db.submit(gate.op, [("lone", -1)]) == 1
+        heavy = asyncio.ensure_future(db.submit_all(gate.op, flood))
+        await gate.inside()
+        plain = asyncio.ensure_future(db.write(
+            lambda c: c.execute("INSERT INTO part (owner, n) VALUES ('plain', 0)").rowcount))
+        lone = asyncio.ensure_future(db.submit(gate.op, [("lone", 0)]))
+        await asyncio.sleep(0)
+        for _ in flood:
+            gate.go.release()
+        assert (await heavy, await plain, await lone) == ([sqlite.HEAVY_CHUNK] * 2, 1, 1)
+    finally:
+        for _ in flood:
+            gate.go.release()
+        await db.close()
+    order = _order(tmp_path / "plain.db")
+    assert order.index(("plain", 0)) < order.index(("lone", 0))
