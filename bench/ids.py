@@ -1,10 +1,12 @@
 """bench/ids: minting a ULID string, ``tidemesh.core.ids.new_ulid`` against python-ulid.
 
 timeit, in one run, rounds interleaved: each way of minting an id as the accept path does
-(with the clock's milliseconds, and with the time read inside), and in bulk as the
-broker's B1 does (``new_ulids``). ``--file`` adds another
-version of core/ids.py (``git show REV:core/ids.py > old_ids.py``) as the peer. Prints the
-best of the rounds in ns per id and each one's ratio to python-ulid's ``str(ULID())``.
+(with the clock's milliseconds, and with the time read inside), in bulk as the broker's B1
+does (``new_ulids``), and the daemon's ordered row ids one at a time (python-ulid's monotonic
+generator, ``ordered_ulid``) and a batch's at once (``ordered_ulids``). ``--file`` adds
+another version of core/ids.py (``git show REV:core/ids.py > old_ids.py``) as the peer.
+Prints the best of the rounds in ns per id and each one's ratio to python-ulid's
+``str(ULID())``.
 
     .venv/bin/python bench/ids.py [--number 200000] [--rounds 7] [--file old_ids.py]
 """
@@ -19,12 +21,15 @@ import timeit
 from collections.abc import Callable
 from typing import Any
 
-from ulid import ULID
+from ulid import ULID, LaxMonotonicPolicy, ULIDGenerator
 
 from tidemesh.core import ids
 
 # The broker mints a B1 slice's ids in one call: two per send, 32 sends a slice.
 BULK = 64
+# The daemon mints a send_batch's row ids in one call (100 in bench/accept).
+BATCH = 100
+_MONOTONIC = ULIDGenerator(policy=LaxMonotonicPolicy())
 
 
 def _load(path: str) -> Any:
@@ -52,6 +57,10 @@ def main() -> None:
         "new_ulid()": (ids.new_ulid, 1),
         "new_ulid(now_ms)": (lambda: ids.new_ulid(now), 1),
         f"new_ulids({BULK}, now_ms), per id": (lambda: ids.new_ulids(BULK, now), BULK),
+        # The daemon's outbox rows: counting up within a millisecond, 100 a send_batch.
+        "python-ulid monotonic generate(ms)": (lambda: str(_MONOTONIC.generate(now)), 1),
+        "ordered_ulid(now_ms)": (lambda: ids.ordered_ulid(now), 1),
+        f"ordered_ulids({BATCH}, now_ms), per id": (lambda: ids.ordered_ulids(BATCH, now), BATCH),
     }
     if args.file:
         old = _load(args.file)

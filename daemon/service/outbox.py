@@ -20,7 +20,7 @@ import orjson
 from tidemesh.core.accept import Action
 from tidemesh.core.errors import InvalidRequest, TidemeshError
 from tidemesh.core.fingerprint import prefix, request_fingerprint
-from tidemesh.core.ids import client_message_id_problem, new_ulid, ordered_ulid
+from tidemesh.core.ids import client_message_id_problem, new_ulid, ordered_ulid, ordered_ulids
 from tidemesh.core.outcome import Settlement
 from tidemesh.core.send import DestinationKind, SendRequest
 from tidemesh.daemon.records import BatchItem, BoundRow, SendKind, SendOutcome
@@ -150,7 +150,7 @@ class OutboxService:
         gated = [await self._gated(it) for it in items]
         # Row ids rising in request order: the sender sends by (due time, id).
         now = self._now_ms()
-        ids = iter([ordered_ulid(now) for g in gated if isinstance(g, SendRequest)])
+        ids = iter(ordered_ulids(sum(isinstance(g, SendRequest) for g in gated), now))
         prepared = [g if isinstance(g, TidemeshError) else self._batch_row(g, next(ids), now)
                     for g in gated]
         rows = [p for p in prepared if isinstance(p, outbox.NewRow)]

@@ -8,7 +8,7 @@ from itertools import pairwise
 import pytest
 from ulid import ULID
 
-from tidemesh.core.ids import ULID_PATTERN, new_ulid, new_ulids, ordered_ulid
+from tidemesh.core.ids import ULID_PATTERN, new_ulid, new_ulids, ordered_ulid, ordered_ulids
 
 
 @pytest.mark.parametrize(("ms", "randomness", "expected"), [
@@ -55,3 +55,26 @@ def test_ids_minted_in_bulk_are_the_ulids_python_ulid_reads_back(ms: int) -> Non
     # Each id's random bits are its own: not a counter, not shared.
     assert sum(b - a == 1 for a, b in pairwise(tails)) < 10
     assert new_ulids(0, ms) == []
+
+
+@pytest.mark.parametrize("ms", [0, 1_469_918_176_385, 1_700_000_000_000, 2**48 - 1])
+def test_ordered_ids_in_bulk_count_up_from_the_last_one_and_python_ulid_reads_them(
+        ms: int) -> None:
+    minted = [ordered_ulid(ms), *ordered_ulids(500, ms), ordered_ulid(ms)]
+    parsed = [ULID.from_str(i) for i in minted]
+    tails = [int.from_bytes(u.bytes[6:], "big") for u in parsed]
+
+    assert all(str(u) == i and u.milliseconds == ms for u, i in zip(parsed, minted, strict=True))
+    # One counter across single and bulk minting: each id the one before plus one.
+    assert all(b - a == 1 for a, b in pairwise(tails))
+    assert minted == sorted(minted)
+    assert ordered_ulids(0, ms) == []
+
+
+def test_a_new_millisecond_starts_from_fresh_random_bits() -> None:
+    first = [ULID.from_str(i) for i in ordered_ulids(3, 1_700_000_000_000)]
+    later = [ULID.from_str(i) for i in ordered_ulids(3, 1_700_000_000_001)]
+
+    assert str(later[0]) > str(first[-1])
+    starts = {int.from_bytes(u.bytes[6:], "big") for u in (first[0], later[0])}
+    assert len(starts) == 2 and all(s < 2**79 for s in starts)
