@@ -35,6 +35,18 @@ _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 # Any byte to the Crockford character of its low five bits: 256 is a multiple of 32, so a
 # random byte gives a uniformly random character.
 _FIVE_BITS = bytes(ord(_CROCKFORD[b & 31]) for b in range(256))
+# Any 10 bits to their two Crockford characters.
+_PAIRS = [a + b for a in _CROCKFORD for b in _CROCKFORD]
+
+
+def _eight_chars(n: int) -> str:
+    """40 bits as 8 Crockford characters."""
+    return _PAIRS[n >> 30] + _PAIRS[(n >> 20) & 1023] + _PAIRS[(n >> 10) & 1023] + _PAIRS[n & 1023]
+
+
+def _stamp(ms: int) -> str:
+    """A ULID's first 10 characters: its 48 bits of milliseconds (50 with two leading zeros)."""
+    return _PAIRS[ms >> 40] + _eight_chars(ms & (2**40 - 1))
 
 
 def new_ulids(count: int, now_ms: int) -> list[str]:
@@ -47,13 +59,11 @@ def new_ulids(count: int, now_ms: int) -> list[str]:
     broker mints two per send."""
     if count <= 0:
         return []
-    stamp = "".join(_CROCKFORD[(now_ms >> shift) & 31] for shift in range(45, -5, -5))
+    stamp = _stamp(now_ms)
     tails = os.urandom(16 * count).translate(_FIVE_BITS).decode("ascii")
     return [stamp + tails[k:k + 16] for k in range(0, 16 * count, 16)]
 
 
-# Any 10 bits to their two Crockford characters.
-_PAIRS = [a + b for a in _CROCKFORD for b in _CROCKFORD]
 # Outbox rows are sent in (due time, id) order: two sends accepted one after the other in
 # one millisecond must sort in that order, so within a millisecond these ids count up from
 # the last one: (its millisecond, its 80 random bits).
@@ -61,9 +71,6 @@ _last_ordered = [-1, 0]
 _ordered_lock = threading.Lock()
 
 
-def _eight_chars(n: int) -> str:
-    """40 bits as 8 Crockford characters."""
-    return _PAIRS[n >> 30] + _PAIRS[(n >> 20) & 1023] + _PAIRS[(n >> 10) & 1023] + _PAIRS[n & 1023]
 
 
 def ordered_ulids(count: int, now_ms: int | None = None) -> list[str]:
@@ -80,9 +87,8 @@ def ordered_ulids(count: int, now_ms: int | None = None) -> list[str]:
         last_ms, last = _last_ordered
         start = last + 1 if ms == last_ms else int.from_bytes(os.urandom(10), "big") >> 1
         _last_ordered[:] = [ms, start + count - 1]
-    # The first 10 characters are the 48 bits of time (50 with two leading zeros), the
-    # other 16 the 80 random bits: two runs of 8, the first of which rarely changes.
-    stamp = _PAIRS[ms >> 40] + _eight_chars(ms & (2**40 - 1))
+    # After the time, the 80 random bits: two runs of 8, the first of which rarely changes.
+    stamp = _stamp(ms)
     out = []
     hi_done, prefix = -1, ""
     for r in range(start, start + count):

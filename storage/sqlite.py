@@ -167,29 +167,45 @@ class Plan:
     chunk: int = HEAVY_CHUNK    # the weight run between chances (no chances: unbounded)
 
 
-def light_first(batch: Sequence[_Item]) -> tuple[list[_Item], list[_Item]] | None:
-    """Split a drained batch of one weighed op into its light args and the rest: the light
-    ones run first. With one writer, a lone send queued beside a flood's frame would otherwise
-    wait for that frame's rows too. An owner's args keep their order (one behind its own heavy
-    arg stays behind with it). None for a batch that is not all of one weighed op."""
+def split_light(items: Sequence[_Item], blocked: set[Hashable]
+                ) -> tuple[list[_Item], list[_Item]]:
+    """The light args of owners not in ``blocked`` (they may go first) and the rest, in
+    order. An owner keeps its order: once it has an arg in the rest it is added to
+    ``blocked``, so its later light args stay behind too. Nothing goes before a write that is
+    not of a weighed op."""
+    light: list[_Item] = []
+    rest: list[_Item] = []
+    behind_unweighed = False
+    for it in items:
+        op = it.op
+        if op is None or op.weight is None or op.owner is None:
+            behind_unweighed = True
+        elif not behind_unweighed:
+            owner = op.owner(it.arg)
+            if owner not in blocked and op.weight(it.arg) <= LIGHT_WEIGHT:
+                light.append(it)
+                continue
+            blocked.add(owner)
+        rest.append(it)
+    return light, rest
+
+
+def light_first(batch: Sequence[_Item]
+                ) -> tuple[list[_Item], list[_Item], frozenset[Hashable]] | None:
+    """Split a drained batch of one weighed op into its light args, the rest, and the owners
+    of the rest: the light ones run first. With one writer, a lone send queued beside a
+    flood's frame would otherwise wait for that frame's rows too. None for a batch that is
+    not all of one weighed op."""
     op = batch[0].op if batch else None
     if op is None or op.weight is None or op.owner is None or any(
             it.op is not op for it in batch):
         return None
-    light: list[_Item] = []
-    heavy: list[_Item] = []
-    deferred: set[Hashable] = set()
-    for it in batch:
-        owner = op.owner(it.arg)
-        if owner in deferred or op.weight(it.arg) > LIGHT_WEIGHT:
-            deferred.add(owner)
-            heavy.append(it)
-        else:
-            light.append(it)
-    return light, heavy
+    owners: set[Hashable] = set()
+    light, heavy = split_light(batch, owners)
+    return light, heavy, frozenset(owners)
 
 
-def next_chunk(items: list[_Item], chunk: int = HEAVY_CHUNK) -> tuple[list[_Item], list[_Item]]:
+def next_chunk(items: list[_Item], chunk: int) -> tuple[list[_Item], list[_Item]]:
     """The first ``chunk`` of weight of a weighed batch's heavy args (at least one arg), and
     the rest."""
     op = items[0].op if items else None
@@ -348,9 +364,7 @@ class Database(BatchCounters):
         split = None if stopping else light_first(batch)   # closing: commit it all
         if split is None:
             return Plan([], batch)
-        light, heavy = split
-        owners = frozenset(it.op.owner(it.arg) for it in heavy
-                           if it.op is not None and it.op.owner is not None)
+        light, heavy, owners = split
         recent = time.monotonic() - self._light_at < LIGHT_RECENT_S
         return Plan(light, heavy, weighed=True, owed=self._owed, heavy_owners=owners,
                     chunk=HEAVY_CHUNK if recent else sys.maxsize)
@@ -412,22 +426,7 @@ class Database(BatchCounters):
         queued: list[_Item] = []
         self._stop_seen = take(self._queue, queued, self.batch_max)
         self._lights_queued = []
-        joining: list[_Item] = []
-        rest: list[_Item] = []
-        blocked = set(heavy_owners)
-        behind_unweighed = False
-        for it in queued:
-            op = it.op
-            if op is None or op.weight is None or op.owner is None:
-                behind_unweighed = True
-            elif not behind_unweighed:
-                owner = op.owner(it.arg)
-                if owner not in blocked and op.weight(it.arg) <= LIGHT_WEIGHT:
-                    joining.append(it)
-                    continue
-                blocked.add(owner)
-            rest.append(it)
-        return joining, rest
+        return split_light(queued, set(heavy_owners))
 
     def _finish(self, conn: sqlite3.Connection, joining: list[_Item], done: list[_Item]) -> None:
         """Run ``joining`` in the transaction ``_run_plan`` left open, and commit."""

@@ -67,6 +67,11 @@ class Gate:
         self.calls = 0
         self.op = sqlite.BatchOp("put", self.put, weight=len, owner=lambda parts: parts[0][0])
 
+    def open(self, chunks: int) -> None:
+        """Let the writer through this many flood chunks."""
+        for _ in range(chunks):
+            self.go.release()
+
     async def inside(self) -> int:
         """Wait until the writer is in a flood chunk (fails fast when it never is)."""
         return await asyncio.wait_for(self.entered.get(), 10)
@@ -97,27 +102,31 @@ def _flood(chunks: int) -> list[list[Part]]:
     return [[("flood", i * size + j) for j in range(size)] for i in range(chunks)]
 
 
+async def _flooding(db: sqlite.Database, gate: Gate, flood: list[list[Part]]
+                    ) -> asyncio.Future[list[int | BaseException]]:
+    """A light writer has been about (a lone write committed), then ``flood`` is queued in
+    parts: its future (the writer is not yet held in it)."""
+    assert await db.submit(gate.op, [("lone", -1)]) == 1
+    return asyncio.ensure_future(db.submit_all(gate.op, flood))
+
+
 async def test_a_light_write_queued_while_a_heavy_batch_runs_waits_for_one_chunk_of_it(
         tmp_path: Path) -> None:
     db = await _open(tmp_path / "chunks.db")
     gate = Gate()
-    op = gate.op
     flood = _flood(3)
     try:
-        assert await db.submit(op, [("lone", -1)]) == 1   # a light writer is about
-        heavy = asyncio.ensure_future(db.submit_all(op, flood))
+        heavy = await _flooding(db, gate, flood)
         await gate.inside()                    # the writer is in the flood's first chunk
-        lone = asyncio.ensure_future(db.submit(op, [("lone", 0)]))
+        lone = asyncio.ensure_future(db.submit(gate.op, [("lone", 0)]))
         await asyncio.sleep(0)                 # queued while that chunk runs
-        for _ in flood:
-            gate.go.release()
+        gate.open(len(flood))
         assert await lone == 1
         assert await heavy == [sqlite.HEAVY_CHUNK] * 3
         # The first chunk with the lone write in its transaction, then the rest of the flood.
         assert (db.batches, db.items) == (1 + 2, 1 + 4)
     finally:
-        for _ in range(3):
-            gate.go.release()
+        gate.open(3)
         await db.close()
     first = [("flood", n) for n in range(sqlite.HEAVY_CHUNK)]
     rest = [("flood", n) for n in range(sqlite.HEAVY_CHUNK, 3 * sqlite.HEAVY_CHUNK)]
@@ -128,22 +137,19 @@ async def test_light_writes_arriving_all_the_time_slow_a_heavy_batch_but_never_s
         tmp_path: Path) -> None:
     db = await _open(tmp_path / "steady.db")
     gate = Gate()
-    op = gate.op
     flood = _flood(3)
     lones = []
     try:
-        assert await db.submit(op, [("lone", -1)]) == 1
-        heavy = asyncio.ensure_future(db.submit_all(op, flood))
+        heavy = await _flooding(db, gate, flood)
         for n in range(len(flood)):            # a lone write queued during every chunk
             await gate.inside()
-            lones.append(asyncio.ensure_future(db.submit(op, [("lone", n)])))
+            lones.append(asyncio.ensure_future(db.submit(gate.op, [("lone", n)])))
             await asyncio.sleep(0)
-            gate.go.release()
+            gate.open(1)
         assert await heavy == [sqlite.HEAVY_CHUNK] * 3
         assert await asyncio.gather(*lones) == [1, 1, 1]
     finally:
-        for _ in range(3):
-            gate.go.release()
+        gate.open(3)
         await db.close()
     want: list[tuple[str, int]] = [("lone", -1)]
     for i, chunk in enumerate(flood):          # each round: a chunk, then the lone write
@@ -154,17 +160,16 @@ async def test_light_writes_arriving_all_the_time_slow_a_heavy_batch_but_never_s
 async def test_with_no_light_writer_about_a_heavy_batch_commits_whole(tmp_path: Path) -> None:
     db = await _open(tmp_path / "whole.db")
     gate = Gate()
-    op = gate.op
     flood = _flood(3)
     try:
-        heavy = asyncio.ensure_future(db.submit_all(op, flood))
+        heavy = asyncio.ensure_future(db.submit_all(gate.op, flood))
         assert await gate.inside() == 1
-        gate.go.release()
+        gate.open(1)
         assert await heavy == [sqlite.HEAVY_CHUNK] * 3
         # One transaction, and the op ran once for all three args (no chunks to pay for).
         assert (db.batches, db.items, gate.calls) == (1, 3, 1)
     finally:
-        gate.go.release()
+        gate.open(1)
         await db.close()
 
 
@@ -174,15 +179,13 @@ async def test_close_while_a_lone_write_joins_a_heavy_batch_commits_everything_q
     gate = Gate()
     flood = _flood(3)
     try:
-        assert await db.submit(gate.op, [("lone", -1)]) == 1
-        heavy = asyncio.ensure_future(db.submit_all(gate.op, flood))
+        heavy = await _flooding(db, gate, flood)
         await gate.inside()
         lone = asyncio.ensure_future(db.submit(gate.op, [("lone", 0)]))
         closing = asyncio.ensure_future(db.close())   # queued behind the lone write
         await asyncio.sleep(0)
     finally:
-        for _ in flood:
-            gate.go.release()
+        gate.open(len(flood))
     await closing
     assert await lone == 1
     assert await heavy == [sqlite.HEAVY_CHUNK] * 3
@@ -195,19 +198,16 @@ async def test_a_lone_write_does_not_overtake_a_plain_write_queued_before_it(
     gate = Gate()
     flood = _flood(2)
     try:
-        assert await db.submit(gate.op, [("lone", -1)]) == 1
-        heavy = asyncio.ensure_future(db.submit_all(gate.op, flood))
+        heavy = await _flooding(db, gate, flood)
         await gate.inside()
         plain = asyncio.ensure_future(db.write(
             lambda c: c.execute("INSERT INTO part (owner, n) VALUES ('plain', 0)").rowcount))
         lone = asyncio.ensure_future(db.submit(gate.op, [("lone", 0)]))
         await asyncio.sleep(0)
-        for _ in flood:
-            gate.go.release()
+        gate.open(len(flood))
         assert (await heavy, await plain, await lone) == ([sqlite.HEAVY_CHUNK] * 2, 1, 1)
     finally:
-        for _ in flood:
-            gate.go.release()
+        gate.open(len(flood))
         await db.close()
     order = _order(tmp_path / "plain.db")
     assert order.index(("plain", 0)) < order.index(("lone", 0))

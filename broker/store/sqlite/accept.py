@@ -21,7 +21,7 @@ import structlog
 from tidemesh.broker.accept import AcceptInput, AcceptResult, DedupeRow, Delivery, failed
 from tidemesh.broker.store import accept
 from tidemesh.broker.store.accept import Key
-from tidemesh.broker.store.sqlite.base import SqliteBase
+from tidemesh.broker.store.sqlite.base import SqliteBase, write_error
 from tidemesh.core.errors import InsufficientStorage, TidemeshError, Unavailable
 from tidemesh.storage.sqlite import HEAVY_CHUNK, BatchOp, storage_error
 
@@ -69,12 +69,8 @@ class Accept(SqliteBase):
             return [failed(a, exc) for a in items]
         results: list[AcceptResult] = []
         for part, got in zip(parts, answers, strict=True):
-            if isinstance(got, BaseException):
-                err = got if isinstance(got, TidemeshError) else Unavailable(
-                    f"the broker database write failed: {got}")
-                results += [failed(a, err) for a in part]
-            else:
-                results += got
+            results += ([failed(a, write_error(got)) for a in part]
+                        if isinstance(got, BaseException) else got)
         return results
 
     def _accept_frames(self, conn: sqlite3.Connection, frames: Frames

@@ -14,6 +14,14 @@ T = TypeVar("T")
 A = TypeVar("A")
 
 
+def write_error(exc: BaseException) -> TidemeshError:
+    """What a caller hears of a failed write: the engine's own error as it is, anything else
+    (the write's own failure) as this call's 503."""
+    if isinstance(exc, TidemeshError):
+        return exc
+    return Unavailable(f"the broker database write failed: {exc}")
+
+
 class SqliteBase:
     db: Database
 
@@ -23,15 +31,15 @@ class SqliteBase:
         except TidemeshError:
             raise
         except Exception as exc:  # a write's own failure is this call's 503
-            raise Unavailable(f"the broker database write failed: {exc}") from exc
+            raise write_error(exc) from exc
 
     async def _submit(self, op: BatchOp[A, T], arg: A) -> T:
         try:
             return await self.db.submit(op, arg)
         except TidemeshError:
             raise
-        except Exception as exc:  # as in _write
-            raise Unavailable(f"the broker database write failed: {exc}") from exc
+        except Exception as exc:  # a write's own failure is this call's 503
+            raise write_error(exc) from exc
 
     async def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         return await self.db.read(fn)
