@@ -169,6 +169,22 @@ async def test_cumulative_ack_moves_the_cursor(store: Store) -> None:
     assert (await store.cursor(w.mesh_id, w.bob)).acked_seq == 3
 
 
+async def test_each_delivery_is_acked_once_across_many_acks(store: Store) -> None:
+    # The ack reads only the rows above the cursor's acked_seq: a delivery stored after an
+    # ack past the end (acked_seq stays at last_seq) must still be acked by the next one.
+    w = await _world(store)
+    for i in range(5):
+        await store.accept(accept_input(w.mesh_id, w.alice, f"c{i}"))
+    acked = [await store.ack(w.mesh_id, w.bob, 1, seq, now_ms()) for seq in (2, 5, 9)]
+    assert acked == [2, 3, 0]
+    assert (await store.cursor(w.mesh_id, w.bob)).acked_seq == 5
+    for i in range(5, 7):
+        await store.accept(accept_input(w.mesh_id, w.alice, f"c{i}"))
+    assert await store.ack(w.mesh_id, w.bob, 1, 9, now_ms()) == 2
+    assert await store.ack(w.mesh_id, w.carol, 1, 7, now_ms()) == 7
+    assert (await store.cursor(w.mesh_id, w.bob)).acked_seq == 7
+
+
 async def test_expired_dedupe_rows_are_deleted(store: Store) -> None:
     w = await _world(store)
     t0 = now_ms()

@@ -60,16 +60,24 @@ class Delivery(PostgresBase):
 
     async def ack(self, mesh_id: str, pubkey: str, epoch: int, seq: int, now_ms: int) -> int:
         async with self.pool.acquire() as conn, conn.transaction():
-            done = await conn.execute(
-                "UPDATE mesh.delivery_queue SET acked_at = $1 WHERE mesh_id = $2"
-                " AND recipient_pubkey = $3 AND epoch = $4 AND seq <= $5 AND acked_at IS NULL",
-                now_ms, mesh_id, pubkey, epoch, seq)
+            done = await conn.execute(ACK_SQL, now_ms, mesh_id, pubkey, epoch, seq)
             await conn.execute(
                 "UPDATE mesh.recipient_cursor SET acked_seq = GREATEST(acked_seq,"
                 " LEAST($1, last_seq)), updated_at = $2 WHERE mesh_id = $3"
                 " AND recipient_pubkey = $4 AND epoch = $5", seq, now_ms, mesh_id, pubkey, epoch)
             return int(done.rsplit(" ", 1)[1])
 
+
+# Every row at or below the cursor's acked_seq was acked by the ack that moved it (in the
+# same transaction): the range starts above it, so an ack reads the rows it acks, not the
+# recipient's whole kept history (which made each ack cost O(history) rows).
+ACK_SQL = """
+UPDATE mesh.delivery_queue SET acked_at = $1
+WHERE mesh_id = $2 AND recipient_pubkey = $3 AND epoch = $4 AND seq <= $5
+  AND seq > (SELECT COALESCE(max(acked_seq), 0) FROM mesh.recipient_cursor
+             WHERE mesh_id = $2 AND recipient_pubkey = $3 AND epoch = $4)
+  AND acked_at IS NULL
+"""
 
 DELIVERIES_SQL = """
 SELECT d.epoch, d.seq, d.broker_message_id, h.history_id,

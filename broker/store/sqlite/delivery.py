@@ -33,10 +33,7 @@ class Delivery(SqliteBase):
 
     async def ack(self, mesh_id: str, pubkey: str, epoch: int, seq: int, now_ms: int) -> int:
         def fn(conn: sqlite3.Connection) -> int:
-            cur = conn.execute(
-                "UPDATE delivery_queue SET acked_at = ? WHERE mesh_id = ? AND recipient_pubkey = ?"
-                " AND epoch = ? AND seq <= ? AND acked_at IS NULL",
-                (now_ms, mesh_id, pubkey, epoch, seq))
+            cur = conn.execute(ACK_SQL, (now_ms, mesh_id, pubkey, epoch, seq))
             conn.execute(
                 "UPDATE recipient_cursor SET acked_seq = MAX(acked_seq, MIN(?, last_seq)),"
                 " updated_at = ? WHERE mesh_id = ? AND recipient_pubkey = ? AND epoch = ?",
@@ -45,6 +42,17 @@ class Delivery(SqliteBase):
 
         return await self._write(fn)
 
+
+# Every row at or below the cursor's acked_seq was acked by the ack that moved it (in the
+# same transaction): the range starts above it, so an ack reads the rows it acks, not the
+# recipient's whole kept history (which made each ack cost O(history) rows).
+ACK_SQL = """
+UPDATE delivery_queue SET acked_at = ?1
+WHERE mesh_id = ?2 AND recipient_pubkey = ?3 AND epoch = ?4 AND seq <= ?5
+  AND seq > (SELECT COALESCE(max(acked_seq), 0) FROM recipient_cursor
+             WHERE mesh_id = ?2 AND recipient_pubkey = ?3 AND epoch = ?4)
+  AND acked_at IS NULL
+"""
 
 DELIVERIES_SQL = """
 SELECT d.epoch, d.seq, d.broker_message_id, h.history_id,
