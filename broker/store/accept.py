@@ -4,14 +4,15 @@
 that the write engine grouped), as a generator that yields what it needs from the database
 (a ``Step`` naming an ``AcceptPort`` method) and is sent the answer: claim the dedupe row of
 every key (in key order, so that brokers sharing a database cannot deadlock), read them
-back, branch each with ``broker/accept.branch`` (201 / 200 duplicate / 409), check B2 for
-the claimed ones (a failure deletes its claim in the same transaction, which is the same as
-rolling it back), then insert message, history and a gapless delivery row per recipient for
-the winners, in arrival order. A key sent twice in one batch is decided in memory against
-what its earlier send left. Each dialect implements the port with batch statements
-(PostgreSQL: one round trip per statement per batch, through arrays and ``unnest``; never
-one per send) and drives the sequence: ``run`` for SQLite's writer thread, ``run_async`` for
-asyncpg. Runs inside the caller's transaction; must not import a driver.
+back unless the claim inserted every one, branch each with ``broker/accept.branch`` (201 /
+200 duplicate / 409), check B2 for the claimed ones (a failure deletes its claim in the
+same transaction, which is the same as rolling it back), then insert message, history and
+a gapless delivery row per recipient for the winners, in arrival order. A key sent twice
+in one batch is decided in memory against what its earlier send left. Each dialect
+implements the port with batch statements (PostgreSQL: one round trip per statement per
+batch, through arrays and ``unnest``; never one per send) and drives the sequence: ``run``
+for SQLite's writer thread, ``run_async`` for asyncpg. Runs inside the caller's
+transaction; must not import a driver.
 """
 
 from __future__ import annotations
@@ -42,8 +43,9 @@ class AcceptPort(Protocol):
     """The batch statements of the accept, in the caller's transaction. The async dialect
     has the same methods, each returning an awaitable of the same value."""
 
-    def claim(self, items: Sequence[AcceptInput]) -> None:
-        """Insert each dedupe row unless its key has one (``ON CONFLICT DO NOTHING``)."""
+    def claim(self, items: Sequence[AcceptInput]) -> int:
+        """Insert each dedupe row unless its key has one (``ON CONFLICT DO NOTHING``);
+        returns how many rows it inserted."""
 
     def read_back(self, items: Sequence[AcceptInput]) -> dict[Key, DedupeRow]:
         """The dedupe row of each key, ours or an earlier send's."""
@@ -82,8 +84,12 @@ def steps(items: Sequence[AcceptInput]) -> Steps:
     for i, a in enumerate(items):
         first_at.setdefault(a.key, i)
     firsts = {k: items[i] for k, i in first_at.items()}
-    yield Step("claim", (sorted(firsts.values(), key=lambda a: a.key),))
-    rows: dict[Key, DedupeRow] = yield Step("read_back", (list(firsts.values()),))
+    claimed: int = yield Step("claim", (sorted(firsts.values(), key=lambda a: a.key),))
+    # Every key claimed (the usual batch: B0 answered the retries before it): each row is
+    # the one just inserted, so there is nothing to read back.
+    rows: dict[Key, DedupeRow] = (
+        {k: _claimed(a) for k, a in firsts.items()} if claimed == len(firsts)
+        else (yield Step("read_back", (list(firsts.values()),))))
     # Keys whose row is the claim just made: their sends are decided here, in order.
     ours = {k for k, a in firsts.items() if branch(a, rows[k]) is Branch.CREATED}
     found: dict[Destination, list[str]] = (
@@ -124,9 +130,13 @@ def _decide(items: Sequence[AcceptInput], held: dict[Key, DedupeRow | None],
             results[i] = failed(a, recipients)
             continue
         winners[a.key] = (i, recipients)
-        held[a.key] = DedupeRow(a.broker_message_id, a.history_id, a.fingerprint, True,
-                                a.now_ms)
+        held[a.key] = _claimed(a)
     return results, winners
+
+
+def _claimed(a: AcceptInput) -> DedupeRow:
+    """The dedupe row a claim of ``a`` inserts."""
+    return DedupeRow(a.broker_message_id, a.history_id, a.fingerprint, True, a.now_ms)
 
 
 def _recipients(a: AcceptInput, found: dict[Destination, list[str]]

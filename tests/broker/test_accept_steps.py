@@ -21,11 +21,13 @@ class MemoryPort:
         self.subscriber = subscriber
         self.calls: list[str] = []
 
-    def claim(self, items: Sequence[AcceptInput]) -> None:
+    def claim(self, items: Sequence[AcceptInput]) -> int:
         self.calls.append("claim")
+        before = len(self.dedupe)
         for a in items:
             self.dedupe.setdefault(a.key, DedupeRow(a.broker_message_id, a.history_id,
                                                     a.fingerprint, True, a.now_ms))
+        return len(self.dedupe) - before
 
     def read_back(self, items: Sequence[AcceptInput]) -> dict[accept.Key, DedupeRow]:
         self.calls.append("read_back")
@@ -69,8 +71,8 @@ def test_steps_take_the_same_statements_for_5_sends_as_for_500() -> None:
         port = MemoryPort(new_pubkey())
         accept.run(port, _sends(new_pubkey(), n))
         calls.append(port.calls)
-    assert calls[0] == calls[1] == ["claim", "read_back", "destinations", "unclaim", "claim",
-                                   "insert"]
+    # Every key is new to the store, so the claim took them all: nothing to read back.
+    assert calls[0] == calls[1] == ["claim", "destinations", "unclaim", "claim", "insert"]
 
 
 def test_steps_decide_a_repeated_key_against_the_send_before_it() -> None:
@@ -91,3 +93,12 @@ def test_steps_answer_keys_held_before_the_batch_without_claiming_again() -> Non
                               accept_input(MESH, sender, "k", body="other")])
     assert [r.status for r in first + again] == [201, 200, 409]
     assert port.calls[-2:] == ["claim", "read_back"]
+
+
+def test_steps_read_back_when_one_key_of_the_batch_was_held() -> None:
+    port, sender = MemoryPort(new_pubkey()), new_pubkey()
+    accept.run(port, [accept_input(MESH, sender, "old")])
+    results = accept.run(port, [accept_input(MESH, sender, f"new{i}") for i in range(3)]
+                         + [accept_input(MESH, sender, "old", body="changed")])
+    assert [r.status for r in results] == [201, 201, 201, 409]
+    assert port.calls[-4:] == ["claim", "read_back", "destinations", "insert"]

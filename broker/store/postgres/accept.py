@@ -2,8 +2,9 @@
 run by the engine's writers for every frame they drained at once.
 
 A frame's sends are one item of a writer's queue. Each port method is one statement for the
-whole batch (arrays and ``unnest()``), so a batch takes seven round trips whatever its size
-and however many frames it holds: BEGIN; claim; read back ``FOR SHARE``; B2 in one query;
+whole batch (arrays and ``unnest()``), so a batch takes at most seven round trips whatever
+its size and however many frames it holds: BEGIN; claim; read back ``FOR SHARE`` (only when
+the claim did not insert every key); B2 in one query;
 (unclaim the refused); messages with their history rows; cursors and gapless delivery rows;
 COMMIT. Claims are made in key order and cursor rows locked in (mesh, recipient) order, so
 several brokers on one database cannot deadlock; a key sent twice in a batch is decided
@@ -112,13 +113,14 @@ class PgAcceptPort:
     def __init__(self, conn: Any) -> None:
         self.conn = conn
 
-    async def claim(self, items: Sequence[AcceptInput]) -> None:
-        await self.conn.execute(
+    async def claim(self, items: Sequence[AcceptInput]) -> int:
+        status = await self.conn.execute(
             CLAIM_SQL, *(_texts(items, attr) for attr in (
                 "mesh_id", "sender_pubkey", "client_message_id", "broker_message_id",
                 "history_id")),
             _col(items, "fingerprint"), _texts(items, "kind"), _texts(items, "ref"),
             _ints(items, "now_ms"), _ints(items, "expires_at"))
+        return int(status.rsplit(" ", 1)[1])   # "INSERT 0 <rows>"
 
     async def read_back(self, items: Sequence[AcceptInput]) -> dict[accept.Key, DedupeRow]:
         return _dedupe_rows(await self.conn.fetch(READBACK_SQL, _texts(items, "mesh_id"),

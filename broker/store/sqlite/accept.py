@@ -122,10 +122,10 @@ class SqliteAcceptPort:
     def __init__(self, conn: sqlite3.Connection) -> None:
         self.conn = conn
 
-    def claim(self, items: Sequence[AcceptInput]) -> None:
-        self.conn.executemany(CLAIM_SQL, [
+    def claim(self, items: Sequence[AcceptInput]) -> int:
+        return self.conn.executemany(CLAIM_SQL, [
             (*a.key, a.broker_message_id, a.history_id, a.fingerprint, a.kind, a.ref, a.now_ms,
-             a.expires_at) for a in items])
+             a.expires_at) for a in items]).rowcount
 
     def read_back(self, items: Sequence[AcceptInput]) -> dict[accept.Key, DedupeRow]:
         rows = {}
