@@ -73,20 +73,21 @@ class StoreResult:
     event: Event | None
 
 
-def entry_view(row: sqlite3.Row) -> dict[str, Any]:
-    body: bytes = row["body"]
-    text = (body.decode("utf-8") if row["body_encoding"] == "utf8"
+def entry_view(row: Sequence[Any]) -> dict[str, Any]:
+    """An inbox entry as programs read it, from its values in ``INBOX_COLUMNS`` order (a
+    stored row, or the values a store just inserted: the event needs no read-back)."""
+    (seq, id_, mesh, sender, sender_name, cmid, bmid, kind, ref, body, encoding, priority,
+     meta, reply_to, epoch, broker_seq, sent_at, received_at) = row
+    text = (body.decode("utf-8") if encoding == "utf8"
             else base64.b64encode(body).decode("ascii"))
     return {
-        "seq": row["seq"], "id": row["id"], "mesh": row["mesh"],
-        "from": row["sender_pubkey"], "sender_name": row["sender_name"],
-        "client_message_id": row["client_message_id"],
-        "broker_message_id": row["broker_message_id"],
-        "to": {"kind": row["dest_kind"], "ref": row["dest_ref"]},
-        "body": text, "body_encoding": row["body_encoding"], "priority": row["priority"],
-        "meta": orjson.loads(row["meta"]) if row["meta"] else None,
-        "reply_to": row["reply_to"], "sent_at": row["sent_at"], "received_at": row["received_at"],
-        "delivery": {"epoch": row["broker_epoch"], "seq": row["broker_seq"]},
+        "seq": seq, "id": id_, "mesh": mesh, "from": sender, "sender_name": sender_name,
+        "client_message_id": cmid, "broker_message_id": bmid,
+        "to": {"kind": kind, "ref": ref},
+        "body": text, "body_encoding": encoding, "priority": priority,
+        "meta": orjson.loads(meta) if meta else None,
+        "reply_to": reply_to, "sent_at": sent_at, "received_at": received_at,
+        "delivery": {"epoch": epoch, "seq": broker_seq},
     }
 
 
@@ -134,23 +135,23 @@ def _store_frames(conn: sqlite3.Connection,
 STORE_FRAMES = BatchOp("inbox_store_frames", _store_frames)
 
 
+INSERT_SQL = (f"INSERT INTO inbox ({INBOX_COLUMNS.removeprefix('seq, ')})"  # noqa: S608
+              " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+
+
 def _store_one(conn: sqlite3.Connection, d: Delivery) -> StoreResult:
     if conn.execute("SELECT 1 FROM inbox WHERE sender_pubkey = ? AND client_message_id = ?",
                     (d.sender_pubkey, d.client_message_id)).fetchone():
         return StoreResult(None, None)
-    cur = conn.execute(
-        f"INSERT INTO inbox ({INBOX_COLUMNS.removeprefix('seq, ')})"  # noqa: S608
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        (d.id, d.mesh, d.sender_pubkey, d.sender_name, d.client_message_id,
-         d.broker_message_id, d.dest_kind, d.dest_ref, d.body, d.body_encoding, d.priority,
-         orjson.dumps(d.meta) if d.meta is not None else None, d.reply_to, d.epoch, d.seq,
-         d.sent_at, d.received_at),
-    )
+    values = (d.id, d.mesh, d.sender_pubkey, d.sender_name, d.client_message_id,
+              d.broker_message_id, d.dest_kind, d.dest_ref, d.body, d.body_encoding,
+              d.priority, orjson.dumps(d.meta) if d.meta is not None else None, d.reply_to,
+              d.epoch, d.seq, d.sent_at, d.received_at)
+    cur = conn.execute(INSERT_SQL, values)
     seq = int(cur.lastrowid or 0)
-    row = conn.execute(f"SELECT {INBOX_COLUMNS} FROM inbox WHERE seq = ?",  # noqa: S608
-                       (seq,)).fetchone()
     event = _insert_event(
-        conn, NewEvent("message", entry_view(row), d.received_at, hooks=d.hooks), seq)
+        conn, NewEvent("message", entry_view((seq, *values)), d.received_at, hooks=d.hooks),
+        seq)
     return StoreResult(seq, event)
 
 

@@ -65,6 +65,22 @@ async def test_a_frame_that_fails_stores_none_of_it_and_other_frames_all_of_thei
             == ["m1", "m2"]
 
 
+async def test_a_message_event_carries_the_entry_as_the_inbox_serves_it(
+    short_tmp: Path
+) -> None:
+    # The event is built from the values just inserted, not read back: it must still be the
+    # entry GET /v1/inbox serves, base64 bodies, meta and reply_to included.
+    binary = dataclasses.replace(delivery(2), body=b"\x00\xff", body_encoding="base64",
+                                 meta=None, reply_to="01J0000000000000000000REPLY")
+    async with local_app(short_tmp) as app:
+        results = await app.inbox.store_frame([delivery(1), binary])
+        async with app.session() as s, s.get("/v1/inbox") as r:
+            served = (await r.json())["items"]
+    events = [res.event.data for res in results if res is not None and res.event is not None]
+    assert events == served and served[1]["body"] == "AP8="
+    assert served[0]["meta"] == {"n": 1} and served[1]["reply_to"].endswith("REPLY")
+
+
 async def test_inbox_pages_by_after_limit_topic_and_sender(short_tmp: Path) -> None:
     async with local_app(short_tmp) as app:
         for i in range(1, 8):
