@@ -78,3 +78,10 @@ def test_a_new_millisecond_starts_from_fresh_random_bits() -> None:
     assert str(later[0]) > str(first[-1])
     starts = {int.from_bytes(u.bytes[6:], "big") for u in (first[0], later[0])}
     assert len(starts) == 2 and all(s < 2**79 for s in starts)
+
+
+def test_random_starts_stay_fresh_past_a_refill_of_the_random_pool() -> None:
+    # Each new millisecond takes 10 bytes of a 4 KiB pool: 1,000 of them refill it twice.
+    starts = [int.from_bytes(ULID.from_str(ordered_ulid(1_700_000_100_000 + k)).bytes[6:], "big")
+              for k in range(1000)]
+    assert len(set(starts)) == 1000 and all(s < 2**79 for s in starts)
