@@ -222,7 +222,7 @@ def start_profile(folder: Path | None, pid: int, name: str,
         return None
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     return subprocess.Popen([spy, "record", "-p", str(pid), "-d", str(int(seconds)), "-r", "200",
-                             "-f", "raw", "-o", str(folder / name), "--nonblocking"],
+                             "-f", "raw", "--gil", "-o", str(folder / name), "--nonblocking"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
