@@ -266,6 +266,27 @@ async def test_queue_pick_is_the_same_on_every_store(store: Store) -> None:
             pick_queue_consumer([w.alice, w.bob, w.carol], a.broker_message_id)]
 
 
+async def test_lapsed_leases_of_a_lone_consumer_do_not_hold_up_other_queues(
+    store: Store
+) -> None:
+    # A lapsed delivery whose queue has no other live consumer stays with it; older ones of
+    # those must not fill the sweep's page and keep a movable delivery from moving.
+    w = await _world(store)
+    t0 = now_ms() - 60_000
+    await store.add_queue_consumer(w.mesh_id, "solo", w.carol, t0)
+    for pk in (w.bob, w.carol):
+        await store.add_queue_consumer(w.mesh_id, "jobs", pk, t0)
+    for i in range(3):
+        await store.accept(accept_input(w.mesh_id, w.alice, f"s{i}", kind="queue", ref="solo",
+                                        at=t0 + i))
+    job = await store.accept(accept_input(w.mesh_id, w.alice, "j", kind="queue", ref="jobs",
+                                          at=t0 + 10))
+    held_by = job.deliveries[0].recipient_pubkey
+    moved = await store.reassign_lapsed(t0 + 1_000, now_ms(), limit=2)
+    assert [(m.broker_message_id, m.from_pubkey) for m in moved] == [
+        (job.broker_message_id, held_by)]
+
+
 @pytest.mark.postgres
 async def test_postgres_send_the_database_refuses_fails_alone(pg_database: str) -> None:
     # A NUL byte passes no B1 check of ours here (the input is built directly) but PostgreSQL

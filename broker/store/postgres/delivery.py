@@ -99,9 +99,16 @@ WHERE d.mesh_id = $1 AND d.recipient_pubkey = $2 AND d.epoch = $3 AND d.seq > $4
 ORDER BY d.seq LIMIT $5
 """
 
+# Only deliveries another live consumer could take: the ones the only consumer keeps would
+# otherwise fill the page, oldest first, and keep every later lapsed lease from moving.
 LAPSED_SQL = """
 SELECT d.mesh_id, d.recipient_pubkey, d.epoch, d.seq, d.broker_message_id, q.destination_ref
 FROM mesh.delivery_queue d JOIN mesh.message_queue q ON q.id = d.broker_message_id
 WHERE q.destination_kind = 'queue' AND d.acked_at IS NULL AND d.reassigned_at IS NULL
-  AND d.created_at < $1 ORDER BY d.created_at LIMIT $2
+  AND d.created_at < $1
+  AND EXISTS (SELECT 1 FROM mesh.queue_consumer c JOIN mesh.member m
+              ON m.mesh_id = c.mesh_id AND m.pubkey = c.member_pubkey AND m.revoked_at IS NULL
+              WHERE c.mesh_id = d.mesh_id AND c.queue = q.destination_ref
+                AND c.member_pubkey != d.recipient_pubkey)
+ORDER BY d.created_at LIMIT $2
 """

@@ -75,11 +75,18 @@ ORDER BY d.seq LIMIT ?
 """
 
 
+# Only deliveries another live consumer could take: the ones the only consumer keeps would
+# otherwise fill the page, oldest first, and keep every later lapsed lease from moving.
 LAPSED_SQL = """
 SELECT d.mesh_id, d.recipient_pubkey, d.epoch, d.seq, d.broker_message_id, q.destination_ref
 FROM delivery_queue d JOIN message_queue q ON q.id = d.broker_message_id
 WHERE q.destination_kind = 'queue' AND d.acked_at IS NULL AND d.reassigned_at IS NULL
-  AND d.created_at < ? ORDER BY d.created_at LIMIT ?
+  AND d.created_at < ?
+  AND EXISTS (SELECT 1 FROM queue_consumer c JOIN member m
+              ON m.mesh_id = c.mesh_id AND m.pubkey = c.member_pubkey AND m.revoked_at IS NULL
+              WHERE c.mesh_id = d.mesh_id AND c.queue = q.destination_ref
+                AND c.member_pubkey != d.recipient_pubkey)
+ORDER BY d.created_at LIMIT ?
 """
 
 
