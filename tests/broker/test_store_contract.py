@@ -218,6 +218,20 @@ async def test_pruning_a_message_flips_history_available(store: Store) -> None:
     assert (await store.cursor(w.mesh_id, w.bob)).compacted_seq == 1
 
 
+async def test_pruning_moves_each_recipients_compacted_seq_to_its_last_pruned(
+    store: Store
+) -> None:
+    w = await _world(store)
+    t0 = now_ms()
+    for i in range(3):
+        await store.accept(accept_input(w.mesh_id, w.alice, f"c{i}", at=t0 + i))
+    for pk in (w.bob, w.carol):
+        await store.ack(w.mesh_id, pk, 1, 3, t0)
+    assert await store.prune_messages(t0 + 2, t0 + 2) == 2   # the two oldest
+    cursors = [await store.cursor(w.mesh_id, pk) for pk in (w.alice, w.bob, w.carol)]
+    assert [(c.last_seq, c.compacted_seq) for c in cursors] == [(0, 0), (3, 2), (3, 2)]
+
+
 async def test_unacked_deliveries_inside_the_stall_window_are_kept(store: Store) -> None:
     w = await _world(store)
     t0 = now_ms()
