@@ -15,12 +15,13 @@ from typing import Any
 from tidemesh.core.errors import InvalidRequest, PayloadTooLarge, RateLimited, TidemeshError
 from tidemesh.core.fingerprint import prefix, request_fingerprint
 from tidemesh.core.ids import new_ulid
+from tidemesh.core.record import record
 from tidemesh.core.send import parse_send_request
 
 DAY_MS = 86_400_000
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class AcceptInput:
     """One send that passed B1, with its ids made in code before the transaction."""
 
@@ -45,7 +46,7 @@ class AcceptInput:
         return (self.mesh_id, self.sender_pubkey, self.client_message_id)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class DedupeRow:
     broker_message_id: str
     history_id: str
@@ -54,14 +55,14 @@ class DedupeRow:
     first_seen_at: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Delivery:
     recipient_pubkey: str
     epoch: int
     seq: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class AcceptResult:
     status: int                         # 201, 200 (duplicate), 409, 4xx, 5xx
     client_message_id: str

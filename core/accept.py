@@ -7,8 +7,9 @@ only when the outcome says ``insert``. The HTTP answer is the API's to choose
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import StrEnum
+
+from tidemesh.core.record import record
 
 
 class OutboxStatus(StrEnum):
@@ -26,7 +27,7 @@ class Action(StrEnum):
     CONFLICT = "conflict"      # 409, final for this id
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Outcome:
     action: Action
     status: str | None = None      # the 202 body's status
@@ -35,7 +36,7 @@ class Outcome:
     with_reason: bool = False      # 409 carries reason = last_error
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Prior:
     """The existing outbox row for the id, as far as the decision needs it."""
 

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
 from tidemesh.core.backoff import Backoff
+from tidemesh.core.record import record
 
 
 class Kind(StrEnum):
@@ -28,7 +28,7 @@ class Kind(StrEnum):
     RETRY = "retry"
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Settlement:
     row_id: str
     kind: Kind

@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import binascii
 import re
-from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
@@ -19,6 +18,7 @@ import rfc8785
 from tidemesh.core.errors import IdempotencyKeyMismatch, InvalidRequest
 from tidemesh.core.fingerprint import meta_canonical
 from tidemesh.core.ids import client_message_id_problem
+from tidemesh.core.record import record
 
 
 class DestinationKind(StrEnum):
@@ -37,7 +37,7 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 _PUBKEY = re.compile(r"[0-9a-f]{64}")
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Destination:
     kind: DestinationKind
     ref: str
@@ -71,7 +71,7 @@ class Destination:
         return {"kind": self.kind.value, "ref": self.ref}
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class SendRequest:
     """A validated send. ``body`` is the exact bytes that are fingerprinted and sent."""
 

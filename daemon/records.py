@@ -9,10 +9,11 @@ from enum import StrEnum
 from typing import Any
 
 from tidemesh.core.errors import TidemeshError
+from tidemesh.core.record import record
 from tidemesh.core.send import SendRequest
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Event:
     """One entry of the local event log (GET /v1/events)."""
 
@@ -41,7 +42,7 @@ class SendKind(StrEnum):
     CONFLICT = "conflict"    # the id is bound to another request, or its row ended
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class BoundRow:
     """The outbox row a client_message_id is bound to, as much as a send's answer names."""
 
@@ -53,7 +54,7 @@ class BoundRow:
     last_error: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class SendOutcome:
     """What became of one send: the accept table's row, the request and the row it hit.
 

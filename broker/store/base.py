@@ -19,6 +19,7 @@ from tidemesh.broker.accept import AcceptInput, AcceptResult, DedupeRow
 from tidemesh.broker.store.accept import AcceptRows, Key
 from tidemesh.core import invite as invites
 from tidemesh.core.errors import NotFound
+from tidemesh.core.record import record
 from tidemesh.storage.postgres import Database as PostgresDatabase
 from tidemesh.storage.sqlite import Database as SqliteDatabase
 from tidemesh.storage.stats import BatchCounters
@@ -71,7 +72,7 @@ class Cursor:
     compacted_seq: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class DeliveryRow:
     epoch: int
     seq: int

@@ -6,12 +6,12 @@ from __future__ import annotations
 import base64
 import sqlite3
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from tidemesh.core.errors import InvalidRequest
+from tidemesh.core.record import record
 from tidemesh.daemon.records import Event as Event
 from tidemesh.daemon.records import Page as Page
 from tidemesh.daemon.store import hooks as hook_runs
@@ -24,7 +24,7 @@ INBOX_COLUMNS = (
 )
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Delivery:
     """One message the broker delivered to this member, already decrypted."""
 
@@ -48,7 +48,7 @@ class Delivery:
     hooks: tuple[str, ...] = ()  # the hooks its event fires, recorded with it
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Void:
     """A delivery that is not stored (a lapsed queue lease that went to another consumer):
     only the receive cursor moves past it, so the stream stays gapless."""
@@ -58,7 +58,7 @@ class Void:
     at: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class NewEvent:
     type: str
     data: dict[str, Any]
@@ -67,7 +67,7 @@ class NewEvent:
     hooks: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class StoreResult:
     inbox_seq: int | None        # None: a redelivery of something already stored
     event: Event | None

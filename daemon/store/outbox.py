@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from tidemesh.core.accept import Action, OutboxStatus, Outcome, Prior, decide
 from tidemesh.core.errors import Conflict, NotFound
 from tidemesh.core.outcome import Kind, Settlement, expired
+from tidemesh.core.record import record
 from tidemesh.storage.sqlite import BatchOp
 
 COLUMNS = (
@@ -27,7 +27,7 @@ _INSERT = (
 )
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class NewRow:
     """What an accept or a requeue writes."""
 
@@ -41,7 +41,7 @@ class NewRow:
     supersedes: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Existing:
     """The row already bound to an id, as much as an accept answer needs."""
 
@@ -53,7 +53,7 @@ class Existing:
     last_error: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class AcceptResult:
     outcome: Outcome
     existing: Existing | None    # None when this accept inserted the row
@@ -221,7 +221,7 @@ def row_dict(row: sqlite3.Row) -> dict[str, Any]:
     return {k: row[k] for k in row.keys()}  # noqa: SIM118 - sqlite3.Row is not a Mapping
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Claimed:
     """A row the sender took (now inflight) to put on the wire."""
 
