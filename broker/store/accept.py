@@ -85,8 +85,8 @@ def steps(items: Sequence[AcceptInput]) -> Steps:
         first_at.setdefault(a.key, i)
     firsts = {k: items[i] for k, i in first_at.items()}
     claimed: int = yield Step("claim", (sorted(firsts.values(), key=lambda a: a.key),))
-    # Every key claimed (the usual batch: B0 answered the retries before it): each row is
-    # the one just inserted, so there is nothing to read back.
+    # Every key claimed (the usual batch: retries are few, and under a budget B0 answers
+    # them before the accept): each row is the one just inserted, nothing to read back.
     rows: dict[Key, DedupeRow] = (
         {k: _claimed(a) for k, a in firsts.items()} if claimed == len(firsts)
         else (yield Step("read_back", (list(firsts.values()),))))
