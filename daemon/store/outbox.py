@@ -20,11 +20,11 @@ COLUMNS = (
 )
 _SELECT_BY_CMID = f"SELECT {COLUMNS} FROM outbox WHERE client_message_id = ?"  # noqa: S608
 _SELECT_BY_ID = f"SELECT {COLUMNS} FROM outbox WHERE id = ?"  # noqa: S608
-_INSERT = (
+_INSERT_MANY = (
     "INSERT INTO outbox (id, client_message_id, request_fingerprint, payload, dest_kind,"
-    " dest_ref, enqueued_at, next_attempt_at, status, supersedes)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?)"
+    " dest_ref, enqueued_at, next_attempt_at, status, supersedes) VALUES "
 )
+_INSERT = _INSERT_MANY + "(?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?)"
 
 
 @record
@@ -89,8 +89,24 @@ def accept_many(conn: sqlite3.Connection, news: Sequence[NewRow]) -> list[Accept
         else:
             assert known is not None
             results.append(AcceptResult(outcome, known, known.id))
-    conn.executemany(_INSERT, inserts)
+    insert_rows(conn, inserts)
     return results
+
+
+# Rows per multi-row INSERT: 9 values each, well under SQLite's 32,766 variables.
+_INSERT_CHUNK = 500
+_ROW_MARKS = "(?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?)"
+
+
+def insert_rows(conn: sqlite3.Connection, rows: Sequence[tuple[Any, ...]]) -> None:
+    """New rows, one multi-row INSERT per 500. executemany steps once per row, and the
+    sqlite3 module gives up the GIL around every step: the writer thread then waited for
+    the event loop to hand it back once per row (py-spy and a timer on the writer: 3.5 ms a
+    30-row transaction at 64 concurrent sends, of which ~1.6 ms CPU)."""
+    for at in range(0, len(rows), _INSERT_CHUNK):
+        chunk = rows[at:at + _INSERT_CHUNK]
+        conn.execute(_INSERT_MANY + ", ".join([_ROW_MARKS] * len(chunk)),
+                     [v for row in chunk for v in row])
 
 
 ACCEPT = BatchOp("outbox_accept", accept_many)
