@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tidemesh.core.errors import InsufficientStorage, InvalidRequest, SendVetoed
+from tidemesh.core.outcome import Kind, Settlement
 from tidemesh.core.send import SendRequest, parse_send_request
 from tidemesh.daemon.records import SendKind, SendOutcome
 from tidemesh.daemon.service.outbox import OutboxService
@@ -111,3 +112,26 @@ async def test_sends_accepted_one_after_another_in_one_millisecond_go_out_in_tha
         assert [c.client_message_id for c in claimed] == [f"id-{i:03}" for i in range(200)]
     finally:
         await db.close()
+
+
+async def test_settling_takes_each_claimed_row_once_and_leaves_the_rest(
+    outbox: OutboxService
+) -> None:
+    for i in range(4):
+        await outbox.submit(_req("hi", f"id-{i}"))
+    claimed, _ = await outbox.claim(3, 3_600_000)
+    a, b, c = (r.id for r in claimed)
+    pending = (await outbox.list_rows("pending"))["items"][0]["id"]
+    now = 1_700_000_000_000
+    settled = await outbox.settle_many([
+        Settlement(a, Kind.DONE, now, "bm-a", "h-a"),
+        Settlement(pending, Kind.DONE, now, "bm-p", "h-p"),   # never claimed: stays pending
+        Settlement(b, Kind.RETRY, now, last_error="TimeoutError", next_attempt_at=now),
+        Settlement(a, Kind.DEAD, now, last_error="late"),      # settled above already
+        Settlement(c, Kind.DONE, now, "bm-c", "h-c"),
+    ])
+    assert settled == [True, False, True, False, True]
+    rows = {r: await outbox.inspect(r) for r in (a, b, c, pending)}
+    assert [(rows[r]["status"], rows[r]["broker_message_id"]) for r in (a, b, c, pending)] == [
+        ("done", "bm-a"), ("pending", None), ("done", "bm-c"), ("pending", None)]
+    assert rows[a]["last_error"] is None and rows[b]["last_error"] == "TimeoutError"
