@@ -23,6 +23,7 @@ from tidemesh.broker.store import accept
 from tidemesh.broker.store.accept import Key
 from tidemesh.broker.store.sqlite.base import SqliteBase, write_error
 from tidemesh.core.errors import InsufficientStorage, TidemeshError, Unavailable
+from tidemesh.storage.multirow import insert_rows
 from tidemesh.storage.sqlite import HEAVY_CHUNK, BatchOp, storage_error
 
 log = structlog.get_logger(__name__)
@@ -123,9 +124,9 @@ class SqliteAcceptPort:
         self.conn = conn
 
     def claim(self, items: Sequence[AcceptInput]) -> int:
-        return self.conn.executemany(CLAIM_SQL, [
+        return insert_rows(self.conn, CLAIM_HEAD, [
             (*a.key, a.broker_message_id, a.history_id, a.fingerprint, a.kind, a.ref, a.now_ms,
-             a.expires_at) for a in items]).rowcount
+             a.expires_at) for a in items], CLAIM_TAIL)
 
     def read_back(self, items: Sequence[AcceptInput]) -> dict[accept.Key, DedupeRow]:
         rows = {}
@@ -177,9 +178,9 @@ class SqliteAcceptPort:
                               a.priority, meta, a.reply_to, a.now_ms))
             history.append((a.history_id, a.broker_message_id, a.mesh_id, a.sender_pubkey,
                             a.kind, a.ref, a.now_ms))
-        self.conn.executemany(TOPIC_MESSAGE_SQL, topic)
-        self.conn.executemany(QUEUE_MESSAGE_SQL, queue)
-        self.conn.executemany(HISTORY_SQL, history)
+        insert_rows(self.conn, TOPIC_MESSAGE_HEAD, topic)
+        insert_rows(self.conn, QUEUE_MESSAGE_HEAD, queue)
+        insert_rows(self.conn, HISTORY_HEAD, history)
         counts = collections.Counter((a.mesh_id, p) for a, recipients in accepted
                                      for p in recipients)
         now = max(a.now_ms for a, _ in accepted)
@@ -197,16 +198,17 @@ class SqliteAcceptPort:
                 cursor[1] += 1
                 deliveries.append(Delivery(p, cursor[0], cursor[1]))
                 rows.append((a.mesh_id, p, cursor[0], cursor[1], a.broker_message_id, a.now_ms))
-        self.conn.executemany(DELIVERY_SQL, rows)
+        insert_rows(self.conn, DELIVERY_HEAD, rows)
         return out
 
 
-CLAIM_SQL = """
+# The batch's rows go in one multi-row statement per table (storage/multirow.py): with
+# executemany each row was a step, and each step a GIL hand-back from the event loop.
+CLAIM_HEAD = """
 INSERT INTO client_message_dedupe (mesh_id, sender_pubkey, client_message_id, broker_message_id,
     history_id, request_fingerprint, destination_kind, destination_ref, first_seen_at, expires_at)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-ON CONFLICT (mesh_id, sender_pubkey, client_message_id) DO NOTHING
-"""
+VALUES """
+CLAIM_TAIL = " ON CONFLICT (mesh_id, sender_pubkey, client_message_id) DO NOTHING"
 
 READBACK_SQL = """
 SELECT broker_message_id, history_id, request_fingerprint, history_available, first_seen_at
@@ -234,17 +236,16 @@ VALUES (?, ?, ?, ?) ON CONFLICT (mesh_id, recipient_pubkey) DO UPDATE
 SET last_seq = last_seq + excluded.last_seq, updated_at = excluded.updated_at
 RETURNING epoch, last_seq
 """
-TOPIC_MESSAGE_SQL = (
+TOPIC_MESSAGE_HEAD = (
     "INSERT INTO topic_message (id, mesh_id, sender_pubkey, client_message_id, topic,"
-    " body, body_encoding, priority, meta, reply_to, created_at)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
-QUEUE_MESSAGE_SQL = (
+    " body, body_encoding, priority, meta, reply_to, created_at) VALUES ")
+QUEUE_MESSAGE_HEAD = (
     "INSERT INTO message_queue (id, mesh_id, sender_pubkey, client_message_id,"
     " destination_kind, destination_ref, body, body_encoding, priority, meta, reply_to,"
-    " created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
-HISTORY_SQL = (
+    " created_at) VALUES ")
+HISTORY_HEAD = (
     "INSERT INTO message_history (history_id, broker_message_id, mesh_id, sender_pubkey,"
-    " destination_kind, destination_ref, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)")
-DELIVERY_SQL = (
+    " destination_kind, destination_ref, created_at) VALUES ")
+DELIVERY_HEAD = (
     "INSERT INTO delivery_queue (mesh_id, recipient_pubkey, epoch, seq, broker_message_id,"
-    " created_at) VALUES (?, ?, ?, ?, ?, ?)")
+    " created_at) VALUES ")
