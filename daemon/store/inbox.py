@@ -15,6 +15,7 @@ from tidemesh.core.record import record
 from tidemesh.daemon.records import Event as Event
 from tidemesh.daemon.records import Page as Page
 from tidemesh.daemon.store import hooks as hook_runs
+from tidemesh.storage.multirow import insert_rows
 from tidemesh.storage.sqlite import BatchOp
 
 INBOX_COLUMNS = (
@@ -94,6 +95,7 @@ def entry_view(row: Sequence[Any]) -> dict[str, Any]:
 # Existence is checked before inserting, never with INSERT OR IGNORE: an ignored insert still
 # advances an AUTOINCREMENT counter, which would leave gaps in the local sequences.
 
+
 def _insert_event(conn: sqlite3.Connection, ev: NewEvent, inbox_seq: int | None) -> Event | None:
     if ev.dedupe_key is not None and conn.execute(
         "SELECT 1 FROM events WHERE dedupe_key = ?", (ev.dedupe_key,)
@@ -117,13 +119,73 @@ def store_frame(conn: sqlite3.Connection,
     """Store one frame's deliveries (deduped on sender + client_message_id), an event for
     each new one, and advance the receive cursor past each, void ones too (None for those);
     all in the caller's transaction, so a crash keeps the whole frame (messages, events and
-    cursor) or none of it, and the broker sends what is missing again."""
-    out = [None if isinstance(d, Void) else _store_one(conn, d) for d in items]
+    cursor) or none of it, and the broker sends what is missing again.
+
+    A handful of statements whatever the frame's size (storage/multirow.py: a statement a
+    row cost the writer a GIL hand-back from the event loop per row): which keys are
+    stored already, the next seq and event id, then one insert each for entries and
+    events. This writer is the only one, so the ids it numbers are the ones AUTOINCREMENT
+    would have given, gapless."""
+    out: list[StoreResult | None] = []
+    held = _stored_keys(conn, [d for d in items if not isinstance(d, Void)])
+    seq, event_id = _next_id(conn, "inbox", "seq"), _next_id(conn, "events", "id")
+    new: list[tuple[int, Delivery, tuple[Any, ...]]] = []   # (place in out, delivery, row)
+    for d in items:
+        if isinstance(d, Void) or (d.sender_pubkey, d.client_message_id) in held:
+            out.append(None if isinstance(d, Void) else StoreResult(None, None))
+            continue
+        held.add((d.sender_pubkey, d.client_message_id))
+        new.append((len(out), d, (
+            seq + len(new), d.id, d.mesh, d.sender_pubkey, d.sender_name, d.client_message_id,
+            d.broker_message_id, d.dest_kind, d.dest_ref, d.body, d.body_encoding, d.priority,
+            orjson.dumps(d.meta) if d.meta is not None else None, d.reply_to, d.epoch, d.seq,
+            d.sent_at, d.received_at)))
+        out.append(None)   # set below, with its event
+    # The entries first: a delivery the database refuses fails the frame there, as one.
+    insert_rows(conn, _INSERT_ENTRIES, [row for _, _, row in new])
+    events = []
+    for n, (place, d, row) in enumerate(new):
+        view = entry_view(row)
+        events.append((event_id + n, "message", row[0], orjson.dumps(view), d.received_at))
+        out[place] = StoreResult(row[0], Event(event_id + n, "message", view, d.received_at))
+    insert_rows(conn, _INSERT_EVENTS, events)
+    for n, (_, d, _) in enumerate(new):
+        if d.hooks:   # a message's hooks know it by its id
+            hook_runs.add_runs(conn, event_id + n, d.id, d.hooks, d.received_at)
     if items:  # once per frame, to the furthest position: it only ever moves forward
         last = max(items, key=lambda d: (d.epoch, d.seq))
         _advance_cursor(conn, last.epoch, last.seq,
                         last.at if isinstance(last, Void) else last.received_at)
     return out
+
+
+_INSERT_ENTRIES = f"INSERT INTO inbox ({INBOX_COLUMNS}) VALUES "  # noqa: S608
+_INSERT_EVENTS = "INSERT INTO events (id, type, inbox_seq, data, created_at) VALUES "
+
+
+def _stored_keys(conn: sqlite3.Connection, deliveries: Sequence[Delivery]
+                 ) -> set[tuple[str, str]]:
+    """The (sender, client_message_id) of ``deliveries`` already in the inbox, read as one
+    aggregated row; each key is looked up by the unique index (CROSS JOIN keeps that
+    order: a row-value ``IN (VALUES …)`` scanned the whole index)."""
+    if not deliveries:
+        return set()
+    found = conn.execute(
+        "SELECT json_group_array(json_array(i.sender_pubkey, i.client_message_id))"
+        " FROM json_each(?) AS j CROSS JOIN inbox AS i"
+        " ON i.sender_pubkey = json_extract(j.value, '$[0]')"
+        " AND i.client_message_id = json_extract(j.value, '$[1]')",
+        (orjson.dumps([[d.sender_pubkey, d.client_message_id] for d in deliveries]),)
+    ).fetchone()[0]
+    return {(s, c) for s, c in orjson.loads(found)}
+
+
+def _next_id(conn: sqlite3.Connection, table: str, column: str) -> int:
+    """The id AUTOINCREMENT gives ``table``'s next row: above every one it ever gave."""
+    sql = ("SELECT MAX(COALESCE((SELECT seq FROM sqlite_sequence WHERE name = ?), 0),"  # noqa: S608
+           f" COALESCE((SELECT MAX({column}) FROM {table}), 0)) + 1")
+    row = conn.execute(sql, (table,)).fetchone()
+    return int(row[0])
 
 
 def _store_frames(conn: sqlite3.Connection,
@@ -133,26 +195,6 @@ def _store_frames(conn: sqlite3.Connection,
 
 # One write-engine item per frame; frames queued together still share a transaction.
 STORE_FRAMES = BatchOp("inbox_store_frames", _store_frames)
-
-
-INSERT_SQL = (f"INSERT INTO inbox ({INBOX_COLUMNS.removeprefix('seq, ')})"  # noqa: S608
-              " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
-
-
-def _store_one(conn: sqlite3.Connection, d: Delivery) -> StoreResult:
-    if conn.execute("SELECT 1 FROM inbox WHERE sender_pubkey = ? AND client_message_id = ?",
-                    (d.sender_pubkey, d.client_message_id)).fetchone():
-        return StoreResult(None, None)
-    values = (d.id, d.mesh, d.sender_pubkey, d.sender_name, d.client_message_id,
-              d.broker_message_id, d.dest_kind, d.dest_ref, d.body, d.body_encoding,
-              d.priority, orjson.dumps(d.meta) if d.meta is not None else None, d.reply_to,
-              d.epoch, d.seq, d.sent_at, d.received_at)
-    cur = conn.execute(INSERT_SQL, values)
-    seq = int(cur.lastrowid or 0)
-    event = _insert_event(
-        conn, NewEvent("message", entry_view((seq, *values)), d.received_at, hooks=d.hooks),
-        seq)
-    return StoreResult(seq, event)
 
 
 def _advance_cursor(conn: sqlite3.Connection, epoch: int, seq: int, now: int) -> None:
