@@ -235,9 +235,7 @@ def events_after(conn: sqlite3.Connection, after: int, limit: int) -> list[Event
 
 def last_event_id(conn: sqlite3.Connection) -> int:
     """The newest event id ever given, even when retention has since removed that event."""
-    row = conn.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()
-    seq = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'events'").fetchone()
-    return max(int(row[0]), 0 if seq is None else int(seq[0]))
+    return _next_id(conn, "events", "id") - 1
 
 
 def page(conn: sqlite3.Connection, p: Page) -> list[dict[str, Any]]:
