@@ -80,22 +80,27 @@ def steps(items: Sequence[AcceptInput]) -> Steps:
     that sends it twice, or two frames of one batch): each later send of a key is decided
     against what the ones before it left, exactly as if they had run one after another,
     without a statement per send."""
+    keys = [a.key for a in items]
     first_at: dict[Key, int] = {}
-    for i, a in enumerate(items):
-        first_at.setdefault(a.key, i)
+    for i, k in enumerate(keys):
+        first_at.setdefault(k, i)
     firsts = {k: items[i] for k, i in first_at.items()}
-    claimed: int = yield Step("claim", (sorted(firsts.values(), key=lambda a: a.key),))
-    # Every key claimed (the usual batch: retries are few, and under a budget B0 answers
-    # them before the accept): each row is the one just inserted, nothing to read back.
-    rows: dict[Key, DedupeRow] = (
-        {k: _claimed(a) for k, a in firsts.items()} if claimed == len(firsts)
-        else (yield Step("read_back", (list(firsts.values()),))))
-    # Keys whose row is the claim just made: their sends are decided here, in order.
-    ours = {k for k, a in firsts.items() if branch(a, rows[k]) is Branch.CREATED}
+    claimed: int = yield Step("claim", ([firsts[k] for k in sorted(firsts)],))
+    # Keys whose row is the claim just made: their sends are decided here, in order. When
+    # every key was claimed (the usual batch: retries are few, and under a budget B0
+    # answers them before the accept), each row is the one just inserted: nothing to read.
+    held: dict[Key, DedupeRow | None]
+    if claimed == len(firsts):
+        held = dict.fromkeys(firsts)
+    else:
+        rows: dict[Key, DedupeRow] = yield Step("read_back", (list(firsts.values()),))
+        held = {k: None if branch(a, rows[k]) is Branch.CREATED else rows[k]
+                for k, a in firsts.items()}
+    ours = {k for k, row in held.items() if row is None}
     found: dict[Destination, list[str]] = (
-        (yield Step("destinations", ([a for a in items if a.key in ours],))) if ours else {})
-    held: dict[Key, DedupeRow | None] = {k: None if k in ours else r for k, r in rows.items()}
-    results, winners = _decide(items, held, found)
+        (yield Step("destinations", ([a for a, k in zip(items, keys, strict=True) if k in ours],)))
+        if ours else {})
+    results, winners = _decide(items, keys, held, found)
     # The claim holds each key's first send; where another won (or none did), move it.
     moved = [k for k in ours if winners.get(k, (-1,))[0] != first_at[k]]
     if moved:
@@ -113,24 +118,35 @@ def steps(items: Sequence[AcceptInput]) -> Steps:
     return [results[i] for i in range(len(items))]
 
 
-def _decide(items: Sequence[AcceptInput], held: dict[Key, DedupeRow | None],
-            found: dict[Destination, list[str]]
+def _decide(items: Sequence[AcceptInput], keys: Sequence[Key],
+            held: dict[Key, DedupeRow | None], found: dict[Destination, list[str]]
             ) -> tuple[dict[int, AcceptResult], dict[Key, tuple[int, list[str]]]]:
-    """Each send in order against the row its key holds (None: free to claim): the answers
-    so far, and each key's winner (its position and recipients), still to be inserted."""
+    """Each send in order against the row its key holds (None: free to claim) or the send
+    that won it earlier in the batch: the answers so far, and each key's winner (its
+    position and recipients), still to be inserted."""
     results: dict[int, AcceptResult] = {}
     winners: dict[Key, tuple[int, list[str]]] = {}
+    # A topic's recipients depend on the sender only: worked out once per batch, not per
+    # send (the lists are only read from here on).
+    topic_recipients: dict[tuple[Destination, str], list[str] | TidemeshError] = {}
     for i, a in enumerate(items):
-        row = held[a.key]
+        k = keys[i]
+        won = winners.get(k)
+        row = _claimed(items[won[0]]) if won is not None else held[k]
         if row is not None:
             results[i] = answer_existing(a, row)
             continue
-        recipients = _recipients(a, found)
+        if a.kind == "topic":
+            at = ((a.kind, a.mesh_id, a.ref), a.sender_pubkey)
+            recipients = topic_recipients.get(at)
+            if recipients is None:
+                recipients = topic_recipients[at] = _recipients(a, found)
+        else:
+            recipients = _recipients(a, found)
         if isinstance(recipients, TidemeshError):   # B2: the key stays free for a later send
             results[i] = failed(a, recipients)
             continue
-        winners[a.key] = (i, recipients)
-        held[a.key] = _claimed(a)
+        winners[k] = (i, recipients)
     return results, winners
 
 

@@ -102,3 +102,15 @@ def test_steps_read_back_when_one_key_of_the_batch_was_held() -> None:
                          + [accept_input(MESH, sender, "old", body="changed")])
     assert [r.status for r in results] == [201, 201, 201, 409]
     assert port.calls[-4:] == ["claim", "read_back", "destinations", "insert"]
+
+
+def test_steps_leave_each_sender_out_of_its_own_topic_send_in_a_mixed_batch() -> None:
+    subscriber, other = new_pubkey(), new_pubkey()
+    port = MemoryPort(subscriber)
+    items = [accept_input(MESH, s, f"m{i}") for i, s in
+             enumerate([other, subscriber, other, subscriber])]
+    results = accept.run(port, items)
+    assert [r.status for r in results] == [201] * 4
+    # The subscriber's own sends reach no one; the other member's reach the subscriber.
+    assert [[d.recipient_pubkey for d in r.deliveries] for r in results] == [
+        [subscriber], [], [subscriber], []]
