@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+from collections.abc import Callable
 from importlib import resources
 
 import pytest
@@ -29,6 +30,31 @@ def test_bad_frames_name_the_field() -> None:
         decode_frame(b"\xff")
     with pytest.raises(InvalidFrame):
         check({"type": "nope"})
+
+
+def _send(**extra: object) -> dict[str, object]:
+    return {"type": "send", "id": "f1", "client_message_id": "c1",
+            "to": {"kind": "topic", "ref": "ops"}, "body": "hi", "body_encoding": "utf8",
+            "priority": "next", **extra}
+
+
+def _deliver(**extra: object) -> dict[str, object]:
+    return {"type": "deliver", "epoch": 1, "seq": 1, "broker_message_id": "01J" + "0" * 23,
+            "sender_pubkey": "ab" * 32, "to": {"kind": "topic", "ref": "ops"}, "body": "hi",
+            "body_encoding": "utf8", "priority": "next", "created_at": 1, **extra}
+
+
+@pytest.mark.parametrize("make", [_send, _deliver])
+def test_reply_to_is_a_message_id_or_null_on_send_and_deliver(
+        make: Callable[..., dict[str, object]]) -> None:
+    for ok in (None, "01J0000000000000000000000Z"):
+        check(make(reply_to=ok))
+    check(make())
+    for bad, says in (("not-an-id", "must match pattern"), (5, "must be string or null")):
+        with pytest.raises(InvalidFrame) as info:
+            check(make(reply_to=bad))
+        assert info.value.details["field"] == "reply_to"
+        assert says in info.value.message
 
 
 def test_signature_binds_mesh_key_and_nonce() -> None:
