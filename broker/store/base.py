@@ -10,10 +10,11 @@ the server.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
+
+import orjson
 
 from tidemesh.broker.accept import AcceptInput, AcceptResult, DedupeRow
 from tidemesh.broker.store.accept import AcceptRows, Key
@@ -94,7 +95,7 @@ class DeliveryRow:
     @classmethod
     def of_record(cls, r: Sequence[Any]) -> DeliveryRow:
         """A row of either store's DELIVERIES_SQL (same columns, same order)."""
-        meta = json.loads(r[11]) if r[11] is not None else None
+        meta = orjson.loads(r[11]) if r[11] is not None else None
         return cls(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], bytes(r[8]), r[9], r[10],
                    meta, r[12], r[13], bool(r[14]), r[15])
 

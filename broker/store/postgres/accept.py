@@ -16,12 +16,12 @@ send, so only the send that fails on its own gets a 5xx.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
+import orjson
 import structlog
 
 from tidemesh.broker.accept import AcceptInput, AcceptResult, DedupeRow, Delivery, failed
@@ -158,8 +158,10 @@ class PgAcceptPort:
                 int_array([a.now_ms for a, _ in rows]), now,
             ):
                 by_message.setdefault(bm, []).append(Delivery(pubkey, epoch, seq))
-        return {bm: sorted(ds, key=lambda d: d.recipient_pubkey)
-                for bm, ds in by_message.items()}
+        for ds in by_message.values():
+            if len(ds) > 1:
+                ds.sort(key=lambda d: d.recipient_pubkey)
+        return by_message
 
 
 CLAIM_SQL = """
@@ -274,7 +276,7 @@ def _ints(items: Sequence[AcceptInput], attr: str) -> str:
 
 
 def _message_args(items: Sequence[AcceptInput]) -> list[Any]:
-    metas = {a.broker_message_id: json.dumps(a.meta, separators=(",", ":")) if a.meta else None
+    metas = {a.broker_message_id: orjson.dumps(a.meta).decode() if a.meta else None
              for a in items}
     t = [a for a in items if a.kind == "topic"]
     q = [a for a in items if a.kind != "topic"]

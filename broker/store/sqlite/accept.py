@@ -12,10 +12,10 @@ still decided against earlier ones."""
 from __future__ import annotations
 
 import collections
-import json
 import sqlite3
 from collections.abc import Sequence
 
+import orjson
 import structlog
 
 from tidemesh.broker.accept import AcceptInput, AcceptResult, DedupeRow, Delivery, failed
@@ -167,7 +167,7 @@ class SqliteAcceptPort:
             return {}
         topic, queue, history = [], [], []
         for a, _ in accepted:
-            meta = json.dumps(a.meta, separators=(",", ":")) if a.meta else None
+            meta = orjson.dumps(a.meta).decode() if a.meta else None
             if a.kind == "topic":
                 topic.append((a.broker_message_id, a.mesh_id, a.sender_pubkey,
                               a.client_message_id, a.ref, a.body, a.body_encoding, a.priority,
