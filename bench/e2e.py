@@ -11,6 +11,10 @@ exactly once).
 NATS: publish with Nats-Msg-Id (256 in flight, file storage) → durable pull consumer with
 explicit ack; latency from publish to receipt. Default JetStream acks before fsync.
 
+``--batch N`` makes each of alice's requests a ``POST /v1/send_batch`` of N sends (with
+``--senders`` connections, default 64): an app that hands its sends over in batches, as the
+NATS client pipelines 256 publishes. The open-loop rate is then in requests of N.
+
 ``--open-loop F`` (default 0.7) follows each closed-loop run with an open-loop one at F times
 the closed-loop accept rate, where latency is not inflated by a saturated queue: the figure
 for "how long does a message take" at a load the system sustains. Every run prints the mean
@@ -22,7 +26,7 @@ pushes it as deliver_batch frames), against a JetStream consumer draining the sa
 messages published before it started.
 
     .venv/bin/python bench/e2e.py [--seconds 8] [--stores sqlite,postgres] [--pg-dsn DSN]
-                                  [--open-loop 0.7] [--backlog]
+                                  [--open-loop 0.7] [--backlog] [--senders 64] [--batch N]
 """
 
 from __future__ import annotations
@@ -133,7 +137,7 @@ def _metrics(homes: dict[str, Path], port: int) -> dict[str, str]:
 
 
 def run_tidemesh(store: str, seconds: float, root: Path, backlog: bool = False,
-                 rate: float = 0.0) -> dict[str, Any]:
+                 rate: float = 0.0, senders: int = 64, batch: int = 0) -> dict[str, Any]:
     homes = {n: root / n for n in ("broker", "alice", "bob")}
     for h in homes.values():
         h.mkdir(parents=True)
@@ -158,9 +162,9 @@ def run_tidemesh(store: str, seconds: float, root: Path, backlog: bool = False,
         if backlog:
             _stop(procs.pop())
         sock = homes["alice"] / "daemon" / "bench" / "sock"
-        out = subprocess.run([sys.executable, LOADGEN, str(sock), "64", str(seconds), "0.5", "e",
-                              "bench", "0", str(rate)], capture_output=True, text=True,
-                             check=True)
+        out = subprocess.run([sys.executable, LOADGEN, str(sock), str(senders), str(seconds),
+                              "0.5", "e", "bench", str(batch), str(rate)],
+                             capture_output=True, text=True, check=True)
         load = json.loads(out.stdout)
         a_db = homes["alice"] / "daemon" / "bench" / "outbox.db"
         b_db = homes["bob"] / "daemon" / "bench" / "inbox.db"
@@ -262,7 +266,8 @@ def _one_run(store_kind: str, args: argparse.Namespace, root: Path, rate: float 
     store = (f"sqlite://{root}/broker/broker.db" if store_kind == "sqlite"
              else asyncio.run(_pg_database(args.pg_dsn)))
     try:
-        return run_tidemesh(store, args.seconds, root, args.backlog, rate)
+        return run_tidemesh(store, args.seconds, root, args.backlog, rate, args.senders,
+                            args.batch)
     finally:
         if store_kind != "sqlite":
             asyncio.run(_drop_database(args.pg_dsn, store))
@@ -270,7 +275,7 @@ def _one_run(store_kind: str, args: argparse.Namespace, root: Path, rate: float 
 
 def _print_run(name: str, r: dict[str, Any]) -> None:
     print(f"{name:22} {r['messages']:>7} {r['rate']:>8.0f} {r['p50_ms']:>8.1f} "
-          f"{r['p99_ms']:>8.1f}  accept {r['accept_rps']:.0f}/s, "
+          f"{r['p99_ms']:>8.1f}  accept {r['accept_rps']:.0f} requests/s, "
           f"effective-once {'ok' if r['effective_once'] else 'FAILED'}")
     print(" " * 24 + "; ".join(f"{k} {v:.1f}" for k, v in r["hops"].items()))
 
@@ -284,9 +289,15 @@ def main() -> None:
                     help="then an open-loop run at F x the closed-loop accept rate (0: skip)")
     ap.add_argument("--backlog", action="store_true",
                     help="bob is offline while alice sends; measure how fast bob drains it")
+    ap.add_argument("--senders", type=int, default=64,
+                    help="alice's closed-loop connections (one request in flight each)")
+    ap.add_argument("--batch", type=int, default=0, metavar="N",
+                    help="each request a POST /v1/send_batch of N sends (0: POST /v1/send)")
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="tm-e2e-", dir="/tmp"))
-    print(f"bench/e2e: alice → broker → bob, 64 closed-loop senders for {args.seconds:.0f} s; "
+    how = f"/v1/send_batch of {args.batch}" if args.batch else "/v1/send"
+    print(f"bench/e2e: alice → broker → bob, {args.senders} closed-loop senders ({how}) for "
+          f"{args.seconds:.0f} s; "
           "durable at each hop (SQLite FULL, PostgreSQL synchronous_commit on)"
           + ("; backlog: bob starts after, rate and latency from its first delivery" if args.backlog
              else ""))
