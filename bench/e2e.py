@@ -18,7 +18,10 @@ NATS client pipelines 256 publishes. The open-loop rate is then in requests of N
 ``--open-loop F`` (default 0.7) follows each closed-loop run with an open-loop one at F times
 the closed-loop accept rate, where latency is not inflated by a saturated queue: the figure
 for "how long does a message take" at a load the system sustains. Every run prints the mean
-rows per transaction (or frame) at each hop, from the processes' own histograms.
+rows per transaction (or frame) at each hop, from the processes' own histograms, and each
+process's CPU per message (/proc, from the load's start until every send is done; PostgreSQL
+is all its server processes): on two shared cores the rate is set by their sum, and the sum
+is steadier from run to run than the rate.
 
 With ``--backlog`` bob is stopped while alice sends, then started: the figure is how fast a
 returning recipient drains what queued for it, from the first delivery it stores (the broker
@@ -87,6 +90,28 @@ def _daemon(env: dict[str, str], home: Path) -> subprocess.Popen[bytes]:
         [sys.executable, "-m", "tidemesh", "daemon", "up", "--foreground", "--mesh", "bench",
          "--no-tcp"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         env={**env, "TIDEMESH_HOME": str(home)})
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _cpu(pids: dict[str, int], postgres: bool) -> dict[str, float]:
+    """CPU seconds of each named process, and of every PostgreSQL server process together."""
+    out = {name: _cpu_s(pid) for name, pid in pids.items()}
+    if postgres:
+        out["postgres"] = 0.0
+        for d in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{d}/comm") as f:
+                    if f.read().strip() == "postgres":
+                        out["postgres"] += _cpu_s(int(d))
+            except (OSError, ValueError):
+                continue
+    return out
 
 
 def _stop(p: subprocess.Popen[bytes]) -> None:
@@ -162,6 +187,9 @@ def run_tidemesh(store: str, seconds: float, root: Path, backlog: bool = False,
         if backlog:
             _stop(procs.pop())
         sock = homes["alice"] / "daemon" / "bench" / "sock"
+        pids = {n: p.pid for n, p in zip(("broker", "alice", "bob"), procs, strict=False)}
+        pg = not store.startswith("sqlite")
+        cpu_before = _cpu(pids, pg)
         out = subprocess.run([sys.executable, LOADGEN, str(sock), str(senders), str(seconds),
                               "0.5", "e", "bench", str(batch), str(rate)],
                              capture_output=True, text=True, check=True)
@@ -175,6 +203,7 @@ def run_tidemesh(store: str, seconds: float, root: Path, backlog: bool = False,
             procs.append(_daemon(env, homes["bob"]))
         _wait(lambda: _q(b_db, "SELECT COUNT(*) FROM inbox")[0][0] >= total)
         _wait(lambda: _q(a_db, "SELECT COUNT(*) FROM outbox WHERE status='done'")[0][0] == total)
+        cpu_after = _cpu(pids, pg)
         sent = dict(_q(a_db, "SELECT client_message_id, enqueued_at FROM outbox"))
         got = _q(b_db, "SELECT client_message_id, received_at FROM inbox")
         ids = [c for c, _ in got]
@@ -187,7 +216,9 @@ def run_tidemesh(store: str, seconds: float, root: Path, backlog: bool = False,
         return {"messages": total, "rate": total / ((last - first) / 1000), "p50_ms": _pct(lat, .5),
                 "p99_ms": _pct(lat, .99), "accept_rps": load["rps"],
                 "effective_once": sorted(ids) == sorted(sent) and len(ids) == len(set(ids)),
-                "hops": _hop_means(_metrics(homes, port))}
+                "hops": _hop_means(_metrics(homes, port)),
+                # From the load's start until every send is done (pollers included: small).
+                "cpu_us": {n: 1e6 * (cpu_after[n] - cpu_before[n]) / total for n in cpu_after}}
     finally:
         for p in reversed(procs):
             p.send_signal(signal.SIGTERM)
@@ -278,6 +309,9 @@ def _print_run(name: str, r: dict[str, Any]) -> None:
           f"{r['p99_ms']:>8.1f}  accept {r['accept_rps']:.0f} requests/s, "
           f"effective-once {'ok' if r['effective_once'] else 'FAILED'}")
     print(" " * 24 + "; ".join(f"{k} {v:.1f}" for k, v in r["hops"].items()))
+    cpu = r["cpu_us"]
+    print(" " * 24 + "CPU µs a message: " + ", ".join(f"{k} {v:.0f}" for k, v in cpu.items())
+          + f"; in all {sum(cpu.values()):.0f}")
 
 
 def main() -> None:
