@@ -14,10 +14,10 @@ from functools import cache
 from importlib import resources
 from typing import Any, cast
 
-import fastjsonschema
 import orjson
 
 from tidemesh.core.errors import InvalidRequest
+from tidemesh.core.schemas import Checker, Invalid, compile_schema, problem
 
 PROTOCOL = 1
 _BASE = "https://tidemesh.dev/schemas/ws/"
@@ -77,8 +77,9 @@ def _local_ref(uri: str) -> dict[str, Any]:
 
 
 @cache
-def _validator(frame_type: str) -> Any:
-    return fastjsonschema.compile(load_schema(frame_type), handlers={"https": _local_ref})
+def _validator(frame_type: str) -> tuple[Checker, dict[str, Any]]:
+    schema = load_schema(frame_type)
+    return compile_schema(schema, _local_ref), schema
 
 
 def decode(raw: str | bytes) -> dict[str, Any]:
@@ -96,12 +97,12 @@ def check(data: dict[str, Any]) -> dict[str, Any]:
     kind = data.get("type")
     if kind not in FrameType.__members__.values():
         raise InvalidFrame(f"unknown frame type {kind!r}", field="type", id=_id_of(data))
+    validate, schema = _validator(str(kind))
     try:
-        _validator(str(kind))(data)
-    except fastjsonschema.JsonSchemaValueException as exc:
-        name = exc.name or "data"
-        field = name.removeprefix("data").lstrip(".") or "frame"
-        message = (exc.message or "invalid").removeprefix(name + " ")
+        validate(data)
+    except Invalid as exc:
+        field, message = problem(exc, schema)
+        field = field or "frame"
         raise InvalidFrame(f"{kind}.{field}: {message}", field=field, id=_id_of(data)) from exc
     return data
 

@@ -7,10 +7,10 @@ from functools import cache
 from importlib import resources
 from typing import Any, cast
 
-import fastjsonschema
 import orjson
 
 from tidemesh.core.errors import InvalidRequest
+from tidemesh.core.schemas import Checker, Invalid, compile_schema, problem
 
 _BASE = "https://tidemesh.dev/schemas/"
 
@@ -27,8 +27,9 @@ def _resolve(uri: str) -> dict[str, Any]:
 
 
 @cache
-def validator(name: str) -> Any:
-    return fastjsonschema.compile(load_schema(name), handlers={"https": _resolve})
+def validator(name: str) -> tuple[Checker, dict[str, Any]]:
+    schema = load_schema(name)
+    return compile_schema(schema, _resolve), schema
 
 
 def parse_json(raw: bytes) -> Any:
@@ -44,15 +45,11 @@ def checked(schema: str, data: Any) -> dict[str, Any]:
     """Validate ``data``; the error names the failing field (``to.kind``, ``priority``, ...)."""
     if not isinstance(data, dict):
         raise InvalidRequest("request body must be a JSON object", field="body")
+    validate, document = validator(schema)
     try:
-        validator(schema)(data)
-    except fastjsonschema.JsonSchemaValueException as exc:
-        name = exc.name or "data"
-        field = name.removeprefix("data").lstrip(".") or "body"
-        message = (exc.message or "invalid").removeprefix(name + " ")
-        if exc.rule in ("oneOf", "anyOf") and "description" in (exc.definition or {}):
-            # "valid exactly by one definition" tells a caller nothing; the field's own
-            # description says what it accepts.
-            message = f"must be {exc.definition['description']}"
+        validate(data)
+    except Invalid as exc:
+        field, message = problem(exc, document)
+        field = field or "body"
         raise InvalidRequest(f"{field}: {message}", field=field) from exc
     return data

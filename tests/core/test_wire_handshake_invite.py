@@ -50,7 +50,7 @@ def test_reply_to_is_a_message_id_or_null_on_send_and_deliver(
     for ok in (None, "01J0000000000000000000000Z"):
         check(make(reply_to=ok))
     check(make())
-    for bad, says in (("not-an-id", "must match pattern"), (5, "must be string or null")):
+    for bad, says in (("not-an-id", "must match pattern"), (5, "must be null or string")):
         with pytest.raises(InvalidFrame) as info:
             check(make(reply_to=bad))
         assert info.value.details["field"] == "reply_to"
