@@ -33,6 +33,11 @@ class Priority(StrEnum):
     LOW = "low"
 
 
+# Members by value, looked up directly: calling the enum class costs ~0.5 µs, twice per send.
+# An unknown value still goes through the call, which raises as before.
+_KINDS = {k.value: k for k in DestinationKind}
+_PRIORITIES = {p.value: p for p in Priority}
+
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 _PUBKEY = re.compile(r"[0-9a-f]{64}")
 
@@ -54,7 +59,7 @@ class Destination:
 
     @classmethod
     def checked(cls, kind: str, ref: str) -> Destination:
-        dest = cls(DestinationKind(kind), ref)
+        dest = cls(_KINDS.get(kind) or DestinationKind(kind), ref)
         if dest.kind is DestinationKind.DM:
             if not _PUBKEY.fullmatch(ref):
                 raise InvalidRequest(
@@ -129,12 +134,16 @@ def parse_send_request(data: dict[str, Any], header_id: str | None = None) -> Se
         to=dest,
         body=body,
         body_encoding=encoding,
-        priority=Priority(data.get("priority", Priority.NEXT.value)),
+        priority=_priority(data.get("priority", Priority.NEXT.value)),
         meta=meta,
         reply_to=data.get("reply_to") or None,
         client_message_id=pick_client_message_id(header_id, data.get("client_message_id")),
         meta_jcs=_canonical_meta(meta),
     )
+
+
+def _priority(value: str) -> Priority:
+    return _PRIORITIES.get(value) or Priority(value)
 
 
 def _decode_body(body: str, encoding: str) -> bytes:
