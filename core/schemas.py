@@ -18,26 +18,32 @@ from typing import Any
 
 import jsonschema_rs
 
-Checker = Callable[[Any], None]
 Invalid = jsonschema_rs.ValidationError
 
 
-def compile_schema(schema: dict[str, Any], resolve: Callable[[str], dict[str, Any]]
-                   ) -> Checker:
-    """A check of ``schema`` that raises ``Invalid`` on the first failure; ``resolve`` maps
-    the URI of a ``$ref`` to another schema (from the package, never the network)."""
-    validator = jsonschema_rs.validator_for(schema, retriever=resolve)
-    check: Checker = validator.validate
-    return check
+class Schema:
+    """One schema, compiled once; ``resolve`` maps the URI of a ``$ref`` to another schema
+    (from the package, never the network)."""
+
+    def __init__(self, document: dict[str, Any],
+                 resolve: Callable[[str], dict[str, Any]]) -> None:
+        self.document = document
+        self._validate = jsonschema_rs.validator_for(document, retriever=resolve).validate
+
+    def problem(self, data: Any) -> tuple[str, str] | None:
+        """None when ``data`` fits; else its first failure, as ``problem`` words it."""
+        try:
+            self._validate(data)
+        except Invalid as exc:
+            return problem(exc, self.document)
+        return None
 
 
 def problem(exc: Invalid, schema: dict[str, Any]) -> tuple[str, str]:
     """The field that failed (dotted, "" for the whole document) and what it must be."""
     path = [str(p) for p in exc.instance_path]
     kind = exc.kind
-    name = kind.name
-    value = kind.value
-    return ".".join(path), _must(name, value, exc, schema)
+    return ".".join(path), _must(kind.name, kind.value, exc, schema)
 
 
 # What a failed keyword says, from the keyword's own value (a limit, a pattern, a property).

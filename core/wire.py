@@ -17,7 +17,7 @@ from typing import Any, cast
 import orjson
 
 from tidemesh.core.errors import InvalidRequest
-from tidemesh.core.schemas import Checker, Invalid, compile_schema, problem
+from tidemesh.core.schemas import Schema
 
 PROTOCOL = 1
 _BASE = "https://tidemesh.dev/schemas/ws/"
@@ -77,9 +77,8 @@ def _local_ref(uri: str) -> dict[str, Any]:
 
 
 @cache
-def _validator(frame_type: str) -> tuple[Checker, dict[str, Any]]:
-    schema = load_schema(frame_type)
-    return compile_schema(schema, _local_ref), schema
+def _schema(frame_type: str) -> Schema:
+    return Schema(load_schema(frame_type), _local_ref)
 
 
 def decode(raw: str | bytes) -> dict[str, Any]:
@@ -97,13 +96,10 @@ def check(data: dict[str, Any]) -> dict[str, Any]:
     kind = data.get("type")
     if kind not in FrameType.__members__.values():
         raise InvalidFrame(f"unknown frame type {kind!r}", field="type", id=_id_of(data))
-    validate, schema = _validator(str(kind))
-    try:
-        validate(data)
-    except Invalid as exc:
-        field, message = problem(exc, schema)
-        field = field or "frame"
-        raise InvalidFrame(f"{kind}.{field}: {message}", field=field, id=_id_of(data)) from exc
+    found = _schema(str(kind)).problem(data)
+    if found is not None:
+        field, message = found[0] or "frame", found[1]
+        raise InvalidFrame(f"{kind}.{field}: {message}", field=field, id=_id_of(data))
     return data
 
 

@@ -10,7 +10,7 @@ from typing import Any, cast
 import orjson
 
 from tidemesh.core.errors import InvalidRequest
-from tidemesh.core.schemas import Checker, Invalid, compile_schema, problem
+from tidemesh.core.schemas import Schema
 
 _BASE = "https://tidemesh.dev/schemas/"
 
@@ -27,9 +27,8 @@ def _resolve(uri: str) -> dict[str, Any]:
 
 
 @cache
-def validator(name: str) -> tuple[Checker, dict[str, Any]]:
-    schema = load_schema(name)
-    return compile_schema(schema, _resolve), schema
+def validator(name: str) -> Schema:
+    return Schema(load_schema(name), _resolve)
 
 
 def parse_json(raw: bytes) -> Any:
@@ -45,11 +44,8 @@ def checked(schema: str, data: Any) -> dict[str, Any]:
     """Validate ``data``; the error names the failing field (``to.kind``, ``priority``, ...)."""
     if not isinstance(data, dict):
         raise InvalidRequest("request body must be a JSON object", field="body")
-    validate, document = validator(schema)
-    try:
-        validate(data)
-    except Invalid as exc:
-        field, message = problem(exc, document)
-        field = field or "body"
-        raise InvalidRequest(f"{field}: {message}", field=field) from exc
+    found = validator(schema).problem(data)
+    if found is not None:
+        field, message = found[0] or "body", found[1]
+        raise InvalidRequest(f"{field}: {message}", field=field)
     return data
