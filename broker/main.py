@@ -29,6 +29,7 @@ from tidemesh.core.exitcodes import Exit
 from tidemesh.core.ids import new_ulid
 from tidemesh.core.ratelimit import Rate
 from tidemesh.storage.lock import AlreadyRunning, InstanceLock
+from tidemesh.storage.sqlite import share_gil_with_writers
 
 T = TypeVar("T")
 log = structlog.get_logger(__name__)
@@ -215,6 +216,7 @@ def up(settings: BrokerSettings) -> None:
         runner = uvloop.run
     except ImportError:
         runner = asyncio.run
+    share_gil_with_writers()  # the SQLite store's writer thread; nothing on PostgreSQL
     try:
         runner(main())
     except WriterStopped:  # logged as broker_store_writer_stopped; let the manager restart us

@@ -64,6 +64,7 @@ from tidemesh.daemon.store.migrate import SchemaTooNew
 from tidemesh.daemon.store.migrate import load as load_migrations
 from tidemesh.daemon.stores import open_inbox, open_outbox
 from tidemesh.storage.lock import AlreadyRunning, InstanceLock
+from tidemesh.storage.sqlite import share_gil_with_writers
 
 log = structlog.get_logger("tidemesh.daemon")
 
@@ -187,6 +188,7 @@ def _run_locked(start: Startup) -> int:
     keypair, created = identity.load_or_create_keypair(paths.keypair)
     if created:
         log.info("keypair_created", pubkey=keypair.public_hex)
+    share_gil_with_writers()
     runner = _loop_runner()
     return int(runner(Daemon(start, keypair).serve()))
 
