@@ -17,7 +17,8 @@ NATS client pipelines 256 publishes. The open-loop rate is then in requests of N
 
 ``--open-loop F`` (default 0.7) follows each closed-loop run with an open-loop one at F times
 the closed-loop accept rate, where latency is not inflated by a saturated queue: the figure
-for "how long does a message take" at a load the system sustains. Every run prints the mean
+for "how long does a message take" at a load the system sustains. ``--rate R`` sets that
+run's rate to R instead, so that two builds can be compared at one load. Every run prints the mean
 rows per transaction (or frame) at each hop, from the processes' own histograms, and each
 process's CPU per message (/proc, from the load's start until every send is done; PostgreSQL
 is all its server processes): on two shared cores the rate is set by their sum, and the sum
@@ -29,7 +30,8 @@ pushes it as deliver_batch frames), against a JetStream consumer draining the sa
 messages published before it started.
 
     .venv/bin/python bench/e2e.py [--seconds 8] [--stores sqlite,postgres] [--pg-dsn DSN]
-                                  [--open-loop 0.7] [--backlog] [--senders 64] [--batch N]
+                                  [--open-loop 0.7] [--rate R] [--backlog] [--senders 64]
+                                  [--batch N]
 """
 
 from __future__ import annotations
@@ -321,6 +323,9 @@ def main() -> None:
     ap.add_argument("--pg-dsn", default="postgresql://postgres@127.0.0.1:5432/test")
     ap.add_argument("--open-loop", type=float, default=0.7, metavar="F",
                     help="then an open-loop run at F x the closed-loop accept rate (0: skip)")
+    ap.add_argument("--rate", type=float, default=0.0, metavar="R",
+                    help="the open-loop run at R sends/s instead (to compare two builds at "
+                         "one load)")
     ap.add_argument("--backlog", action="store_true",
                     help="bob is offline while alice sends; measure how fast bob drains it")
     ap.add_argument("--senders", type=int, default=64,
@@ -342,7 +347,7 @@ def main() -> None:
         rows.append(r)
         _print_run(f"tidemesh/{store_kind}", r)
         if args.open_loop > 0 and not args.backlog:
-            rate = args.open_loop * r["accept_rps"]
+            rate = args.rate or args.open_loop * r["accept_rps"]
             o = _one_run(store_kind, args, root / f"{store_kind}-open", rate)
             _print_run(f"  open loop {rate:.0f}/s", o)
     n = max(r["messages"] for r in rows)
