@@ -75,10 +75,17 @@ class StoreResult:
 
 
 def entry_view(row: Sequence[Any]) -> dict[str, Any]:
-    """An inbox entry as programs read it, from its values in ``INBOX_COLUMNS`` order (a
-    stored row, or the values a store just inserted: the event needs no read-back)."""
+    """An inbox entry as programs read it, from a stored row in ``INBOX_COLUMNS`` order."""
+    meta = row[12]
+    return _view(row, orjson.loads(meta) if meta else None)
+
+
+def _view(row: Sequence[Any], meta: Any) -> dict[str, Any]:
+    """The entry of ``row`` (``INBOX_COLUMNS`` order) with its meta already parsed: a store
+    builds its event from the values it just inserted, with no read-back and no second
+    parse of the meta it serialised."""
     (seq, id_, mesh, sender, sender_name, cmid, bmid, kind, ref, body, encoding, priority,
-     meta, reply_to, epoch, broker_seq, sent_at, received_at) = row
+     _, reply_to, epoch, broker_seq, sent_at, received_at) = row
     text = (body.decode("utf-8") if encoding == "utf8"
             else base64.b64encode(body).decode("ascii"))
     return {
@@ -86,7 +93,7 @@ def entry_view(row: Sequence[Any]) -> dict[str, Any]:
         "client_message_id": cmid, "broker_message_id": bmid,
         "to": {"kind": kind, "ref": ref},
         "body": text, "body_encoding": encoding, "priority": priority,
-        "meta": orjson.loads(meta) if meta else None,
+        "meta": meta,
         "reply_to": reply_to, "sent_at": sent_at, "received_at": received_at,
         "delivery": {"epoch": epoch, "seq": broker_seq},
     }
@@ -145,7 +152,7 @@ def store_frame(conn: sqlite3.Connection,
     insert_rows(conn, _INSERT_ENTRIES, [row for _, _, row in new])
     events = []
     for n, (place, d, row) in enumerate(new):
-        view = entry_view(row)
+        view = _view(row, d.meta)
         events.append((event_id + n, "message", row[0], orjson.dumps(view), d.received_at))
         out[place] = StoreResult(row[0], Event(event_id + n, "message", view, d.received_at))
     insert_rows(conn, _INSERT_EVENTS, events)
