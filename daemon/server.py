@@ -1,7 +1,9 @@
-"""One aiohttp runner with two sites: the Unix socket (0600) and loopback TCP."""
+"""The IPC listeners: the Unix socket (0600) through the send lane, which hands every
+request but the sends to aiohttp, and loopback TCP on aiohttp alone."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import socket
@@ -10,8 +12,10 @@ from pathlib import Path
 import structlog
 from aiohttp import web
 
+from tidemesh.daemon.api.keys import MAX_BODY, OUTBOX, STATE
 from tidemesh.daemon.api.middleware import ipc
 from tidemesh.daemon.api.routes import ROUTES
+from tidemesh.daemon.api.send_lane import Lane
 
 log = structlog.get_logger(__name__)
 
@@ -24,6 +28,7 @@ ACCEPT_BACKLOG = 4096
 def build_app(max_body_bytes: int) -> web.Application:
     app = web.Application(middlewares=[ipc], client_max_size=max_body_bytes)
     app.add_routes(ROUTES)
+    app[MAX_BODY] = max_body_bytes
     return app
 
 
@@ -36,13 +41,18 @@ class IpcServer:
         self.runner = web.AppRunner(app, access_log=None, shutdown_timeout=shutdown_timeout,
                                     handle_signals=False)
         self.bound_port: int | None = None
-        self._unix_site: web.UnixSite | None = None
+        self.shutdown_timeout = shutdown_timeout
+        self._lane: Lane | None = None
+        self._unix_server: asyncio.AbstractServer | None = None
         # (st_dev, st_ino) of the socket file we bound: a file at the path with another
         # identity is not ours (deleted and replaced), and nobody can connect through it.
         self.socket_identity: tuple[int, int] | None = None
 
     async def start(self) -> None:
         await self.runner.setup()
+        server = self.runner.server
+        assert server is not None  # set by setup()
+        self._lane = Lane(self.app[STATE], self.app[OUTBOX], self.app[MAX_BODY], server)
         await self._bind_unix()
         if self.tcp_port is not None:
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -57,24 +67,34 @@ class IpcServer:
         # that replaced ours: see rebind_unix).
         with contextlib.suppress(FileNotFoundError):
             self.socket_path.unlink()
+        assert self._lane is not None
         old_umask = os.umask(0o177)
         try:
-            site = web.UnixSite(self.runner, str(self.socket_path), backlog=ACCEPT_BACKLOG)
-            await site.start()
+            server = await asyncio.get_running_loop().create_unix_server(
+                self._lane.protocol, str(self.socket_path), backlog=ACCEPT_BACKLOG)
         finally:
             os.umask(old_umask)
         os.chmod(self.socket_path, 0o600)
         st = os.stat(self.socket_path)
-        self._unix_site, self.socket_identity = site, (st.st_dev, st.st_ino)
+        self._unix_server, self.socket_identity = server, (st.st_dev, st.st_ino)
 
     async def rebind_unix(self) -> None:
         """Listen on a fresh socket file; connections already open go on over the old one."""
-        if self._unix_site is not None:
-            await self._unix_site.stop()
+        if self._unix_server is not None:
+            self._unix_server.close()
         await self._bind_unix()
 
     async def stop(self) -> None:
-        """Stop accepting, let in-flight requests finish (up to the timeout), remove the socket."""
+        """Stop accepting, let in-flight requests finish (up to the timeout), remove the socket.
+
+        aiohttp's cleanup runs the drain (``on_shutdown``), which waits for the lane's sends
+        too: they count in the same in-flight figure."""
+        if self._unix_server is not None:
+            self._unix_server.close()
+        if self._lane is not None:
+            self._lane.close_idle()
         await self.runner.cleanup()
+        if self._lane is not None:
+            await self._lane.close(self.shutdown_timeout)
         with contextlib.suppress(FileNotFoundError):
             self.socket_path.unlink()

@@ -27,6 +27,7 @@ from tidemesh.daemon.api.keys import (
 from tidemesh.daemon.api.responses import batch_item, send_response
 from tidemesh.daemon.api.validation import checked, parse_json
 from tidemesh.daemon.records import BatchItem, Page
+from tidemesh.daemon.service.outbox import OutboxService
 
 _STATUSES = ("pending", "inflight", "done", "dead", "aborted")
 
@@ -84,9 +85,17 @@ def _send_request(data: Any, header_id: str | None = None) -> SendRequest:
     return parse_send_request(checked("send_request.schema.json", data), header_id)
 
 
+async def accept_send(outbox: OutboxService, raw: bytes, key: str | None
+                      ) -> tuple[int, dict[str, Any]]:
+    """POST /v1/send's status and body for a raw request body; the aiohttp route and the
+    Unix socket's send lane (``send_lane``) both answer through it."""
+    req = _send_request(parse_json(raw), key)
+    return send_response(await outbox.submit(req))
+
+
 async def post_send(request: web.Request) -> web.Response:
-    req = _send_request(parse_json(await request.read()), request.headers.get("Idempotency-Key"))
-    status, body = send_response(await request.app[OUTBOX].submit(req))
+    status, body = await accept_send(request.app[OUTBOX], await request.read(),
+                                     request.headers.get("Idempotency-Key"))
     return _json(body, status)
 
 
@@ -98,13 +107,20 @@ def _batch_item(data: Any) -> BatchItem:
         return exc
 
 
-async def post_send_batch(request: web.Request) -> web.Response:
-    if "Idempotency-Key" in request.headers:
+async def accept_batch(outbox: OutboxService, raw: bytes, has_key: bool) -> dict[str, Any]:
+    """POST /v1/send_batch's 200 body for a raw request body (``has_key``: the request
+    carried an Idempotency-Key header, which a batch refuses)."""
+    if has_key:
         raise InvalidRequest("a batch takes no Idempotency-Key header; give each send its own "
                              "client_message_id", field="Idempotency-Key")
-    data = checked("send_batch_request.schema.json", parse_json(await request.read()))
-    outcomes = await request.app[OUTBOX].submit_many([_batch_item(d) for d in data["sends"]])
-    return _json({"results": [batch_item(o) for o in outcomes]})
+    data = checked("send_batch_request.schema.json", parse_json(raw))
+    outcomes = await outbox.submit_many([_batch_item(d) for d in data["sends"]])
+    return {"results": [batch_item(o) for o in outcomes]}
+
+
+async def post_send_batch(request: web.Request) -> web.Response:
+    return _json(await accept_batch(request.app[OUTBOX], await request.read(),
+                                    "Idempotency-Key" in request.headers))
 
 
 async def get_outbox(request: web.Request) -> web.Response:

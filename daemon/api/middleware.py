@@ -29,7 +29,7 @@ from tidemesh.core.errors import (
 )
 from tidemesh.core.hooks import capability_allows
 from tidemesh.core.send import Destination
-from tidemesh.daemon.api.keys import CAPABILITIES, STATE
+from tidemesh.daemon.api.keys import CAPABILITIES, STATE, IpcState
 
 log = structlog.get_logger(__name__)
 
@@ -79,8 +79,7 @@ async def ipc(request: web.Request, handler: Handler) -> web.StreamResponse:
         return resp
     except TidemeshError as exc:
         status = exc.http_status
-        if exc.http_status >= 500:
-            log.warning("ipc_request_failed", path=request.path, code=exc.code, error=exc.message)
+        logged(exc, request.path)
         return render(exc)
     except web.HTTPException as exc:
         err = _from_http(exc)
@@ -90,8 +89,7 @@ async def ipc(request: web.Request, handler: Handler) -> web.StreamResponse:
             resp.headers["Allow"] = ", ".join(sorted(exc.allowed_methods))
         return resp
     except Exception:
-        log.exception("ipc_handler_crashed", path=request.path, method=request.method)
-        return render(TidemeshError("internal error; see the daemon log"))
+        return render(crashed(request.path, request.method))
     finally:
         route = request.match_info.route.resource
         endpoint = route.canonical if route is not None else "unmatched"
@@ -110,13 +108,30 @@ async def _guarded(request: web.Request, handler: Handler, transport: str) -> we
         _check_tcp(request, capability)
     if request.path in _STREAMING:
         return await handler(request)
-    if state.inflight >= state.max_inflight:
-        raise Busy(f"more than {state.max_inflight} requests in flight; retry shortly")
-    state.inflight += 1
+    admit(state)
     try:
         return await handler(request)
     finally:
         state.inflight -= 1
+
+
+def admit(state: IpcState) -> None:
+    """Count one more request in flight, or refuse it (429) at the cap."""
+    if state.inflight >= state.max_inflight:
+        raise Busy(f"more than {state.max_inflight} requests in flight; retry shortly")
+    state.inflight += 1
+
+
+def logged(exc: TidemeshError, path: str) -> None:
+    """A 5xx is the daemon's trouble, not the caller's: it goes to the log."""
+    if exc.http_status >= 500:
+        log.warning("ipc_request_failed", path=path, code=exc.code, error=exc.message)
+
+
+def crashed(path: str, method: str) -> TidemeshError:
+    """The 500 for an exception no handler expected (call inside ``except``: logs it)."""
+    log.exception("ipc_handler_crashed", path=path, method=method)
+    return TidemeshError("internal error; see the daemon log")
 
 
 def _bearer(request: web.Request) -> str | None:

@@ -1,0 +1,323 @@
+"""The Unix socket's HTTP/1.1 protocol: the two send routes answered without aiohttp's
+request machinery, everything else handed to aiohttp.
+
+Programs on the Unix socket call POST /v1/send and /v1/send_batch far more than anything
+else. aiohttp's per-request objects (request, router match, middleware chain, response) cost
+the event loop more than the send itself (docs/daemon.md, "The send lane", has the figures).
+So this protocol frames requests itself: it finds each head, has httptools parse it, and
+when the head is a plain POST to one of those two paths it answers through the same code as
+the aiohttp routes (``handlers.accept_send`` and ``accept_batch``), with the same statuses,
+bodies, in-flight cap, error log and request metrics.
+
+The first request that is anything else (another route, a query string, a token, a chunked
+or oversized body, a head httptools refuses) hands the connection, with every byte not yet
+answered, to aiohttp's protocol for the rest of its life: one request in flight per
+connection, so nothing is answered out of order. The loopback TCP port stays on aiohttp
+throughout; it needs the token and Host checks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from email.utils import formatdate
+from http import HTTPStatus
+from typing import Any, cast
+
+import httptools
+import orjson
+import structlog
+
+from tidemesh.core.errors import TidemeshError
+from tidemesh.daemon.api.handlers import accept_batch, accept_send
+from tidemesh.daemon.api.keys import IpcState
+from tidemesh.daemon.api.middleware import admit, crashed, logged
+from tidemesh.daemon.service.outbox import OutboxService
+
+log = structlog.get_logger(__name__)
+
+SEND, SEND_BATCH = "/v1/send", "/v1/send_batch"
+_PATHS = {SEND.encode(): SEND, SEND_BATCH.encode(): SEND_BATCH}
+# Headers that need aiohttp's handling: a token (capabilities), bodies not framed by a
+# Content-Length, protocol switches.
+_HAND_OVER = {b"authorization", b"transfer-encoding", b"expect", b"upgrade"}
+# A head not complete within this many bytes goes to aiohttp, which answers its 400/431.
+_MAX_HEAD = 64 * 1024
+# Bytes of later requests buffered while one is answered before reading pauses.
+_READ_AHEAD = 256 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class SendHead:
+    """A request head the lane answers itself."""
+
+    path: str
+    length: int
+    key: str | None
+    has_key: bool
+    keep_alive: bool
+    http10: bool
+
+
+class _Fields:
+    """httptools' callbacks for one head: the target and the header fields."""
+
+    __slots__ = ("headers", "url")
+
+    def __init__(self) -> None:
+        self.url = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name, value))
+
+
+def send_head(head: bytes, max_body: int) -> SendHead | None:
+    """The head (request line to the blank line included) as a send the lane answers, or
+    None when aiohttp should have the request."""
+    fields = _Fields()
+    parser = httptools.HttpRequestParser(fields)
+    try:
+        parser.feed_data(head)
+    except httptools.HttpParserError:
+        return None
+    path = _PATHS.get(fields.url)
+    if path is None or parser.get_method() != b"POST":
+        return None
+    length: int | None = None
+    key: str | None = None
+    has_key = False
+    for name, value in fields.headers:
+        lname = name.lower()
+        if lname == b"content-length":
+            if length is not None or not value.strip().isdigit():
+                return None
+            length = int(value)
+        elif lname == b"idempotency-key":
+            if not has_key:  # the first one counts, as aiohttp's headers.get does
+                key = value.decode("utf-8", "surrogateescape")
+            has_key = True
+        elif lname in _HAND_OVER:
+            return None
+    if length is None or length > max_body:
+        return None
+    return SendHead(path, length, key, has_key, parser.should_keep_alive(),
+                    parser.get_http_version() == "1.0")
+
+
+class _Date:
+    """The Date header's value, made once a second."""
+
+    __slots__ = ("second", "value")
+
+    def __init__(self) -> None:
+        self.second = 0
+        self.value = b""
+
+    def now(self) -> bytes:
+        second = int(time.time())
+        if second != self.second:
+            self.second, self.value = second, formatdate(second, usegmt=True).encode()
+        return self.value
+
+
+_REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
+
+
+class Lane:
+    """What every connection of the lane shares: the services, the limits, the connections
+    still open (for shutdown) and the factory of aiohttp's protocol (for hand-overs)."""
+
+    def __init__(self, state: IpcState, outbox: OutboxService, max_body: int,
+                 aiohttp_protocol: Callable[[], asyncio.Protocol]) -> None:
+        self.state = state
+        self.outbox = outbox
+        self.max_body = max_body
+        self.aiohttp_protocol = aiohttp_protocol
+        self.connections: set[LaneConnection] = set()
+        self.closing = False
+        self._date = _Date()
+
+    def protocol(self) -> LaneConnection:
+        return LaneConnection(self)
+
+    async def answer(self, head: SendHead, body: bytes) -> tuple[int, Any]:
+        """The status and JSON body of one send request; never raises."""
+        try:
+            admit(self.state)
+            try:
+                if head.path == SEND:
+                    return await accept_send(self.outbox, body, head.key)
+                return 200, await accept_batch(self.outbox, body, head.has_key)
+            finally:
+                self.state.inflight -= 1
+        except TidemeshError as exc:
+            logged(exc, head.path)
+            return exc.http_status, exc.to_body()
+        except Exception:
+            err = crashed(head.path, "POST")
+            return err.http_status, err.to_body()
+
+    def response(self, status: int, body: bytes, head: SendHead) -> bytes:
+        connection = (b"" if head.keep_alive and not head.http10 else
+                      b"Connection: keep-alive\r\n" if head.keep_alive else
+                      b"Connection: close\r\n")
+        return b"".join((
+            b"HTTP/1.1 ", str(status).encode(), b" ", _REASONS.get(status, b""),
+            b"\r\nContent-Type: application/json; charset=utf-8\r\nContent-Length: ",
+            str(len(body)).encode(), b"\r\nDate: ", self._date.now(), b"\r\n", connection,
+            b"\r\n", body))
+
+    def close_idle(self) -> None:
+        """Close idle connections now and busy ones after their answer; refuse new ones."""
+        self.closing = True
+        for conn in list(self.connections):
+            conn.close_when_idle()
+
+    async def close(self, grace_s: float) -> None:
+        """After the drain: wait up to ``grace_s`` for answers still being written, then cut
+        off what is left (the drain has counted it)."""
+        self.close_idle()
+        tasks = [c.task for c in self.connections if c.task is not None]
+        if tasks:
+            await asyncio.wait(tasks, timeout=grace_s)
+        for conn in list(self.connections):
+            conn.abort()
+
+
+class LaneConnection(asyncio.Protocol):
+    """One connection on the Unix socket, while the lane answers it."""
+
+    def __init__(self, lane: Lane) -> None:
+        self.lane = lane
+        self.transport: asyncio.Transport | None = None
+        self.buf = bytearray()
+        self.head: SendHead | None = None
+        self.head_len = 0
+        self.task: asyncio.Task[None] | None = None
+        self.reading_paused = False
+        self.writable: asyncio.Future[None] | None = None
+        self.eof = False
+
+    # -------------------------------------------------------------- asyncio callbacks
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not asyncio.Transport subclasses, but have its methods.
+        self.transport = transport = cast(asyncio.Transport, transport)
+        if self.lane.closing:
+            transport.close()
+            return
+        self.lane.connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        # A request being answered still commits; only its answer has nowhere to go.
+        self.lane.connections.discard(self)
+        self.transport = None
+        if self.writable is not None and not self.writable.done():
+            self.writable.set_result(None)
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        if self.task is None:
+            self._next()
+        elif len(self.buf) > _READ_AHEAD and not self.reading_paused and self.transport:
+            self.transport.pause_reading()
+            self.reading_paused = True
+
+    def eof_received(self) -> bool:
+        self.eof = True
+        # Keep the write side open while a request is answered; close once it is.
+        return self.task is not None
+
+    def pause_writing(self) -> None:
+        if self.writable is None or self.writable.done():
+            self.writable = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        if self.writable is not None and not self.writable.done():
+            self.writable.set_result(None)
+
+    # -------------------------------------------------------------- framing
+    def _next(self) -> None:
+        """Start answering the next buffered request, if it is all here."""
+        buf = self.buf
+        if self.head is None:
+            end = buf.find(b"\r\n\r\n")
+            if end < 0:
+                if len(buf) > _MAX_HEAD:
+                    self._hand_over()
+                return
+            self.head_len = end + 4
+            self.head = send_head(bytes(buf[:self.head_len]), self.lane.max_body)
+            if self.head is None:
+                self._hand_over()
+                return
+        need = self.head_len + self.head.length
+        if len(buf) < need:
+            return
+        body = bytes(buf[self.head_len:need])
+        del buf[:need]
+        head, self.head = self.head, None
+        self.task = asyncio.get_running_loop().create_task(self._serve(head, body))
+
+    async def _serve(self, head: SendHead, body: bytes) -> None:
+        try:
+            await self._answer(head, body)
+        except Exception:  # the answer itself never raises: this is a defect, logged
+            log.exception("ipc_lane_failed", path=head.path)
+            self.abort()
+
+    async def _answer(self, head: SendHead, body: bytes) -> None:
+        started = time.perf_counter()
+        status, answer = await self.lane.answer(head, body)
+        transport = self.transport
+        if transport is None:
+            self.task = None
+            return
+        transport.write(self.lane.response(status, orjson.dumps(answer), head))
+        self.lane.state.metrics.record(head.path, status, "unix", time.perf_counter() - started)
+        if self.writable is not None:
+            await self.writable
+        self.task = None
+        if not head.keep_alive or self.eof or self.lane.closing:
+            transport.close()
+            return
+        if self.reading_paused:
+            self.reading_paused = False
+            transport.resume_reading()
+        if self.buf:
+            self._next()
+
+    def _hand_over(self) -> None:
+        """From here on aiohttp's protocol owns the connection, starting with what is
+        buffered (the request the lane does not answer, and anything after it)."""
+        transport = self.transport
+        if transport is None:
+            return
+        self.lane.connections.discard(self)
+        protocol = self.lane.aiohttp_protocol()
+        transport.set_protocol(protocol)
+        protocol.connection_made(transport)
+        data, self.buf = bytes(self.buf), bytearray()
+        if data:
+            protocol.data_received(data)
+        if self.reading_paused:
+            transport.resume_reading()
+        if self.eof:
+            protocol.eof_received()
+        self.transport = None
+
+    # -------------------------------------------------------------- shutdown
+    def close_when_idle(self) -> None:
+        if self.task is None and self.transport is not None:
+            self.transport.close()
+
+    def abort(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+        if self.transport is not None:
+            self.transport.close()

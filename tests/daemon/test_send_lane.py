@@ -1,0 +1,165 @@
+"""The Unix socket's send lane: which heads it answers itself, and that a connection moves to
+aiohttp mid-stream without a request lost, answered twice or out of order."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from pathlib import Path
+
+import pytest
+
+from tests.daemon.local_app import local_app
+from tidemesh.daemon.api.send_lane import SEND, SEND_BATCH, send_head
+
+BODY = b'{"to":"topic:ops","body":"hi"}'
+
+
+def _post(path: str, body: bytes = BODY, *headers: str, version: str = "1.1") -> bytes:
+    lines = [f"POST {path} HTTP/{version}", "Host: localhost",
+             f"Content-Length: {len(body)}", *headers]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+def _head(raw: bytes) -> bytes:
+    return raw[:raw.index(b"\r\n\r\n") + 4]
+
+
+# ---------------------------------------------------------------- which heads (pure)
+def test_a_plain_send_and_batch_are_the_lanes() -> None:
+    one = send_head(_head(_post("/v1/send", BODY, "Idempotency-Key: k-1")), 1 << 20)
+    assert one is not None
+    assert (one.path, one.length, one.key, one.keep_alive, one.http10) == (
+        SEND, len(BODY), "k-1", True, False)
+    batch = send_head(_head(_post("/v1/send_batch")), 1 << 20)
+    assert batch is not None and batch.path == SEND_BATCH and not batch.has_key
+
+
+def test_the_first_idempotency_key_counts_as_in_aiohttp() -> None:
+    head = send_head(_head(_post("/v1/send", BODY, "Idempotency-Key: a",
+                                 "idempotency-key: b")), 1 << 20)
+    assert head is not None and head.key == "a" and head.has_key
+
+
+@pytest.mark.parametrize("raw", [
+    b"GET /v1/send HTTP/1.1\r\nHost: x\r\n\r\n",
+    _post("/v1/send?token=abc"),
+    _post("/v1/sendx"),
+    _post("/v1/health"),
+    _post("/v1/send", BODY, "Authorization: Bearer t"),
+    _post("/v1/send", BODY, "Expect: 100-continue"),
+    _post("/v1/send", BODY, "Upgrade: websocket"),
+    b"POST /v1/send HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n",
+    b"POST /v1/send HTTP/1.1\r\nHost: x\r\n\r\n",   # no Content-Length
+    _post("/v1/send", b"x" * 2048),                 # over the body limit below
+    b"POST /v1/send HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n",
+    b"POST /v1/send HTTP/9.9\x00\r\n\r\n",
+], ids=["get", "query", "other-path", "other-route", "token", "expect", "upgrade", "chunked",
+        "no-length", "oversized", "two-lengths", "garbage"])
+def test_anything_else_goes_to_aiohttp(raw: bytes) -> None:
+    assert send_head(_head(raw), 1024) is None
+
+
+def test_http10_keeps_alive_only_when_asked() -> None:
+    closed = send_head(_head(_post("/v1/send", version="1.0")), 1 << 20)
+    kept = send_head(_head(_post("/v1/send", BODY, "Connection: keep-alive", version="1.0")),
+                     1 << 20)
+    assert closed is not None and not closed.keep_alive and closed.http10
+    assert kept is not None and kept.keep_alive
+
+
+# ---------------------------------------------------------------- over the real socket
+async def _exchange(path: Path, data: bytes, answers: int) -> list[tuple[int, dict[str, str],
+                                                                          bytes]]:
+    """Send ``data`` in one write, read ``answers`` responses off the connection."""
+    reader, writer = await asyncio.open_unix_connection(str(path))
+    writer.write(data)
+    out = []
+    for _ in range(answers):
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        lines = head.decode().split("\r\n")
+        headers = {k.lower(): v.strip() for k, v in
+                   (line.split(":", 1) for line in lines[1:] if line)}
+        body = await reader.readexactly(int(headers["content-length"]))
+        out.append((int(lines[0].split()[1]), headers, body))
+    writer.close()
+    return out
+
+
+async def test_pipelined_requests_answer_in_order_across_the_hand_over(short_tmp: Path) -> None:
+    async with local_app(short_tmp) as app:
+        data = (_post("/v1/send", BODY, "Idempotency-Key: p-1")
+                + b"GET /v1/outbox?limit=5 HTTP/1.1\r\nHost: x\r\n\r\n"
+                + _post("/v1/send", BODY, "Idempotency-Key: p-2")
+                + _post("/v1/send", BODY, "Idempotency-Key: p-1"))
+        answers = await _exchange(app.socket, data, 4)
+    statuses = [a[0] for a in answers]
+    assert statuses == [202, 200, 202, 202]
+    # The outbox listing was read after the first send committed, and before the second.
+    rows = json.loads(answers[1][2])["items"]
+    assert [r["client_message_id"] for r in rows] == ["p-1"]
+    first, again = json.loads(answers[0][2]), json.loads(answers[3][2])
+    assert again["outbox_id"] == first["outbox_id"]     # the retry changed nothing
+
+
+async def test_the_lane_answers_with_the_routes_shape_and_headers(short_tmp: Path) -> None:
+    async with local_app(short_tmp) as app:
+        (ok, bad, batch) = await _exchange(app.socket, _post("/v1/send")
+                                           + _post("/v1/send", b"{not json")
+                                           + _post("/v1/send_batch", b'{"sends":[' + BODY
+                                                   + b"]}", "Idempotency-Key: no"), 3)
+    assert ok[0] == 202 and ok[1]["content-type"] == "application/json; charset=utf-8"
+    assert "date" in ok[1]
+    assert bad[0] == 400 and json.loads(bad[2])["error"]["code"] == "invalid_request"
+    assert batch[0] == 400 and json.loads(batch[2])["error"]["field"] == "Idempotency-Key"
+
+
+async def test_a_half_closed_client_still_gets_its_answer(short_tmp: Path) -> None:
+    async with local_app(short_tmp) as app:
+        reader, writer = await asyncio.open_unix_connection(str(app.socket))
+        writer.write(_post("/v1/send", BODY, "Idempotency-Key: h-1"))
+        writer.write_eof()
+        answer = await asyncio.wait_for(reader.read(), 10)   # to EOF: the lane closes after
+        writer.close()
+    assert answer.startswith(b"HTTP/1.1 202 ")
+
+
+async def test_connection_close_and_http10_end_the_connection(short_tmp: Path) -> None:
+    async with local_app(short_tmp) as app:
+        for raw in (_post("/v1/send", BODY, "Connection: close"),
+                    _post("/v1/send", version="1.0")):
+            reader, writer = await asyncio.open_unix_connection(str(app.socket))
+            writer.write(raw)
+            answer = await asyncio.wait_for(reader.read(), 10)
+            writer.close()
+            assert answer.startswith(b"HTTP/1.1 202 ")
+            assert b"Connection: close" in answer
+
+
+async def test_a_body_in_pieces_and_a_client_gone_before_the_answer(short_tmp: Path) -> None:
+    async with local_app(short_tmp) as app:
+        raw = _post("/v1/send", BODY, "Idempotency-Key: slow-1")
+        sock = socket.socket(socket.AF_UNIX)
+        sock.connect(str(app.socket))
+        for i in range(0, len(raw), 7):   # the head and the body arrive a few bytes at a time
+            sock.sendall(raw[i:i + 7])
+            await asyncio.sleep(0.001)
+        sock.close()                       # gone before any answer
+        # The send was accepted all the same: a retry is the same row, not a new one.
+        (again,) = await _exchange(app.socket, raw, 1)
+        async with app.session() as http, http.get("/v1/outbox") as resp:
+            rows = (await resp.json())["items"]
+    assert again[0] == 202
+    assert [r["client_message_id"] for r in rows] == ["slow-1"]
+
+
+async def test_lane_requests_are_counted_in_the_metrics(short_tmp: Path) -> None:
+    async with local_app(short_tmp) as app:
+        await _exchange(app.socket, _post("/v1/send") + _post("/v1/send", b"[]"), 2)
+        async with app.session() as http, http.get("/v1/metrics") as resp:
+            text = await resp.text()
+    assert ('cm_daemon_ipc_request_total{endpoint="/v1/send",status="202",transport="unix"} 1.0'
+            in text)
+    assert ('cm_daemon_ipc_request_total{endpoint="/v1/send",status="400",transport="unix"} 1.0'
+            in text)
