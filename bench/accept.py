@@ -28,6 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from proc_cpu import cpu_seconds
+
 
 # ---------------------------------------------------------------- trivial server (child)
 def _trivial(path: str) -> None:
@@ -70,12 +72,6 @@ def _run_load(sock: Path, conc: int, seconds: float, warmup: float, tag: str,
                           str(warmup), tag, "bench", str(batch)],
                          capture_output=True, text=True, check=True)
     return json.loads(out.stdout)  # type: ignore[no-any-return]
-
-
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process, all its threads (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _wait_socket(sock: Path, proc: subprocess.Popen[bytes]) -> None:
@@ -124,9 +120,9 @@ def _daemon_cell(home: Path, mesh: str, conc: int, batch: int, args: argparse.Na
     try:
         _wait_socket(sock, daemon)
         time.sleep(0.3)
-        cpu = _cpu_s(daemon.pid)
+        cpu = cpu_seconds(daemon.pid)
         r = _run_load(sock, conc, args.seconds, args.warmup, mesh, batch)
-        r["cpu_us"] = 1e6 * (_cpu_s(daemon.pid) - cpu) / max(r["all_ok"], 1)
+        r["cpu_us"] = 1e6 * (cpu_seconds(daemon.pid) - cpu) / max(r["all_ok"], 1)
     finally:
         daemon.send_signal(signal.SIGTERM)
         daemon.wait()

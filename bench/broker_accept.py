@@ -54,6 +54,7 @@ from typing import Any
 import asyncpg
 import structlog
 from nacl.signing import SigningKey
+from proc_cpu import cpu_seconds, postgres_cpu_seconds
 from websockets.asyncio.client import ClientConnection, connect
 
 from tidemesh.broker.store import open_store
@@ -267,12 +268,6 @@ async def one_store(name: str, url: str, args: argparse.Namespace) -> dict[str, 
     return out
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 async def several_brokers(url: str, count: int, args: argparse.Namespace) -> Load:
     mesh_id, keys = await prepare(url, args.members)
     with tempfile.TemporaryDirectory(prefix="tm-bench-") as root:
@@ -286,6 +281,7 @@ async def several_brokers(url: str, count: int, args: argparse.Namespace) -> Loa
             await asyncio.gather(*(batch_worker(m, f"w{i}", args.frame, stop_at, warm)
                                    for i, m in enumerate(members)))
             cpu0 = [cpu_seconds(p.pid) for p, _ in brokers]
+            pg0 = postgres_cpu_seconds()
             rows0 = [rows_histogram(port) for _, port in brokers]
             load = Load(f"postgres-{count}-broker{'s' if count > 1 else ''}")
             tag = secrets.token_hex(3)
@@ -296,6 +292,7 @@ async def several_brokers(url: str, count: int, args: argparse.Namespace) -> Loa
                                    for j in range(args.frames_in_flight)))
             load.seconds = time.perf_counter() - t0
             cpu = [cpu_seconds(p.pid) - c for (p, _), c in zip(brokers, cpu0, strict=True)]
+            pg = postgres_cpu_seconds() - pg0
             rows = [rows_histogram(port) for _, port in brokers]
             sent = [r[0] - r0[0] for r, r0 in zip(rows, rows0, strict=True)]
             print(f"{load.name:20} sends={load.sends:<7} accepts/s={load.rate:8.0f} "
@@ -304,6 +301,10 @@ async def several_brokers(url: str, count: int, args: argparse.Namespace) -> Loa
                 print(f"  broker {i}: {n / max(1.0, sum(sent)):5.1%} of sends, "
                       f"{1e6 * c / max(1.0, n):7.1f} µs CPU per send, "
                       f"{c / load.seconds:4.0%} of a core", flush=True)
+            # The database's own share: what one accepted send costs PostgreSQL, whatever
+            # the brokers do. Its floor times a peer's rate says whether two cores can match it.
+            print(f"  postgresql: {1e6 * pg / max(1.0, sum(sent)):7.1f} µs CPU per send, "
+                  f"{pg / load.seconds:4.0%} of a core", flush=True)
             for m in members:
                 await m.close()
             return load

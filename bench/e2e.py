@@ -51,6 +51,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from proc_cpu import cpu_seconds, postgres_cpu_seconds
+
 LOADGEN = str(Path(__file__).with_name("loadgen.py"))
 
 
@@ -94,25 +96,11 @@ def _daemon(env: dict[str, str], home: Path) -> subprocess.Popen[bytes]:
         env={**env, "TIDEMESH_HOME": str(home)})
 
 
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process so far (Linux /proc)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _cpu(pids: dict[str, int], postgres: bool) -> dict[str, float]:
     """CPU seconds of each named process, and of every PostgreSQL server process together."""
-    out = {name: _cpu_s(pid) for name, pid in pids.items()}
+    out = {name: cpu_seconds(pid) for name, pid in pids.items()}
     if postgres:
-        out["postgres"] = 0.0
-        for d in os.listdir("/proc"):
-            try:
-                with open(f"/proc/{d}/comm") as f:
-                    if f.read().strip() == "postgres":
-                        out["postgres"] += _cpu_s(int(d))
-            except (OSError, ValueError):
-                continue
+        out["postgres"] = postgres_cpu_seconds()
     return out
 
 
