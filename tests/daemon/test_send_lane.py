@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import socket
 from pathlib import Path
 
@@ -163,3 +164,37 @@ async def test_lane_requests_are_counted_in_the_metrics(short_tmp: Path) -> None
             in text)
     assert ('cm_daemon_ipc_request_total{endpoint="/v1/send",status="400",transport="unix"} 1.0'
             in text)
+
+
+async def test_any_split_of_a_pipelined_stream_gets_every_answer_in_order(
+        short_tmp: Path) -> None:
+    """Requests of every kind, written back to back and cut at random points: each is
+    answered once, in order, whichever side (lane or aiohttp) answers it."""
+    rng = random.Random(7)
+    kinds = {
+        "send": lambda i: (_post("/v1/send", BODY, f"Idempotency-Key: r-{i}"), 202),
+        "bad": lambda i: (_post("/v1/send", b'{"to":'), 400),
+        "batch": lambda i: (_post("/v1/send_batch", b'{"sends":[' + BODY[:-1]
+                                  + f',"client_message_id":"b-{i}"}}]}}'.encode()), 200),
+        "list": lambda i: (b"GET /v1/outbox?limit=1 HTTP/1.1\r\nHost: x\r\n\r\n", 200),
+        "query": lambda i: (_post("/v1/send?x=1", BODY, f"Idempotency-Key: q-{i}"), 202),
+    }
+    async with local_app(short_tmp) as app:
+        for round_ in range(12):
+            picked = [rng.choice(list(kinds)) for _ in range(rng.randint(1, 6))]
+            made = [kinds[k](round_ * 10 + j) for j, k in enumerate(picked)]
+            stream = b"".join(raw for raw, _ in made)
+            cuts = sorted(rng.sample(range(1, len(stream)), min(4, len(stream) - 1)))
+            reader, writer = await asyncio.open_unix_connection(str(app.socket))
+            for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True):
+                writer.write(stream[a:b])
+                await writer.drain()
+                await asyncio.sleep(rng.choice((0, 0.002)))
+            got = []
+            for _ in made:
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+                length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+                await reader.readexactly(length)
+                got.append(int(head.split()[1]))
+            writer.close()
+            assert got == [status for _, status in made], picked
