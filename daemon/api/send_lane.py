@@ -84,7 +84,8 @@ def send_head(head: bytes, max_body: int) -> SendHead | None:
     parser = httptools.HttpRequestParser(fields)
     try:
         parser.feed_data(head)
-    except httptools.HttpParserError:
+    except (httptools.HttpParserError, httptools.HttpParserUpgrade):
+        # aiohttp answers these (its 400, or its own take on an upgrade or CONNECT).
         return None
     path = _PATHS.get(fields.url)
     if path is None or parser.get_method() != b"POST":

@@ -56,8 +56,10 @@ def test_the_first_idempotency_key_counts_as_in_aiohttp() -> None:
     _post("/v1/send", b"x" * 2048),                 # over the body limit below
     b"POST /v1/send HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n",
     b"POST /v1/send HTTP/9.9\x00\r\n\r\n",
+    b"POST /v1/send HTTP/1.1\r\nConnection: Upgrade\r\nUpgrade: h2c\r\nContent-Length: 2\r\n\r\n",
+    b"CONNECT localhost:80 HTTP/1.1\r\nHost: localhost\r\n\r\n",
 ], ids=["get", "query", "other-path", "other-route", "token", "expect", "upgrade", "chunked",
-        "no-length", "oversized", "two-lengths", "garbage"])
+        "no-length", "oversized", "two-lengths", "garbage", "connection-upgrade", "connect"])
 def test_anything_else_goes_to_aiohttp(raw: bytes) -> None:
     assert send_head(_head(raw), 1024) is None
 
@@ -198,3 +200,16 @@ async def test_any_split_of_a_pipelined_stream_gets_every_answer_in_order(
                 got.append(int(head.split()[1]))
             writer.close()
             assert got == [status for _, status in made], picked
+
+
+async def test_an_upgrade_or_connect_request_is_answered_by_aiohttp_not_dropped(
+        short_tmp: Path) -> None:
+    async with local_app(short_tmp) as app:
+        for raw in (b"GET /v1/outbox HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\n"
+                    b"Upgrade: websocket\r\n\r\n",
+                    b"CONNECT localhost:80 HTTP/1.1\r\nHost: localhost\r\n\r\n"):
+            reader, writer = await asyncio.open_unix_connection(str(app.socket))
+            writer.write(raw)
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+            writer.close()
+            assert head.startswith(b"HTTP/1.1 "), head
