@@ -28,7 +28,9 @@ processes on one database and the members spread over them round robin (as daemo
 over a mesh's brokers). Per run it prints the accepts/s in all and, per broker process, its
 share of the sends and its CPU per send (from /proc: user + system time over the sends it
 committed), so the capacity on a bigger machine can be worked out: a broker's CPU per send
-stays put while the curve flattens on 2 cores.
+stays put while the curve flattens on 2 cores. It also prints PostgreSQL's CPU per send,
+then runs NATS with as many publishes and prints the ratio and the rate this machine's cores
+allow at the brokers' and PostgreSQL's CPU per send, however cheap the load generator.
 """
 
 from __future__ import annotations
@@ -268,7 +270,9 @@ async def one_store(name: str, url: str, args: argparse.Namespace) -> dict[str, 
     return out
 
 
-async def several_brokers(url: str, count: int, args: argparse.Namespace) -> Load:
+async def several_brokers(url: str, count: int, args: argparse.Namespace
+                          ) -> tuple[Load, float]:
+    """The load, and the CPU seconds the brokers and PostgreSQL spent per send together."""
     mesh_id, keys = await prepare(url, args.members)
     with tempfile.TemporaryDirectory(prefix="tm-bench-") as root:
         # Each broker its own home: running.json is per process.
@@ -307,7 +311,7 @@ async def several_brokers(url: str, count: int, args: argparse.Namespace) -> Loa
                   f"{pg / load.seconds:4.0%} of a core", flush=True)
             for m in members:
                 await m.close()
-            return load
+            return load, (sum(cpu) + pg) / max(1.0, sum(sent))
         finally:
             for p, _ in brokers:
                 p.send_signal(signal.SIGTERM)
@@ -388,10 +392,18 @@ async def brokers_main(args: argparse.Namespace) -> None:
         admin = await asyncpg.connect(args.pg_dsn)
         await admin.execute(f'CREATE DATABASE "{db}"')
         try:
-            await several_brokers(f"{base}/{db}", count, args)
+            load, per_send = await several_brokers(f"{base}/{db}", count, args)
         finally:
             await admin.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
             await admin.close()
+        nats_rate = await nats_run(args.nats, load.sends)
+        cores = os.cpu_count() or 1
+        # What the machine allows at this CPU per send, even if the load generator cost
+        # nothing: the ceiling any ratio to a peer in the same run is bounded by.
+        print(f"  nats (same run): {nats_rate:8.0f} msg/s; ratio {load.rate / nats_rate:.2f}; "
+              f"{cores} cores at {1e6 * per_send:.0f} µs of broker + PostgreSQL CPU a send "
+              f"allow at most {cores / per_send:8.0f} sends/s "
+              f"({cores / per_send / nats_rate:.2f} of nats)", flush=True)
 
 
 if __name__ == "__main__":
