@@ -47,6 +47,8 @@ _HAND_OVER = {b"authorization", b"transfer-encoding", b"expect", b"upgrade"}
 _MAX_HEAD = 64 * 1024
 # Bytes of later requests buffered while one is answered before reading pauses.
 _READ_AHEAD = 256 * 1024
+# A connection idle this long is closed, as aiohttp's RequestHandler does by default.
+KEEPALIVE_S = 3630.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,8 +137,10 @@ class Lane:
     still open (for shutdown) and the factory of aiohttp's protocol (for hand-overs)."""
 
     def __init__(self, state: IpcState, outbox: OutboxService, max_body: int,
-                 aiohttp_protocol: Callable[[], asyncio.Protocol]) -> None:
+                 aiohttp_protocol: Callable[[], asyncio.Protocol],
+                 keepalive_s: float = KEEPALIVE_S) -> None:
         self.state = state
+        self.keepalive_s = keepalive_s
         self.outbox = outbox
         self.max_body = max_body
         self.aiohttp_protocol = aiohttp_protocol
@@ -204,6 +208,10 @@ class LaneConnection(asyncio.Protocol):
         self.reading_paused = False
         self.writable: asyncio.Future[None] | None = None
         self.eof = False
+        # Idle keep-alive: one timer per connection, moved on lazily (``_idle_check``), so a
+        # request costs a clock read, not a timer.
+        self.active_at = 0.0
+        self.idle_timer: asyncio.TimerHandle | None = None
 
     # -------------------------------------------------------------- asyncio callbacks
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -213,11 +221,15 @@ class LaneConnection(asyncio.Protocol):
             transport.close()
             return
         self.lane.connections.add(self)
+        loop = asyncio.get_running_loop()
+        self.active_at = loop.time()
+        self.idle_timer = loop.call_at(self.active_at + self.lane.keepalive_s, self._idle_check)
 
     def connection_lost(self, exc: Exception | None) -> None:
         # A request being answered still commits; only its answer has nowhere to go.
         self.lane.connections.discard(self)
         self.transport = None
+        self._stop_idle_timer()
         if self.writable is not None and not self.writable.done():
             self.writable.set_result(None)
 
@@ -280,6 +292,7 @@ class LaneConnection(asyncio.Protocol):
             self.task = None
             return
         transport.write(self.lane.response(status, orjson.dumps(answer), head))
+        self.active_at = asyncio.get_running_loop().time()
         self.lane.state.metrics.record(head.path, status, "unix", time.perf_counter() - started)
         if self.writable is not None:
             await self.writable
@@ -300,6 +313,7 @@ class LaneConnection(asyncio.Protocol):
         if transport is None:
             return
         self.lane.connections.discard(self)
+        self._stop_idle_timer()   # aiohttp keeps its own from here
         protocol = self.lane.aiohttp_protocol()
         transport.set_protocol(protocol)
         protocol.connection_made(transport)
@@ -311,6 +325,27 @@ class LaneConnection(asyncio.Protocol):
         if self.eof:
             protocol.eof_received()
         self.transport = None
+
+    # -------------------------------------------------------------- idle keep-alive
+    def _idle_check(self) -> None:
+        """Close the connection once it has been idle for the keep-alive time: no request
+        being answered and no byte of a request in the buffer since the last answer."""
+        transport = self.transport
+        if transport is None:
+            return
+        loop = asyncio.get_running_loop()
+        due = self.active_at + self.lane.keepalive_s
+        if self.task is None and not self.buf and loop.time() >= due:
+            transport.close()
+            return
+        busy = self.task is not None or bool(self.buf)
+        self.idle_timer = loop.call_at(
+            loop.time() + self.lane.keepalive_s if busy else due, self._idle_check)
+
+    def _stop_idle_timer(self) -> None:
+        if self.idle_timer is not None:
+            self.idle_timer.cancel()
+            self.idle_timer = None
 
     # -------------------------------------------------------------- shutdown
     def close_when_idle(self) -> None:

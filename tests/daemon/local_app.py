@@ -38,6 +38,8 @@ class LocalApp:
     socket: Path
     inbox: InboxService
     bus: EventBus
+    outbox: OutboxService
+    state: IpcState
 
     def session(self) -> aiohttp.ClientSession:
         return aiohttp.ClientSession(base_url="http://localhost",
@@ -71,7 +73,7 @@ async def local_app(folder: Path, **state: Any) -> AsyncIterator[LocalApp]:
     server = IpcServer(app, folder / "sock", None, 2.0)
     await server.start()
     try:
-        yield LocalApp(folder / "sock", app[INBOX], bus)
+        yield LocalApp(folder / "sock", app[INBOX], bus, app[OUTBOX], app[STATE])
     finally:
         await server.stop()
         await outbox_db.close()

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.daemon.local_app import local_app
-from tidemesh.daemon.api.send_lane import SEND, SEND_BATCH, send_head
+from tidemesh.daemon.api.send_lane import SEND, SEND_BATCH, Lane, send_head
 
 BODY = b'{"to":"topic:ops","body":"hi"}'
 
@@ -213,3 +213,25 @@ async def test_an_upgrade_or_connect_request_is_answered_by_aiohttp_not_dropped(
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
             writer.close()
             assert head.startswith(b"HTTP/1.1 "), head
+
+
+async def test_an_idle_connection_is_closed_after_the_keep_alive_time(short_tmp: Path) -> None:
+    async with local_app(short_tmp) as app:
+        # The same lane the daemon runs, on a second socket, with a short keep-alive.
+        lane = Lane(app.state, app.outbox, 1 << 20, _never, keepalive_s=0.3)
+        server = await asyncio.get_running_loop().create_unix_server(
+            lane.protocol, str(short_tmp / "lane"))
+        try:
+            reader, writer = await asyncio.open_unix_connection(str(short_tmp / "lane"))
+            writer.write(_post("/v1/send", BODY, "Idempotency-Key: idle-1"))
+            assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 202 ")
+            started = asyncio.get_running_loop().time()
+            await asyncio.wait_for(reader.read(), 5)      # EOF: the lane closed it
+            assert asyncio.get_running_loop().time() - started >= 0.25
+            writer.close()
+        finally:
+            server.close()
+
+
+def _never() -> asyncio.Protocol:
+    raise AssertionError("nothing here goes to aiohttp")
