@@ -108,8 +108,25 @@ def start_daemon(home: Path, mesh: str = "t", extra_env: dict[str, str] | None =
             return d
         except DaemonNotRunning:
             time.sleep(0.03)
+    stacks = dump_stacks(proc.pid, home / f"{mesh}.stuck.txt")
     d.kill()
-    raise RuntimeError(f"daemon did not answer in {timeout}s: {d.log.read_text()[-2000:]}")
+    raise RuntimeError(f"daemon did not answer in {timeout}s: {d.log.read_text()[-2000:]}"
+                       f"\n{stacks}")
+
+
+def dump_stacks(pid: int, to: Path) -> str:
+    """Every thread's Python stack of a process that stopped answering (py-spy, a dev
+    dependency), written to ``to``; a line saying why not when it cannot be had."""
+    spy = Path(sys.executable).with_name("py-spy")
+    if not spy.exists():
+        return "(no py-spy beside this Python: no stacks)"
+    try:
+        out = subprocess.run([str(spy), "dump", "--pid", str(pid)], capture_output=True,
+                             text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        return "(py-spy dump did not finish in 30 s)"
+    to.write_text(out.stdout + out.stderr)
+    return f"stacks in {to}:\n{out.stdout[-3000:]}"
 
 
 def run_cli(home: Path, *args: str, stdin: bytes | None = None,
