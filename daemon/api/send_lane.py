@@ -186,8 +186,8 @@ class Lane:
 
     async def close(self, grace_s: float) -> None:
         """After the drain: wait up to ``grace_s`` for answers still being written, then cut
-        off what is left (the drain has counted it)."""
-        self.close_idle()
+        off what is left (the drain has counted it). ``close_idle`` ran before the drain, and
+        a busy connection closes itself after its answer while the lane is closing."""
         tasks = [c.task for c in self.connections if c.task is not None]
         if tasks:
             await asyncio.wait(tasks, timeout=grace_s)
@@ -212,6 +212,9 @@ class LaneConnection(asyncio.Protocol):
         # request costs a clock read, not a timer.
         self.active_at = 0.0
         self.idle_timer: asyncio.TimerHandle | None = None
+        # Kept from connection_made: on Python 3.11 every get_running_loop() is a getpid()
+        # system call, and the lane would make two a request.
+        self.loop: asyncio.AbstractEventLoop | None = None
 
     # -------------------------------------------------------------- asyncio callbacks
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -221,7 +224,7 @@ class LaneConnection(asyncio.Protocol):
             transport.close()
             return
         self.lane.connections.add(self)
-        loop = asyncio.get_running_loop()
+        self.loop = loop = asyncio.get_running_loop()
         self.active_at = loop.time()
         self.idle_timer = loop.call_at(self.active_at + self.lane.keepalive_s, self._idle_check)
 
@@ -247,8 +250,8 @@ class LaneConnection(asyncio.Protocol):
         return self.task is not None
 
     def pause_writing(self) -> None:
-        if self.writable is None or self.writable.done():
-            self.writable = asyncio.get_running_loop().create_future()
+        if self.loop is not None and (self.writable is None or self.writable.done()):
+            self.writable = self.loop.create_future()
 
     def resume_writing(self) -> None:
         if self.writable is not None and not self.writable.done():
@@ -275,7 +278,8 @@ class LaneConnection(asyncio.Protocol):
         body = bytes(buf[self.head_len:need])
         del buf[:need]
         head, self.head = self.head, None
-        self.task = asyncio.get_running_loop().create_task(self._serve(head, body))
+        assert self.loop is not None  # set with the transport
+        self.task = self.loop.create_task(self._serve(head, body))
 
     async def _serve(self, head: SendHead, body: bytes) -> None:
         try:
@@ -292,7 +296,8 @@ class LaneConnection(asyncio.Protocol):
             self.task = None
             return
         transport.write(self.lane.response(status, orjson.dumps(answer), head))
-        self.active_at = asyncio.get_running_loop().time()
+        assert self.loop is not None
+        self.active_at = self.loop.time()
         self.lane.state.metrics.record(head.path, status, "unix", time.perf_counter() - started)
         if self.writable is not None:
             await self.writable
@@ -330,15 +335,14 @@ class LaneConnection(asyncio.Protocol):
     def _idle_check(self) -> None:
         """Close the connection once it has been idle for the keep-alive time: no request
         being answered and no byte of a request in the buffer since the last answer."""
-        transport = self.transport
-        if transport is None:
+        transport, loop = self.transport, self.loop
+        if transport is None or loop is None:
             return
-        loop = asyncio.get_running_loop()
         due = self.active_at + self.lane.keepalive_s
-        if self.task is None and not self.buf and loop.time() >= due:
+        busy = self.task is not None or bool(self.buf)
+        if not busy and loop.time() >= due:
             transport.close()
             return
-        busy = self.task is not None or bool(self.buf)
         self.idle_timer = loop.call_at(
             loop.time() + self.lane.keepalive_s if busy else due, self._idle_check)
 
