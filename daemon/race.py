@@ -8,7 +8,6 @@ pending is garbage-collected mid-wait ("Task was destroyed but it is pending!").
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Sequence
 from typing import Any, TypeVar
 
@@ -39,8 +38,17 @@ async def next_item(queue: asyncio.Queue[T], stop: Awaitable[Any],
 
 
 async def _cancel(tasks: Sequence[asyncio.Future[Any]]) -> None:
+    """Cancel the helpers and wait until they are done. A cancel of the caller that lands
+    here must go on up: suppressing ``CancelledError`` around ``await helper`` swallowed it
+    (the caller then looped on, and the session waiting for it never ended), so the wait is
+    ``asyncio.wait``, which never raises a helper's outcome, only the caller's own cancel."""
     for t in tasks:
         t.cancel()
-    for t in tasks:
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await t
+    pending = [t for t in tasks if not t.done()]
+    try:
+        if pending:
+            await asyncio.wait(pending)
+    finally:
+        for t in tasks:
+            if t.done() and not t.cancelled():
+                t.exception()   # retrieved: a helper's error is the caller's to ignore

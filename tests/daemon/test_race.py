@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 
 import pytest
 
@@ -44,3 +45,28 @@ async def test_first_returns_on_the_first_and_cancels_the_rest() -> None:
     await race.first(slow.wait(), fast.wait(), within=5)
     await race.first(slow.wait(), within=0.01)
     assert asyncio.all_tasks() - others == set()
+
+
+async def test_a_cancel_that_lands_while_helpers_are_cancelled_is_never_swallowed() -> None:
+    """The mechanism of the daemon that hung on stop: a cancel arriving while ``first`` was
+    cancelling its helpers was suppressed with theirs, so the sender's idle loop went on, its
+    session's TaskGroup waited for it forever and so did the shutdown. Cancel a loop of
+    short waits at seeded random points: every one of them must end."""
+    rng = random.Random(25)
+    never = asyncio.Event()
+
+    async def idle_loop() -> None:
+        while True:
+            await race.first(never.wait(), within=0.001)
+
+    survivors = 0
+    for _ in range(200):
+        task = asyncio.create_task(idle_loop())
+        await asyncio.sleep(rng.random() * 0.005)
+        task.cancel()
+        done, _ = await asyncio.wait({task}, timeout=1.0)
+        if not done:
+            survivors += 1
+            task.cancel()
+            await asyncio.wait({task}, timeout=1.0)
+    assert survivors == 0, f"{survivors} of 200 cancels were swallowed"
