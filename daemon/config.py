@@ -47,6 +47,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("reconnect.initial_backoff_ms", int, 500, "First retry delay to the broker."),
     Setting("reconnect.max_backoff_ms", int, 30000, "Longest retry delay to the broker."),
     Setting("reconnect.jitter_pct", int, 25, "Random spread of each retry delay, in percent."),
+    Setting("reconnect.handshake_timeout_s", float, 10.0, "A broker that does not finish the "
+            "opening handshake (challenge, hello, features) within this is retried."),
+    Setting("reconnect.stall_timeout_s", float, 30.0, "A broker link with requests waiting and "
+            "no frame from the broker for this long is cut and reconnected."),
     Setting("hooks.enabled", bool, True, "Run the executables of the hooks/ folder that "
             "hooks.toml enables (docs/daemon.md, Hooks)."),
     Setting("hooks.concurrency", int, 8, "Most hook processes running at once."),
@@ -88,6 +92,8 @@ class DaemonSettings:
     reconnect_initial_backoff_ms: int
     reconnect_max_backoff_ms: int
     reconnect_jitter_pct: int
+    reconnect_handshake_timeout_s: float
+    reconnect_stall_timeout_s: float
     hooks_enabled: bool
     hooks_concurrency: int
     log_level: str

@@ -36,6 +36,13 @@ from tidemesh.core.wire import CloseCode, InvalidFrame, decode, encode
 
 log = structlog.get_logger(__name__)
 PRESENCE_BUFFER = 1024
+# A broker with requests of ours waiting that sends no frame at all for this long has stalled
+# (its loop or its store is stuck while its socket stays open): the link is cut and the relay
+# reconnects. A busy broker still answers something well within it.
+STALL_TIMEOUT_S = 30.0
+# How long a closing handshake may take before the connection is simply dropped: the close
+# frame itself can wait without end behind a broker that stopped reading.
+CLOSE_TIMEOUT_S = 2.0
 
 
 class LinkError(Exception):
@@ -77,8 +84,10 @@ class LinkClosed(LinkError):
 
 class BrokerLink:
     def __init__(self, ws: ClientConnection, hello_ack: dict[str, Any],
-                 supported: dict[str, Any], delivery_buffer: int) -> None:
+                 supported: dict[str, Any], delivery_buffer: int,
+                 stall_timeout: float = STALL_TIMEOUT_S) -> None:
         self.ws = ws
+        self.stall_timeout = stall_timeout
         self.hello_ack = hello_ack
         self.supported = supported
         # Bounded in frames, sized so that about ``delivery_buffer`` deliveries wait at most
@@ -91,6 +100,12 @@ class BrokerLink:
         self._ids = itertools.count(1)
         self._reader: asyncio.Task[None] | None = None
         self._writer: asyncio.Task[None] | None = None
+        self._watch: asyncio.Task[None] | None = None
+        # Kept: on Python 3.11 get_running_loop() is a getpid() call, and the reader stamps
+        # every frame it reads.
+        self._loop = asyncio.get_running_loop()
+        self._last_frame = self._loop.time()
+        self._held_by_us = False
         self._outgoing: list[dict[str, Any]] = []
         self._wake_writer = asyncio.Event()
         # Called with the number of sends in each frame written (a metric, set by the relay).
@@ -101,8 +116,10 @@ class BrokerLink:
                       require: tuple[str, ...] = features.REQUIRED,
                       optional: tuple[str, ...] = features.OPTIONAL,
                       invite_token: str | None = None, display_name: str | None = None,
-                      open_timeout: float = 10.0, delivery_buffer: int = 1024) -> BrokerLink:
-        """Connect, authenticate and negotiate; raises a ``LinkError`` subclass on failure."""
+                      open_timeout: float = 10.0, delivery_buffer: int = 1024,
+                      stall_timeout: float = STALL_TIMEOUT_S) -> BrokerLink:
+        """Connect, authenticate and negotiate; raises a ``LinkError`` subclass on failure,
+        a broker that does not finish the handshake within ``open_timeout`` included."""
         try:
             # max_queue: frames websockets buffers before it stops reading the socket; a
             # deliver_batch frame may hold 256 KiB, so keep it small (the reader drains it
@@ -121,14 +138,21 @@ class BrokerLink:
                 supported = await _negotiate(ws, require, optional)
         except ConnectionClosed as exc:
             # Lost while sending hello or the negotiation: a broken path, not a refusal.
-            await ws.close()
+            ws.transport.abort()
             raise LinkError(f"the broker link closed during the handshake: {exc}") from exc
+        except TimeoutError as exc:
+            # A broker that accepted the socket and then went quiet: as unreachable as a
+            # closed port, and as retryable.
+            ws.transport.abort()
+            raise LinkError(f"the broker at {url} did not finish the handshake within "
+                            f"{open_timeout:g} s") from exc
         except BaseException:
-            await ws.close()
+            ws.transport.abort()
             raise
-        link = cls(ws, ack, supported, delivery_buffer)
+        link = cls(ws, ack, supported, delivery_buffer, stall_timeout)
         link._reader = asyncio.create_task(link._read(), name="broker-link-reader")
         link._writer = asyncio.create_task(link._write(), name="broker-link-writer")
+        link._watch = asyncio.create_task(link._watch_stall(), name="broker-link-watch")
         log.info("broker_link_connected", url=url, mesh_id=mesh_id, pubkey=ack["pubkey"],
                  session_id=ack["session_id"])
         return link
@@ -260,6 +284,7 @@ class BrokerLink:
         reason = "closed"
         try:
             async for raw in self.ws:
+                self._last_frame = self._loop.time()
                 await self._route(raw)
         except ConnectionClosed as exc:
             reason = str(exc)
@@ -279,10 +304,10 @@ class BrokerLink:
             log.warning("broker_frame_invalid", error=exc.message)
             return
         if frame["type"] == "deliver":
-            await self.deliveries.put([frame])
+            await self._deliver([frame])
             return
         if frame["type"] == "deliver_batch":
-            await self.deliveries.put(frame["deliveries"])
+            await self._deliver(frame["deliveries"])
             return
         if frame["type"] == "send_results":
             for result in frame["results"]:
@@ -295,6 +320,19 @@ class BrokerLink:
             return
         if not self._resolve(frame) and frame["type"] == "error":
             log.warning("broker_error_received", error=frame["error"])
+
+    async def _deliver(self, deliveries: list[dict[str, Any]]) -> None:
+        if self.deliveries.full():
+            # Our own inbox is behind: the broker's later frames wait for us, not the other
+            # way round, so this is no stall of the broker's (``_watch_stall``).
+            self._held_by_us = True
+            try:
+                await self.deliveries.put(deliveries)
+            finally:
+                self._held_by_us = False
+                self._last_frame = self._loop.time()
+        else:
+            self.deliveries.put_nowait(deliveries)
 
     def _resolve(self, frame: dict[str, Any]) -> bool:
         fut = self._pending.get(frame.get("id") or "")
@@ -312,12 +350,43 @@ class BrokerLink:
             await asyncio.shield(self._reader)
 
     async def close(self) -> None:
-        await self.ws.close()
+        """Close, bounded: a closing handshake that does not end within ``CLOSE_TIMEOUT_S``
+        (a broker that stopped reading leaves the close frame waiting to be written) drops
+        the connection instead; the link's tasks are then ended, not waited on."""
+        try:
+            async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                await self.ws.close()
+        except TimeoutError:
+            self.ws.transport.abort()
+        # The reader may wait to put a frame into a full deliveries queue that nobody
+        # drains any more; cancelling it still fails every pending request (its finally).
+        tasks = [t for t in (self._reader, self._writer, self._watch) if t is not None]
+        for t in tasks:
+            if t is not self._reader:
+                t.cancel()
         if self._reader is not None:
-            await self._reader
-        if self._writer is not None:
-            self._writer.cancel()
-            await asyncio.gather(self._writer, return_exceptions=True)
+            try:
+                async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                    await asyncio.shield(self._reader)
+            except TimeoutError:
+                self._reader.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _watch_stall(self) -> None:
+        """Cut a link whose broker leaves our requests unanswered and says nothing else."""
+        interval = max(0.05, self.stall_timeout / 4)
+        while True:
+            await asyncio.sleep(interval)
+            now = self._loop.time()
+            if not self._pending or self._held_by_us:   # idle, or waiting for us: no stall
+                self._last_frame = now
+                continue
+            quiet = now - self._last_frame
+            if quiet > self.stall_timeout:
+                log.warning("broker_link_stalled", waiting_requests=len(self._pending),
+                            quiet_s=round(quiet, 1))
+                self.ws.transport.abort()
+                return
 
 
 PRESENCE_FRAMES = frozenset({"peer_join", "peer_leave"})

@@ -352,7 +352,9 @@ class Daemon:
                           2.0, s.reconnect_jitter_pct / 100)
         relay = Relay(mesh, self.keypair.signing_key, outbox, inbox,
                       RelaySettings(backoff, s.outbox_max_age_hours,
-                                    s.outbox_max_age_hours_override), on_status,
+                                    s.outbox_max_age_hours_override,
+                                    handshake_timeout_s=s.reconnect_handshake_timeout_s,
+                                    stall_timeout_s=s.reconnect_stall_timeout_s), on_status,
                       metrics=RelayMetrics.register(state.registry, s.daemon_mesh),
                       clock=self.clock)
         return relay

@@ -31,7 +31,13 @@ from tidemesh.core.maxage import DedupeWindow, MaxAgeError, max_age_hours
 from tidemesh.core.metrics import CollectorRegistry
 from tidemesh.daemon import revocation
 from tidemesh.daemon.join import MeshConfig
-from tidemesh.daemon.link import BrokerLink, FeatureUnavailable, HandshakeRejected, LinkError
+from tidemesh.daemon.link import (
+    STALL_TIMEOUT_S,
+    BrokerLink,
+    FeatureUnavailable,
+    HandshakeRejected,
+    LinkError,
+)
 from tidemesh.daemon.live_link import LiveLink
 from tidemesh.daemon.receiver import Receiver, ReceiverMetrics, forward_presence
 from tidemesh.daemon.sender import (
@@ -55,12 +61,35 @@ class RelayFatal(Exception):
         self.code = code
 
 
+def fatal_of(exc: BaseException) -> RelayFatal | None:
+    """The ``RelayFatal`` in what a session raised (a TaskGroup wraps its tasks' errors in
+    groups), or None: everything else a session meets (the network, the broker, a store
+    that is busy or restarting, a timeout) is transient, and the relay reconnects."""
+    if isinstance(exc, RelayFatal):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = fatal_of(inner)
+            if found is not None:
+                return found
+    return None
+
+
+def describe(exc: BaseException) -> str:
+    """One line for a session's end: the first leaf of a group, with its type."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return str(exc) if isinstance(exc, LinkError) else f"{type(exc).__name__}: {exc}"
+
+
 @dataclass(frozen=True, slots=True)
 class RelaySettings:
     backoff: Backoff
     max_age_hours: int = 168
     max_age_override_hours: int | None = None
     sender: SenderSettings = field(default_factory=SenderSettings)
+    handshake_timeout_s: float = 10.0
+    stall_timeout_s: float = STALL_TIMEOUT_S
 
 
 StatusHook = Callable[[bool, dict[str, Any]], Awaitable[None]]
@@ -122,32 +151,46 @@ class Relay:
 
     async def run(self) -> None:
         """Connect, serve, reconnect, forever; raises RelayFatal for what cannot heal. A broker
-        that fails hands over to the mesh's next address (``core/failover.py``)."""
+        that fails hands over to the mesh's next address (``core/failover.py``). Whatever
+        else ends a session, from the link, the broker or a store, is logged, counted and
+        retried after the backoff: one hung broker must not take its daemons down."""
         attempt = 0
         while True:
+            connected = False
             try:
-                link = await BrokerLink.connect(self.rotation.current, self.mesh.mesh_id,
-                                                self.key)
-            except FeatureUnavailable as exc:
-                raise RelayFatal(Exit.FEATURE_UNAVAILABLE, str(exc)) from exc
-            except HandshakeRejected as exc:
-                if exc.reason == revocation.REASON:
-                    # Said before exiting, so the event log and the record explain the exit.
-                    await self.on_status(False, {"state": "revoked", "reason": exc.reason})
-                    raise RelayFatal(Exit.REVOKED, str(exc)) from exc
-                if not exc.retryable:
-                    raise RelayFatal(Exit.FAILURE, str(exc)) from exc
-                attempt = await self._pause(attempt, str(exc))
-                continue
-            except LinkError as exc:
-                attempt = await self._pause(attempt, str(exc))
-                continue
-            attempt = 0
-            try:
+                link = await self._connect()
+                connected = True
                 await self._serve(link)
-            except* LinkError as group:
-                log.info("broker_link_lost", reason=str(group.exceptions[0]))
-            attempt = await self._pause(attempt, "connection lost")
+                reason = "connection lost"
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # sorted by fatal_of; the rest is retried
+                fatal = fatal_of(exc)
+                if fatal is not None:
+                    raise fatal from None
+                reason = describe(exc)
+                if connected:
+                    log.warning("broker_session_ended", reason=reason)
+            if connected:
+                attempt = 0
+            attempt = await self._pause(attempt, reason)
+
+    async def _connect(self) -> BrokerLink:
+        s = self.settings
+        try:
+            return await BrokerLink.connect(self.rotation.current, self.mesh.mesh_id, self.key,
+                                            open_timeout=s.handshake_timeout_s,
+                                            stall_timeout=s.stall_timeout_s)
+        except FeatureUnavailable as exc:
+            raise RelayFatal(Exit.FEATURE_UNAVAILABLE, str(exc)) from exc
+        except HandshakeRejected as exc:
+            if exc.reason == revocation.REASON:
+                # Said before exiting, so the event log and the record explain the exit.
+                await self.on_status(False, {"state": "revoked", "reason": exc.reason})
+                raise RelayFatal(Exit.REVOKED, str(exc)) from exc
+            if not exc.retryable:
+                raise RelayFatal(Exit.FAILURE, str(exc)) from exc
+            raise
 
     async def _pause(self, attempt: int, reason: str) -> int:
         failed = self.rotation.current
@@ -158,9 +201,17 @@ class Relay:
         delay = self.settings.backoff.delay(attempt, self.rng)
         log.info("broker_connect_failed", attempt=attempt, retry_in_s=round(delay, 2),
                  reason=reason)
-        await self.on_status(False, {"state": "reconnecting", "reason": reason})
+        await self._status(False, {"state": "reconnecting", "reason": reason})
         await asyncio.sleep(delay)
         return attempt
+
+    async def _status(self, connected: bool, detail: dict[str, Any]) -> None:
+        """Report the link's state; a store too busy to record it does not end the relay."""
+        try:
+            await self.on_status(connected, detail)
+        except Exception as exc:  # reporting is best effort
+            log.warning("broker_status_not_recorded", state=detail.get("state"),
+                        error=f"{type(exc).__name__}: {exc}")
 
     async def _serve(self, link: BrokerLink) -> None:
         max_age_ms = negotiated_max_age(link.supported, self.settings) * 3_600_000
@@ -181,7 +232,7 @@ class Relay:
         finally:
             self.live.current = None
             await link.close()
-            await self.on_status(False, {"state": "disconnected"})
+            await self._status(False, {"state": "disconnected"})
 
     def _sender(self, link: BrokerLink, max_age_ms: int) -> Sender:
         return Sender(link, self.outbox, self.dead, self.settings.sender, self.metrics.sender,
