@@ -20,3 +20,4 @@ class Exit(IntEnum):
     REVOKED = 12              # this member was removed from the mesh; restarting cannot help
     UNDELIVERED = 13          # `send --wait`: the broker refused it; the outbox row is dead
     STILL_QUEUED = 14         # `send --wait`: no outcome before the timeout; still in the outbox
+    STALLED = 15              # the event loop stalled past watchdog.exit_after_s; restart it

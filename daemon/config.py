@@ -61,6 +61,10 @@ SETTINGS: tuple[Setting, ...] = (
             optional=True),
     Setting("log.file_max_bytes", int, 104857600, "Size at which log.file is rotated."),
     Setting("log.file_backups", int, 5, "Rotated log files kept (daemon.log.1 … .N)."),
+    Setting("watchdog.stall_s", float, 5.0, "An event loop that does not turn for this long is "
+            "a stall: every thread's stack is logged once, and /v1/health says stalled."),
+    Setting("watchdog.exit_after_s", float, 60.0, "A stall this long ends the daemon with exit "
+            "code 15, for its service manager to restart it; 0 never does."),
     Setting("shutdown.grace_s", float, 10.0, "Longest drain on SIGTERM or `daemon down`; "
             "work still running then is cut off and the exit code is 1.", reloadable=True),
 )
@@ -101,6 +105,8 @@ class DaemonSettings:
     log_file: str | None
     log_file_max_bytes: int
     log_file_backups: int
+    watchdog_stall_s: float
+    watchdog_exit_after_s: float
     shutdown_grace_s: float
 
 

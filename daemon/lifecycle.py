@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Callable
+import io
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import structlog
 from aiohttp import web
@@ -89,3 +92,47 @@ class Drain:
         if self.left:
             log.error("daemon_drain_deadline_passed", requests_cut_off=self.left,
                       grace_s=self.grace_s())
+
+
+class StopBudget:
+    """One grace period shared by the steps of a stop, in order: each step gets what the
+    steps before it left. ``begin`` starts the clock."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.deadline: float | None = None
+
+    def begin(self, grace_s: float) -> None:
+        self.deadline = self.clock() + grace_s
+
+    def left(self, keep: float = 0.0) -> float:
+        """Seconds left, less ``keep`` held back for the steps after this one."""
+        if self.deadline is None:
+            return 0.0
+        return max(0.0, self.deadline - self.clock() - keep)
+
+
+async def finish(tasks: Mapping[asyncio.Task[Any], str], within: float) -> list[str]:
+    """Cancel ``tasks`` and wait for them at most ``within`` seconds; returns the names of
+    those still running then, each logged with where it stands. A task that ignores its
+    cancel (or waits in a thread) is left behind: the process exits without it, and every
+    commit it may have made is atomic."""
+    for task in tasks:
+        task.cancel()
+    if not tasks:
+        return []
+    done, pending = await asyncio.wait(tasks, timeout=max(within, 0.01))
+    for task in done:
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("background_task_failed_on_stop", task=tasks[task],
+                        error=repr(task.exception()))
+    for task in pending:
+        log.error("shutdown_step_cut_off", task=tasks[task], within_s=round(within, 3),
+                  stack=_stack_of(task))
+    return [tasks[t] for t in pending]
+
+
+def _stack_of(task: asyncio.Task[Any]) -> str:
+    buf = io.StringIO()
+    task.print_stack(limit=20, file=buf)
+    return buf.getvalue()

@@ -29,6 +29,7 @@ from tidemesh.core.paths import DaemonPaths, daemon_paths, socket_path_problem
 from tidemesh.core.retention import DAY_MS, HOUR_MS, InboxPolicy
 from tidemesh.core.sealing import seal
 from tidemesh.core.settings import ConfigError
+from tidemesh.core.watchdog import LoopWatchdog, StallPolicy
 from tidemesh.daemon import config as config_mod
 from tidemesh.daemon import identity, revocation, storage_gauges
 from tidemesh.daemon import log as log_mod
@@ -48,7 +49,7 @@ from tidemesh.daemon.api.keys import (
 )
 from tidemesh.daemon.hooks.service import HookService, load_plan
 from tidemesh.daemon.join import MeshConfig
-from tidemesh.daemon.lifecycle import Drain, Reloader
+from tidemesh.daemon.lifecycle import Drain, Reloader, StopBudget, finish
 from tidemesh.daemon.relay import Relay, RelayFatal, RelayMetrics, RelaySettings
 from tidemesh.daemon.server import IpcServer, build_app
 from tidemesh.daemon.service.disk import DiskMonitor
@@ -70,6 +71,10 @@ log = structlog.get_logger("tidemesh.daemon")
 
 # After the drain, event streams still open are cut off this long after their last write.
 _STREAMS_CUT_S = 1.0
+# The share of shutdown.grace_s kept for closing the broker link after the drain.
+_RELAY_SHARE = 0.2
+# Past shutdown.grace_s plus this, the watchdog ends the process whatever it waits for.
+_STOP_MARGIN_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,6 +211,7 @@ class Daemon:
         self.start = start
         self.keypair = keypair
         self.stop = asyncio.Event()
+        self.cut_off: list[str] = []   # tasks a bounded stop left running
         # The one clock of the process: every service and the relay take it from here.
         self.clock: Callable[[], float] = time.time
 
@@ -220,10 +226,17 @@ class Daemon:
             return Exit.UNHEALTHY
         inbox_db = await open_inbox(paths.inbox_db)
         try:
-            return await self._serve_with(outbox_db, inbox_db)
+            code = await self._serve_with(outbox_db, inbox_db)
         finally:
             await outbox_db.close()
             await inbox_db.close()
+        if self.cut_off:
+            # The loop's teardown would wait for the tasks that did not end (cancelling them
+            # again, without limit): the stores are closed, so leave now. The kernel releases
+            # the instance lock.
+            log.warning("daemon_exited_without_waiting", tasks=self.cut_off, exit_code=code)
+            os._exit(code)
+        return code
 
     def _state(self) -> IpcState:
         s = self.start.settings
@@ -283,7 +296,9 @@ class Daemon:
         app[MEMBERSHIP] = MembershipService(inbox_db, live)
         app[PRESENCE] = PresenceService(inbox_db, live, self.keypair.public_hex)
         reloader = Reloader(s, self._read_settings, app[STATE], bus)
-        drain = Drain(app[STATE], lambda: reloader.settings.shutdown_grace_s)
+        budget = StopBudget()
+        drain = Drain(app[STATE], lambda: budget.left(
+            keep=_RELAY_SHARE * reloader.settings.shutdown_grace_s))
         app.on_shutdown.append(drain)
         # The drain hook waits for requests; this is only for event streams left after it.
         server = IpcServer(app, paths.socket, s.ipc_http_port if s.ipc_tcp_enabled else None,
@@ -292,6 +307,7 @@ class Daemon:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
         loop.add_signal_handler(signal.SIGHUP, reloader.reload)
+        watchdog = self._watchdog(app[STATE])
         await server.start()
         if server.bound_port is not None:
             paths.port_file.write_text(f"{server.bound_port}\n", encoding="ascii")
@@ -304,28 +320,45 @@ class Daemon:
                   asyncio.create_task(hooks.run(), name="hooks"): "hooks",
                   asyncio.create_task(SocketWatch(server).run(), name="ipc-socket"): "ipc-socket"}
         code = await self._supervise([outbox_db, inbox_db], relay_task, app[STATE], others)
-        for task in others:   # a hook cut off here runs again at the next start (the ledger)
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        grace = reloader.settings.shutdown_grace_s
+        budget.begin(grace)
+        # The last word on a stop: whatever the loop, a task or a thread is stuck in, the
+        # process is gone shortly after its grace (SQLite commits are atomic).
+        watchdog.arm_deadline(grace + _STOP_MARGIN_S, Exit.FAILURE, "shutdown.grace_s passed")
         started = time.monotonic()
+        # A hook cut off here runs again at the next start (the ledger).
+        cut = await finish(others, budget.left(keep=0.8 * grace))
         # Stop accepting and finish in-flight requests first (their sends reach the outbox),
-        # then close the broker link cleanly; the stores commit and close in serve(). Event
-        # streams never finish by themselves, so they are ended first.
+        # then close the broker link; the stores commit and close in serve(). Event streams
+        # never finish by themselves, so they are ended first. The drain (on_shutdown) has
+        # the budget less a share kept for the link.
         bus.close()
-        await server.stop()
+        stopping = asyncio.create_task(server.stop(), name="ipc-stop")
+        await asyncio.wait({stopping}, timeout=budget.left(keep=_RELAY_SHARE * grace) + 2.0)
+        if not stopping.done():
+            cut += await finish({stopping: "ipc-server"}, 0.0)
         with contextlib.suppress(FileNotFoundError):
             paths.port_file.unlink()
         if relay_task is not None:
-            relay_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await asyncio.wait_for(relay_task, max(
-                    1.0, reloader.settings.shutdown_grace_s - (time.monotonic() - started)))
-        if drain.left and code == Exit.OK:
+            cut += await finish({relay_task: "relay"}, max(1.0, budget.left()))
+        self.cut_off = cut
+        if (drain.left or cut) and code == Exit.OK:
             code = Exit.FAILURE
         log.info("daemon_stopped", drain_s=round(time.monotonic() - started, 3),
-                 batches=outbox_db.batches, rows=outbox_db.items, exit_code=int(code))
+                 batches=outbox_db.batches, rows=outbox_db.items, exit_code=int(code),
+                 cut_off=cut)
         return code
+
+    def _watchdog(self, state: IpcState) -> LoopWatchdog:
+        s = self.start.settings
+        stalls = Counter("cm_daemon_loop_stalls_total", "Times the event loop did not turn for "
+                         "watchdog.stall_s (each logged with every thread's stack)", ["mesh"],
+                         registry=state.registry).labels(mesh=s.daemon_mesh)
+        watchdog = LoopWatchdog(StallPolicy(s.watchdog_stall_s, s.watchdog_exit_after_s),
+                                Exit.STALLED, stalls.inc)
+        watchdog.start()
+        state.loop = watchdog.view
+        return watchdog
 
     def _relay(self, outbox: OutboxService, inbox: InboxService,
                state: IpcState) -> Relay | None:

@@ -63,8 +63,10 @@ async def get_health(request: web.Request) -> web.Response:
     state = request.app[STATE]
     counts, lag_ms = await request.app[OUTBOX].snapshot()
     info = state.info
+    loop = state.loop()
     return _json({
-        "healthy": state.healthy,
+        "healthy": state.healthy and loop["state"] == "ok",
+        "loop": loop,
         "connected": state.link.connected,
         "lag_ms": lag_ms,
         "queue_depth": counts,

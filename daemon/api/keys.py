@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,6 +96,9 @@ class IpcState:
     healthy: bool = True
     link: LinkState = field(default_factory=LinkState)
     outbox: OutboxGauges = field(default_factory=OutboxGauges)
+    # The loop watchdog's view (core/watchdog.py): state, stalls, last_stall_s.
+    loop: Callable[[], dict[str, Any]] = lambda: {"state": "ok", "stalls": 0,
+                                                  "last_stall_s": 0.0}
 
 
 OUTBOX = web.AppKey("outbox", OutboxService)

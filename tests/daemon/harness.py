@@ -83,21 +83,26 @@ def daemon_env(home: Path, extra: dict[str, str] | None = None) -> dict[str, str
     return {**env, "TIDEMESH_HOME": str(home), "TIDEMESH_LOG_FORMAT": "json", **(extra or {})}
 
 
+# How a daemon process is started: the installed CLI, or a test's own launcher around it.
+TIDEMESH = (sys.executable, "-m", "tidemesh")
+
+
 def spawn(home: Path, mesh: str = "t", extra_env: dict[str, str] | None = None,
-          args: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
+          args: tuple[str, ...] = (), launcher: tuple[str, ...] = TIDEMESH
+          ) -> subprocess.Popen[bytes]:
     log = home / f"{mesh}.out"
     with open(log, "ab") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "tidemesh", "daemon", "up", "--foreground", "--mesh", mesh,
-             *args],
+            [*launcher, "daemon", "up", "--foreground", "--mesh", mesh, *args],
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env=daemon_env(home, extra_env),
         )
 
 
 def start_daemon(home: Path, mesh: str = "t", extra_env: dict[str, str] | None = None,
-                 args: tuple[str, ...] = (), timeout: float = 20.0) -> RunningDaemon:
-    proc = spawn(home, mesh, extra_env, args)
+                 args: tuple[str, ...] = (), timeout: float = 20.0,
+                 launcher: tuple[str, ...] = TIDEMESH) -> RunningDaemon:
+    proc = spawn(home, mesh, extra_env, args, launcher)
     d = RunningDaemon(home, mesh, proc, home / f"{mesh}.out", extra_env or {})
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -1,0 +1,67 @@
+"""The real daemon with one fault built in, chosen by ``TM_TEST_RIG``, for the tests of what
+the daemon does when its own parts misbehave (a test launcher, never installed):
+
+- ``stubborn``: the retention task ignores every cancel;
+- ``thread``: the retention task waits in a thread that never returns;
+- ``block``: a route, ``GET /v1/test/block?s=N``, blocks the event loop for N seconds.
+
+Run as ``python rigged_daemon.py daemon up --foreground --mesh M`` (the CLI's arguments).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+from pathlib import Path
+
+from aiohttp import web
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+
+async def _ignores_cancel(*_args: object) -> None:
+    while True:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            continue
+
+
+async def _waits_in_a_thread(*_args: object) -> None:
+    await asyncio.to_thread(time.sleep, 3600)
+
+
+async def _block(request: web.Request) -> web.Response:
+    seconds = float(request.query.get("s", "6"))
+    time.sleep(seconds)  # the fault under test: the whole loop stops
+    return web.json_response({"blocked_s": seconds})
+
+
+def rig(kind: str) -> None:
+    from tidemesh.daemon import main as daemon_main
+    from tidemesh.daemon.service.retention import RetentionService
+
+    if kind == "stubborn":
+        RetentionService.run = _ignores_cancel  # type: ignore[method-assign,assignment]
+    elif kind == "thread":
+        RetentionService.run = _waits_in_a_thread  # type: ignore[method-assign,assignment]
+    elif kind == "block":
+        build = daemon_main.build_app
+
+        def build_app(max_body_bytes: int) -> web.Application:
+            app = build(max_body_bytes)
+            app.router.add_get("/v1/test/block", _block)
+            return app
+
+        daemon_main.build_app = build_app
+    else:
+        raise SystemExit(f"unknown TM_TEST_RIG {kind!r}")
+
+
+if __name__ == "__main__":
+    rig(os.environ["TM_TEST_RIG"])
+    from tidemesh.cli.main import main
+
+    main()
