@@ -77,7 +77,7 @@ class Report:
     @property
     def ok(self) -> bool:
         bad = ("lost", "duplicated", "orphaned", "stuck", "wrong_answer", "out_of_order",
-               "crashed", "dm_readable")
+               "crashed", "dm_readable", "hang")
         return not any(self.counts[k] for k in bad) and self.audit_ok
 
     def table(self) -> str:
@@ -100,6 +100,7 @@ class Report:
                  ("orphaned", c["orphaned"]), ("stuck outbox rows", c["stuck"]),
                  ("wrong answers", c["wrong_answer"]), ("out of order", c["out_of_order"]),
                  ("unplanned process exits", c["crashed"]),
+                 ("hangs (stops past grace, daemons not answering)", c["hang"]),
                  ("DMs stored sealed / readable at broker", f"{c['dm_sealed']} / "
                                                             f"{c['dm_readable']}"),
                  ("spark orphan audit", self.audit),

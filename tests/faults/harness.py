@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -26,12 +27,20 @@ from typing import Any
 
 import aiohttp
 
-from tests.daemon.harness import RunningDaemon, daemon_env, run_cli, start_daemon
+from tests.daemon.harness import (
+    RunningDaemon,
+    daemon_env,
+    dump_stacks,
+    run_cli,
+    start_daemon,
+)
 from tests.e2e.harness import Broker, wait_for
 from tests.faults.checker import ACCEPTED, Ledger, Report, SendResult, Stores, check, recipients
 from tests.faults.pgcluster import PgCluster
 from tests.faults.proxy import FaultProxy
 from tests.faults.workload import BROKER_FAULTS, TOPIC, FaultKind, FaultOp, Plan, Reuse, SendOp
+from tidemesh.client import Client, DaemonNotRunning
+from tidemesh.core.errors import TidemeshError
 
 REPO = Path(__file__).resolve().parents[2]
 MESH = "m"
@@ -39,6 +48,9 @@ MESH = "m"
 DAEMON_ENV = {"TIDEMESH_RECONNECT_INITIAL_BACKOFF_MS": "100",
               "TIDEMESH_RECONNECT_MAX_BACKOFF_MS": "1000"}
 RETRY_STATUSES = {429, 503, 507}
+GRACE_S = 10.0   # the daemons' shutdown.grace_s (the default)
+# A planned stop may take its grace plus this (the CLI's own start, the process's exit).
+STOP_SLACK_S = 3.0
 
 
 @dataclass
@@ -53,6 +65,8 @@ class RunConfig:
     budget: tuple[float, int] | None = None
     # Runs with the stores still up, after the check (the checker's own tests use it).
     after_check: Callable[[Ledger, Stores], Awaitable[None]] | None = None
+    # After each fault, every daemon must answer within this (the soak); None: not checked.
+    answer_within: float | None = None
 
 
 @dataclass
@@ -93,6 +107,7 @@ class FaultRun:
         self.brokers: list[Broker] = []
         self.proxies: list[FaultProxy] = []
         self.dsn = ""
+        self.hangs: list[str] = []   # stops past their grace, daemons that did not answer
 
     # -- setup and teardown ----------------------------------------------------------------
 
@@ -297,6 +312,66 @@ class FaultRun:
             await self.proxies[which].stall(fault.pause)
         elif fault.kind is FaultKind.CONSUMER_CRASH:
             self.nodes[fault.target].crash_flag.touch()
+        elif fault.kind in (FaultKind.DAEMON_DOWN_UP, FaultKind.DAEMON_SIGTERM):
+            await self._stop_and_start(self.nodes[fault.target], fault)
+        elif fault.kind is FaultKind.BROKER_SIGSTOP:
+            proc = self.brokers[which].proc
+            assert proc is not None
+            proc.send_signal(signal.SIGSTOP)
+            try:
+                await asyncio.sleep(fault.pause)
+            finally:
+                proc.send_signal(signal.SIGCONT)
+
+    async def _stop_and_start(self, node: Node, fault: FaultOp) -> None:
+        """A planned stop (the CLI's ``daemon down``, or SIGTERM as a service manager sends
+        it) must end within the daemon's grace; then the daemon starts again."""
+        while node.restarting:
+            await asyncio.sleep(0.05)
+        node.restarting = True
+        try:
+            d = node.daemon
+            began = time.monotonic()
+            if fault.kind is FaultKind.DAEMON_DOWN_UP:
+                res = await asyncio.to_thread(run_cli, d.home, "daemon", "down", "--mesh", MESH)
+                said = (res.stdout + res.stderr).strip()
+                if res.returncode != 0 or "SIGKILL" in said:
+                    self.hangs.append(f"daemon down of {node.label}: {said[-300:]}")
+                code = await asyncio.to_thread(d.proc.wait, 30)
+            else:
+                d.proc.send_signal(signal.SIGTERM)
+                try:
+                    code = await asyncio.to_thread(d.proc.wait, GRACE_S + 10)
+                except subprocess.TimeoutExpired:
+                    self.hangs.append(f"SIGTERM of {node.label}: still running after "
+                                      f"{GRACE_S + 10:.0f} s")
+                    d.kill()
+                    code = -9
+            took = time.monotonic() - began
+            if took > GRACE_S + STOP_SLACK_S:
+                self.hangs.append(f"{fault.kind} of {node.label} took {took:.1f} s "
+                                  f"(grace {GRACE_S:.0f} s), exit {code}")
+            await asyncio.sleep(fault.pause)
+            node.daemon = await asyncio.to_thread(start_daemon, d.home, MESH, DAEMON_ENV)
+        finally:
+            node.restarting = False
+
+    async def _check_answering(self, within: float, after: FaultOp) -> None:
+        """Every daemon answers ``/v1/version`` within ``within`` seconds; one that does
+        not is a hang, with its threads' stacks (py-spy) kept beside its log."""
+        for node in self.nodes.values():
+            while node.restarting:
+                await asyncio.sleep(0.05)
+            d = node.daemon
+            if d.proc.poll() is not None:
+                continue   # a crash: the supervisor counts and restarts it
+            try:
+                await asyncio.to_thread(Client(d.paths.socket, timeout=within).version)
+            except (DaemonNotRunning, TidemeshError) as exc:
+                stacks = await asyncio.to_thread(
+                    dump_stacks, d.proc.pid, d.home / f"hang-{len(self.hangs)}.txt")
+                self.hangs.append(f"daemon {node.label} did not answer within {within:.0f} s "
+                                  f"after {after.kind}: {exc}; {stacks[:200]}")
 
     def _fault_due(self) -> bool:
         """A fault is due but not started yet: new sends wait for it. Faults take seconds
@@ -312,6 +387,8 @@ class FaultRun:
                 await asyncio.sleep(0.01)
             self.faults_started += 1  # sends go on while this fault plays out
             await self._inject(fault)
+            if self.cfg.answer_within is not None:
+                await self._check_answering(self.cfg.answer_within, fault)
 
     # -- the run ---------------------------------------------------------------------------
 
@@ -361,6 +438,8 @@ class FaultRun:
             if self.cfg.after_check is not None:
                 await self.cfg.after_check(self._ledger(), self._stores())
             report.brokers = len(self.brokers)
+            for hang in self.hangs:
+                report.problem("hang", hang)
             report.failovers = sum(n.daemon.log.read_text().count('"broker_failed_over"')
                                    for n in self.nodes.values())
             report.timings = {"send_s": sent_at - started,

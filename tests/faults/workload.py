@@ -24,10 +24,25 @@ class FaultKind(StrEnum):
     WS_CUT = "ws_cut"
     WS_STALL = "ws_stall"
     CONSUMER_CRASH = "consumer_crash"
+    # The restart soak's (bench/soak.py): stops whose length is checked against the grace.
+    DAEMON_DOWN_UP = "daemon_down_up"     # `tidemesh daemon down`, then up again
+    DAEMON_SIGTERM = "daemon_sigterm"     # SIGTERM, wait for the exit, start again
+    BROKER_SIGSTOP = "broker_sigstop"     # the broker process frozen: sockets open, silent
 
 
+# The faults of the classic runs (make_plan): a seed keeps naming the plan it always named.
+CLASSIC_FAULTS = (FaultKind.DAEMON_KILL9, FaultKind.BROKER_KILL9, FaultKind.PG_RESTART,
+                  FaultKind.WS_CUT, FaultKind.WS_STALL, FaultKind.CONSUMER_CRASH)
+# The soak's cycle, in order: every way a daemon stops, and every way its broker fails.
+SOAK_FAULTS = (FaultKind.DAEMON_DOWN_UP, FaultKind.DAEMON_SIGTERM, FaultKind.DAEMON_KILL9,
+               FaultKind.BROKER_KILL9, FaultKind.PG_RESTART, FaultKind.BROKER_SIGSTOP,
+               FaultKind.WS_STALL)
 # The faults that hit one broker or its link; with one broker they need no target.
-BROKER_FAULTS = (FaultKind.BROKER_KILL9, FaultKind.WS_CUT, FaultKind.WS_STALL)
+BROKER_FAULTS = (FaultKind.BROKER_KILL9, FaultKind.WS_CUT, FaultKind.WS_STALL,
+                 FaultKind.BROKER_SIGSTOP)
+# The faults aimed at one daemon (by label).
+DAEMON_FAULTS = (FaultKind.DAEMON_KILL9, FaultKind.CONSUMER_CRASH, FaultKind.DAEMON_DOWN_UP,
+                 FaultKind.DAEMON_SIGTERM)
 
 
 class Reuse(StrEnum):
@@ -95,25 +110,29 @@ def _send_ops(rng: random.Random, n: int, reuse_pct: float,
 
 def _fault_ops(rng: random.Random, n_sends: int, n_faults: int, max_stall: float,
                labels: tuple[str, ...], brokers: int) -> list[FaultOp]:
-    kinds = list(FaultKind)
+    kinds = list(CLASSIC_FAULTS)
     # Every kind at least once (when there is room), the rest drawn at random.
     chosen = kinds[:n_faults] + [rng.choice(kinds) for _ in range(n_faults - len(kinds))]
     rng.shuffle(chosen)
     points = sorted(rng.randrange(n_sends // 20, max(n_sends * 9 // 10, n_sends // 20 + 1))
                     for _ in chosen)
-    faults = []
-    for at, kind in zip(points, chosen, strict=True):
-        target = ""
-        if kind in (FaultKind.DAEMON_KILL9, FaultKind.CONSUMER_CRASH):
-            target = rng.choice(labels)
-        elif kind is FaultKind.PG_RESTART:  # a clean restart, or a crash of the server
-            target = rng.choice(("fast", "immediate"))
-        elif brokers > 1 and kind in BROKER_FAULTS:  # which broker (or its proxy) it hits
-            target = str(rng.randrange(brokers))
-        pause = (rng.uniform(1.0, max_stall) if kind is FaultKind.WS_STALL
-                 else rng.uniform(0.0, 0.5))
-        faults.append(FaultOp(at, kind, target, pause))
-    return faults
+    return [_fault(rng, at, kind, max_stall, labels, brokers)
+            for at, kind in zip(points, chosen, strict=True)]
+
+
+def _fault(rng: random.Random, at: int, kind: FaultKind, max_stall: float,
+           labels: tuple[str, ...], brokers: int) -> FaultOp:
+    target = ""
+    if kind in DAEMON_FAULTS:
+        target = rng.choice(labels)
+    elif kind is FaultKind.PG_RESTART:  # a clean restart, or a crash of the server
+        target = rng.choice(("fast", "immediate"))
+    elif brokers > 1 and kind in BROKER_FAULTS:  # which broker (or its proxy) it hits
+        target = str(rng.randrange(brokers))
+    pause = (rng.uniform(1.0, max_stall)
+             if kind in (FaultKind.WS_STALL, FaultKind.BROKER_SIGSTOP)
+             else rng.uniform(0.0, 0.5))
+    return FaultOp(at, kind, target, pause)
 
 
 def make_plan(seed: int, sends: int, faults: int, reuse_pct: float = 0.08,
@@ -125,3 +144,15 @@ def make_plan(seed: int, sends: int, faults: int, reuse_pct: float = 0.08,
     labels = LABELS if daemons == len(LABELS) else tuple(MORE_LABELS[:daemons])
     return Plan(seed, _send_ops(rng, sends, reuse_pct, labels),
                 _fault_ops(rng, sends, faults, max_stall, labels, brokers), labels)
+
+
+def make_soak_plan(seed: int, cycles: int, sends_per_cycle: int = 40, max_stall: float = 3.0,
+                   daemons: int = 3) -> Plan:
+    """The restart soak's plan: ``cycles`` faults, one every ``sends_per_cycle`` answered
+    sends, going round ``SOAK_FAULTS`` in order (targets and pauses drawn from the seed)."""
+    rng = random.Random(seed)
+    labels = LABELS if daemons == len(LABELS) else tuple(MORE_LABELS[:daemons])
+    sends = _send_ops(rng, cycles * sends_per_cycle + sends_per_cycle, 0.08, labels)
+    faults = [_fault(rng, (i + 1) * sends_per_cycle, SOAK_FAULTS[i % len(SOAK_FAULTS)],
+                     max_stall, labels, 1) for i in range(cycles)]
+    return Plan(seed, sends, faults, labels)
