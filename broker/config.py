@@ -54,6 +54,12 @@ SETTINGS: tuple[Setting, ...] = (
             "each says it is alive (and removes the sessions of brokers that stopped)."),
     Setting("cluster.session_expiry_s", float, 10.0, "A broker silent this long is taken for "
             "dead: its members' sessions are removed and announced as peer_leave."),
+    Setting("watchdog.stall_s", float, 5.0, "An event loop that does not turn for this long is "
+            "a stall: every thread's stack is logged once, and /healthz answers 503 stalled."),
+    Setting("watchdog.exit_after_s", float, 60.0, "A stall this long ends the broker with exit "
+            "code 15, for its service manager to restart it; 0 never does."),
+    Setting("shutdown.grace_s", float, 10.0, "Longest stop on SIGTERM: connections still "
+            "closing then are dropped; past it by 5 s the process exits whatever it waits for."),
     Setting("log.level", str, "info", "debug, info, warning or error."),
     Setting("log.format", str, "auto", "json, console, or auto (console on a TTY)."),
 )
@@ -85,6 +91,9 @@ class BrokerSettings:
     cluster_poll_s: float
     cluster_heartbeat_s: float
     cluster_session_expiry_s: float
+    watchdog_stall_s: float
+    watchdog_exit_after_s: float
+    shutdown_grace_s: float
     log_level: str
     log_format: str
 

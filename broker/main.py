@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
 
 import structlog
+from prometheus_client import Counter
 
 from tidemesh.broker import admin, running
 from tidemesh.broker import log as broker_log
@@ -28,6 +29,7 @@ from tidemesh.broker.store.base import Store
 from tidemesh.core.exitcodes import Exit
 from tidemesh.core.ids import new_ulid
 from tidemesh.core.ratelimit import Rate
+from tidemesh.core.watchdog import LoopWatchdog, StallPolicy
 from tidemesh.storage.lock import AlreadyRunning, InstanceLock
 from tidemesh.storage.sqlite import share_gil_with_writers
 
@@ -107,23 +109,30 @@ def single_broker_lock(url: str) -> InstanceLock | None:
                         holder=f"a broker on the SQLite store {path}")
 
 
+# Past shutdown.grace_s plus this, the watchdog ends the process whatever it waits for.
+_STOP_MARGIN_S = 5.0
+
+
 async def run(settings: BrokerSettings, stop: asyncio.Event,
               ready: Callable[[int], None] | None = None,
-              environ: Mapping[str, str] | None = None) -> None:
+              environ: Mapping[str, str] | None = None,
+              watchdog: LoopWatchdog | None = None) -> None:
+    """Serve until ``stop``. ``watchdog``: the process's loop watchdog (``up`` starts one;
+    a broker run inside another program, a test's, has none)."""
     env = os.environ if environ is None else environ
     url = store_url(settings, env)
     lock = single_broker_lock(url)
     if lock is not None:
         lock.acquire()
     try:
-        await _run(settings, url, stop, ready)
+        await _run(settings, url, stop, ready, watchdog)
     finally:
         if lock is not None:
             lock.release()
 
 
 async def _run(settings: BrokerSettings, url: str, stop: asyncio.Event,
-               ready: Callable[[int], None] | None) -> None:
+               ready: Callable[[int], None] | None, watchdog: LoopWatchdog | None) -> None:
     store = await open_store(url, batch_max=settings.store_batch_max,
                              pool_size=settings.store_pool_size, writers=settings.store_writers)
     limits = Limits(settings.limits_inline_bytes, settings.dedupe_mode,
@@ -139,6 +148,12 @@ async def _run(settings: BrokerSettings, url: str, stop: asyncio.Event,
                           bad_window_s=settings.limits_bad_frames_window_s,
                           max_frame_bytes=settings.limits_inline_bytes * 2 + 65536,
                           hello_timeout_s=settings.auth_hello_timeout_s)
+    if watchdog is not None:
+        watchdog.counted = Counter(
+            "cm_broker_loop_stalls_total", "Times the event loop did not turn for "
+            "watchdog.stall_s (each logged with every thread's stack)",
+            registry=service.metrics.registry).inc
+        server.loop_state = watchdog.view
     failed: WriterStopped | None = None
     try:
         await service.peering.heartbeat()  # alive before the first member claims a session
@@ -153,8 +168,17 @@ async def _run(settings: BrokerSettings, url: str, stop: asyncio.Event,
         except* WriterStopped as group:
             failed = WriterStopped(str(group.exceptions[0]))
     finally:
-        await server.stop()
-        await store.close()
+        grace = settings.shutdown_grace_s
+        if watchdog is not None:
+            # The last word on a stop: gone shortly after the grace, whatever it waits for.
+            watchdog.arm_deadline(grace + _STOP_MARGIN_S, Exit.FAILURE,
+                                  "shutdown.grace_s passed")
+        await server.stop(within=0.8 * grace)
+        try:
+            async with asyncio.timeout(max(1.0, 0.2 * grace)):
+                await store.close()
+        except TimeoutError:
+            log.error("broker_store_close_cut_off", within_s=max(1.0, 0.2 * grace))
         log.info("broker_stopped")
     if failed is not None:
         raise failed
@@ -208,7 +232,11 @@ def up(settings: BrokerSettings) -> None:
         # SIGHUP's default would kill the broker; it has nothing to reload (docs/configuration.md).
         loop.add_signal_handler(signal.SIGHUP, lambda: log.warning(
             "broker_reload_ignored", hint="settings are read only at start; restart the broker"))
-        await run(settings, stop, ready)
+        watchdog = LoopWatchdog(StallPolicy(settings.watchdog_stall_s,
+                                            settings.watchdog_exit_after_s),
+                                Exit.STALLED, lambda: None)
+        watchdog.start()
+        await run(settings, stop, ready, watchdog=watchdog)
 
     runner: Callable[[Coroutine[Any, Any, None]], None]
     try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any
 
@@ -51,6 +52,8 @@ class BrokerServer:
         self.max_frame_bytes = max_frame_bytes
         self.hello_timeout_s = hello_timeout_s
         self.server: Server | None = None
+        # The loop watchdog's view (core/watchdog.py), set by the composition root.
+        self.loop_state: Callable[[], dict[str, Any]] = lambda: {"state": "ok"}
 
     async def start(self, host: str, port: int) -> BrokerServer:
         self.server = await serve(self.handler, host, port, process_request=self.http,
@@ -64,10 +67,23 @@ class BrokerServer:
         assert self.server is not None
         return int(next(iter(self.server.sockets)).getsockname()[1])
 
-    async def stop(self) -> None:
-        if self.server is not None:
-            self.server.close()
-            await self.server.wait_closed()
+    async def stop(self, within: float = 10.0) -> None:
+        """Close every connection, bounded: a closing handshake whose frame cannot be written
+        (a member that stopped reading) would wait without end, so whatever is still open
+        after ``within`` seconds is dropped."""
+        if self.server is None:
+            return
+        self.server.close()
+        try:
+            async with asyncio.timeout(within):
+                await self.server.wait_closed()
+        except TimeoutError:
+            dropped = 0
+            for conn in list(self.server.all_connections):
+                conn.transport.abort()
+                dropped += 1
+            log.warning("broker_connections_dropped_on_stop", connections=dropped,
+                        within_s=within)
 
     def http(self, connection: ServerConnection, request: Request) -> Response | None:
         """Plain HTTP on the WebSocket port: ``/metrics`` and ``/healthz``."""
@@ -78,6 +94,8 @@ class BrokerServer:
             resp.headers["Content-Type"] = metrics.CONTENT_TYPE_LATEST
             return resp
         if request.path == "/healthz":
+            if self.loop_state()["state"] == "stalled":
+                return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, "stalled\n")
             return connection.respond(HTTPStatus.OK, "ok\n")
         return None
 

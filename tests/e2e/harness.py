@@ -28,6 +28,7 @@ class Broker:
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
     env: dict[str, str] = field(default_factory=dict)
+    launcher: tuple[str, ...] = (sys.executable, "-m", "tidemesh")
 
     @property
     def url(self) -> str:
@@ -36,7 +37,7 @@ class Broker:
     def start(self, timeout: float = 30.0) -> None:
         log = open(self.home / "broker.out", "ab")  # noqa: SIM115 - lives with the process
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tidemesh", "broker", "up", "--store", self.store,
+            [*self.launcher, "broker", "up", "--store", self.store,
              "--listen", f"127.0.0.1:{self.port}"],
             stdout=subprocess.PIPE, stderr=log, env=daemon_env(self.home, self.env))
         assert self.proc.stdout is not None
