@@ -151,6 +151,7 @@ class _Item(Pending):
     fn: Callable[[sqlite3.Connection], Any] | None = None
     op: BatchOp[Any, Any] | None = None
     arg: Any = None
+    durable: bool = True
 
 
 # An arg of at most this weight is light (a lone send or a few); ``light_first``.
@@ -284,10 +285,17 @@ class Database(BatchCounters):
     def writer_tasks(self) -> Sequence[asyncio.Task[None]]:
         return [self.writer]
 
-    async def write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``fn`` in the next group-committed transaction; returns after COMMIT."""
+    async def write(self, fn: Callable[[sqlite3.Connection], T], *, durable: bool = True) -> T:
+        """Run ``fn`` in the next group-committed transaction; returns after COMMIT.
+
+        ``durable=False`` is for writes that a power cut may undo without harm (the outbox's
+        claim of rows for the wire, its settling of the broker's answers: both are done
+        again after a restart, and the broker's dedupe answers the resend). A transaction
+        of such writes alone commits with ``synchronous=NORMAL``: atomic, and on disk with
+        the next durable commit's WAL sync, but with no sync of its own on the path of a
+        message. One durable write in the batch makes the whole transaction durable."""
         result: T = await self._enqueue(
-            _Item(future=self._new_future(), fn=fn))
+            _Item(future=self._new_future(), fn=fn, durable=durable))
         return result
 
     async def submit(self, op: BatchOp[A, T], arg: A) -> T:
@@ -412,7 +420,12 @@ class Database(BatchCounters):
         """Begin a transaction and run ``plan``: the heavy args it put off, and whether it
         left the transaction open for the light args queued meanwhile (``_finish``)."""
         left = plan.heavy
+        # Only plain writes may be non-durable, and a plan of them runs whole: a weighed plan,
+        # the only kind left open for others to join (``_finish``), is always durable.
+        durable = plan.weighed or any(it.durable for it in plan.light + plan.heavy)
         try:
+            if not durable:
+                conn.execute("PRAGMA synchronous = NORMAL")  # per transaction; see ``write``
             conn.execute("BEGIN IMMEDIATE")
             self._run_items(conn, plan.light)
             if not plan.weighed:
@@ -432,6 +445,9 @@ class Database(BatchCounters):
         except sqlite3.Error as exc:
             self._failed(conn, exc, plan.light + plan.heavy)
             return [], False
+        finally:
+            if not durable and not conn.in_transaction:
+                conn.execute("PRAGMA synchronous = FULL")
         return left, False
 
     def _joining(self, heavy_owners: frozenset[Hashable]) -> tuple[list[_Item], list[_Item]]:

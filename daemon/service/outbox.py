@@ -254,8 +254,10 @@ class OutboxService:
     async def claim(self, limit: int, max_age_ms: int
                     ) -> tuple[list[outbox.Claimed], list[Settlement]]:
         now = self._now_ms()
+        # Not durable: a claim a power cut undoes leaves the rows pending, sent again, and
+        # the broker answers the resend; no sync of its own on the path of a message.
         return await self.db.write(
-            lambda conn: outbox.claim_due(conn, now, limit, max_age_ms))
+            lambda conn: outbox.claim_due(conn, now, limit, max_age_ms), durable=False)
 
     async def release_inflight(self) -> int:
         """Rows a previous session put on the wire and never settled go back to pending."""
@@ -263,7 +265,10 @@ class OutboxService:
         return await self.db.write(lambda conn: outbox.reset_inflight(conn, now, 0))
 
     async def settle_many(self, settlements: list[Settlement]) -> list[bool]:
-        return await self.db.write(lambda conn: outbox.settle_many(conn, settlements))
+        # Not durable, as the claim: a settlement lost to a power cut is made again from
+        # the broker's answer to the resend (a duplicate carries the same message id).
+        return await self.db.write(lambda conn: outbox.settle_many(conn, settlements),
+                                   durable=False)
 
     async def next_due(self) -> int | None:
         return await self.db.read(outbox.next_due)
