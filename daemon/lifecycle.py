@@ -11,13 +11,15 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import io
+import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import structlog
 from aiohttp import web
 
+from tidemesh.core.backoff import Backoff
 from tidemesh.core.settings import ConfigError
 from tidemesh.daemon import config as config_mod
 from tidemesh.daemon import log as log_mod
@@ -136,3 +138,28 @@ def _stack_of(task: asyncio.Task[Any]) -> str:
     buf = io.StringIO()
     task.print_stack(limit=20, file=buf)
     return buf.getvalue()
+
+
+async def kept_running(name: str, fn: Callable[[], Awaitable[Any]], backoff: Backoff,
+                       restarts: Callable[[str], None] | None = None,
+                       rng: random.Random | None = None) -> None:
+    """Run a background task for the life of the process: one that fails (a store busy or
+    restarting, a socket that cannot be bound yet, a defect) is logged, counted and started
+    again after the backoff, never a reason to exit. One that returns is done."""
+    rng = rng or random.Random()  # noqa: S311 - jitter, not secrets
+    attempt = 0
+    while True:
+        started = time.monotonic()
+        try:
+            await fn()
+            return
+        except Exception as exc:  # transient by decision (DESIGN: transient or fatal)
+            if time.monotonic() - started > backoff.maximum_s:
+                attempt = 0   # it ran a good while: a fresh failure, not the same one
+            attempt += 1
+            delay = backoff.delay(attempt, rng)
+            log.error("background_task_failed", task=name, error=f"{type(exc).__name__}: {exc}",
+                      retry_in_s=round(delay, 2), exc_info=True)
+            if restarts is not None:
+                restarts(name)
+        await asyncio.sleep(delay)

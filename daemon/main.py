@@ -13,7 +13,7 @@ import secrets
 import signal
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,7 +49,7 @@ from tidemesh.daemon.api.keys import (
 )
 from tidemesh.daemon.hooks.service import HookService, load_plan
 from tidemesh.daemon.join import MeshConfig
-from tidemesh.daemon.lifecycle import Drain, Reloader, StopBudget, finish
+from tidemesh.daemon.lifecycle import Drain, Reloader, StopBudget, finish, kept_running
 from tidemesh.daemon.relay import Relay, RelayFatal, RelayMetrics, RelaySettings
 from tidemesh.daemon.server import IpcServer, build_app
 from tidemesh.daemon.service.disk import DiskMonitor
@@ -75,6 +75,8 @@ _STREAMS_CUT_S = 1.0
 _RELAY_SHARE = 0.2
 # Past shutdown.grace_s plus this, the watchdog ends the process whatever it waits for.
 _STOP_MARGIN_S = 5.0
+# How a failed background task (retention, hooks, the socket watch) is started again.
+_TASK_BACKOFF = Backoff(1.0, 60.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,10 +317,17 @@ class Daemon:
                  tcp_port=server.bound_port, data_dir=str(paths.data_dir),
                  pubkey=self.keypair.public_hex)
         relay_task = asyncio.create_task(relay.run(), name="relay") if relay else None
-        others = {asyncio.create_task(app[RETENTION].run(s.retention_sweep_interval_s),
-                                      name="retention"): "retention",
-                  asyncio.create_task(hooks.run(), name="hooks"): "hooks",
-                  asyncio.create_task(SocketWatch(server).run(), name="ipc-socket"): "ipc-socket"}
+        restarts = Counter("cm_daemon_background_restarts_total", "Background tasks started "
+                           "again after a failure (logged as background_task_failed)", ["task"],
+                           registry=app[STATE].registry)
+        jobs: dict[str, Callable[[], Awaitable[Any]]] = {
+            "retention": lambda: app[RETENTION].run(s.retention_sweep_interval_s),
+            "hooks": hooks.run,
+            "ipc-socket": SocketWatch(server).run,
+        }
+        others = {asyncio.create_task(kept_running(name, fn, _TASK_BACKOFF,
+                                                   lambda n: restarts.labels(task=n).inc()),
+                                      name=name): name for name, fn in jobs.items()}
         code = await self._supervise([outbox_db, inbox_db], relay_task, app[STATE], others)
         grace = reloader.settings.shutdown_grace_s
         budget.begin(grace)

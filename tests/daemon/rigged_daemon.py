@@ -3,6 +3,7 @@ the daemon does when its own parts misbehave (a test launcher, never installed):
 
 - ``stubborn``: the retention task ignores every cancel;
 - ``thread``: the retention task waits in a thread that never returns;
+- ``failing``: the retention task fails twice (a store restarting), then runs;
 - ``block``: a route, ``GET /v1/test/block?s=N``, blocks the event loop for N seconds.
 
 Run as ``python rigged_daemon.py daemon up --foreground --mesh M`` (the CLI's arguments).
@@ -33,6 +34,15 @@ async def _waits_in_a_thread(*_args: object) -> None:
     await asyncio.to_thread(time.sleep, 3600)
 
 
+_FAILURES = [RuntimeError("the store is restarting"), OSError("connection reset")]
+
+
+async def _fails_twice(*_args: object) -> None:
+    if _FAILURES:
+        raise _FAILURES.pop(0)
+    await asyncio.Event().wait()
+
+
 async def _block(request: web.Request) -> web.Response:
     seconds = float(request.query.get("s", "6"))
     time.sleep(seconds)  # the fault under test: the whole loop stops
@@ -47,6 +57,8 @@ def rig(kind: str) -> None:
         RetentionService.run = _ignores_cancel  # type: ignore[method-assign,assignment]
     elif kind == "thread":
         RetentionService.run = _waits_in_a_thread  # type: ignore[method-assign,assignment]
+    elif kind == "failing":
+        RetentionService.run = _fails_twice  # type: ignore[method-assign,assignment]
     elif kind == "block":
         build = daemon_main.build_app
 

@@ -79,3 +79,23 @@ def test_down_escalates_to_sigkill_and_says_so(short_tmp: Path) -> None:
         assert d.proc.wait(5) == -signal.SIGKILL
     finally:
         d.kill()
+
+
+async def test_a_background_task_that_fails_is_started_again_not_fatal(short_tmp: Path) -> None:
+    """Before: a retention sweep that met a store error other than 503/507 ended its task,
+    and a supervised task that ends stopped the daemon (exit 1)."""
+    d = start_daemon(short_tmp, "t", {"TM_TEST_RIG": "failing"}, launcher=RIG)
+    try:
+        deadline = time.monotonic() + 20
+        while d.log.read_text().count('"background_task_failed"') < 2:
+            assert time.monotonic() < deadline, d.log.read_text()[-2000:]
+            assert d.proc.poll() is None, d.log.read_text()[-2000:]
+            time.sleep(0.1)
+        time.sleep(1.0)
+        assert d.proc.poll() is None
+        async with d.session() as s, s.get("/v1/metrics") as r:
+            metrics = await r.text()
+        assert 'cm_daemon_background_restarts_total{task="retention"} 2.0' in metrics
+        assert '"background_task_stopped"' not in d.log.read_text()
+    finally:
+        assert d.stop() == 0
