@@ -12,7 +12,6 @@ from __future__ import annotations
 import hmac
 import time
 
-import orjson
 import structlog
 from aiohttp import web
 from aiohttp.typedefs import Handler
@@ -30,6 +29,7 @@ from tidemesh.core.errors import (
 from tidemesh.core.hooks import capability_allows
 from tidemesh.core.send import Destination
 from tidemesh.daemon.api.keys import CAPABILITIES, STATE, IpcState
+from tidemesh.daemon.api.validation import parse_json
 
 log = structlog.get_logger(__name__)
 
@@ -162,11 +162,10 @@ async def _check_capability(request: web.Request) -> bool:
 def _destination(body: bytes) -> tuple[str, str] | None:
     """The (kind, ref) a send body names; None when it names none."""
     try:
-        raw = orjson.loads(body).get("to")
+        raw = parse_json(body).get("to")
         dest = (Destination.parse(raw) if isinstance(raw, str)
                 else Destination.checked(raw["kind"], raw["ref"]))
-    except (orjson.JSONDecodeError, TidemeshError, AttributeError, KeyError, TypeError,
-            ValueError):
+    except (TidemeshError, AttributeError, KeyError, TypeError, ValueError):
         return None
     return dest.kind.value, dest.ref
 
