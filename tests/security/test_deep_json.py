@@ -8,6 +8,7 @@ tracebacks of old carried every frame's locals, the local token among them).
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -160,3 +161,42 @@ def test_an_unauthenticated_1000_deep_hello_gets_an_error_frame_and_a_small_log(
             assert answer["error"]["code"] == "invalid_frame", answer
     grown = _broker_log(broker).read_bytes()[before:]
     assert len(grown) <= LOG_BUDGET, grown[:2000]
+
+
+# --- item 5: a row an older version stored ---------------------------------------------
+
+
+def _store_old_rows(d: RunningDaemon, metas: list[str]) -> None:
+    """Inbox rows written straight into inbox.db, as a version without the meta limit
+    could have stored them (it took a 252-deep meta with a 201)."""
+    conn = sqlite3.connect(d.paths.inbox_db, isolation_level=None)
+    try:
+        conn.execute("PRAGMA busy_timeout = 5000")
+        for n, meta in enumerate(metas, 1):
+            conn.execute(
+                "INSERT INTO inbox (id, mesh, sender_pubkey, client_message_id,"
+                " broker_message_id, dest_kind, dest_ref, body, body_encoding, priority, meta,"
+                " broker_epoch, broker_seq, sent_at, received_at)"
+                " VALUES (?, 't', ?, ?, ?, 'topic', 'ops', ?, 'utf8', 'next', ?, 1, ?, 1, 1)",
+                (f"in-{n}", "a" * 64, f"c-{n}", f"b-{n}", f"body {n}".encode(), meta, n))
+    finally:
+        conn.close()
+
+
+async def test_inbox_reads_survive_a_stored_meta_too_deep_to_serve(
+    daemon: RunningDaemon,
+) -> None:
+    deep = '{"a": ' * 252 + "1" + "}" * 252
+    _store_old_rows(daemon, ['{"ok": true}', deep, '{"ok": 3}'])
+    async with daemon.session() as s:
+        for params in ({}, {"after": "0"}, {"consumer": "c"}):
+            async with s.get("/v1/inbox", params=params) as r:
+                assert r.status == 200, (params, await r.text())
+                items = (await r.json())["items"]
+            assert [i["body"] for i in items] == ["body 1", "body 2", "body 3"]
+            assert items[1]["meta"] is None and "meta_unreadable" in items[1]
+            assert items[2]["meta"] == {"ok": 3} and "meta_unreadable" not in items[2]
+        async with s.post("/v1/inbox/ack", json={"consumer": "c", "up_to": 2}) as r:
+            assert r.status == 200, await r.text()
+        async with s.get("/v1/inbox", params={"consumer": "c"}) as r:  # past it for good
+            assert [i["body"] for i in (await r.json())["items"]] == ["body 3"]
