@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from tidemesh.core import metrics
+from tidemesh.core import metrics, numbers
 from tidemesh.core.errors import InvalidRequest
 from tidemesh.core.send import SendRequest, parse_send_request
 from tidemesh.daemon.api.keys import (
@@ -40,9 +40,7 @@ def _int_param(request: web.Request, name: str, default: int, lo: int, hi: int) 
     raw = request.query.get(name)
     if raw is None:
         return default
-    if not raw.isdigit() or not lo <= int(raw) <= hi:
-        raise InvalidRequest(f"{name} must be an integer from {lo} to {hi}", field=name)
-    return int(raw)
+    return numbers.bounded(raw, name, lo, hi)
 
 
 async def get_version(request: web.Request) -> web.Response:
@@ -187,7 +185,7 @@ async def get_metrics(request: web.Request) -> web.Response:
 
 async def get_inbox(request: web.Request) -> web.Response:
     q = request.query
-    after = _int_param(request, "after", 0, 0, 2**62) if "after" in q else None
+    after = _int_param(request, "after", 0, 0, numbers.MAX_ID) if "after" in q else None
     page = Page(after, _int_param(request, "limit", 100, 1, 1000), q.get("topic"), q.get("from"))
     consumer = q.get("consumer")
     if consumer is None:
