@@ -16,17 +16,19 @@ from tidemesh.core import metrics, numbers
 from tidemesh.core.errors import InvalidRequest
 from tidemesh.core.send import SendRequest, parse_send_request
 from tidemesh.daemon.api.keys import (
+    CAPABILITIES,
     DISK,
     INBOX,
     MEMBERSHIP,
     OUTBOX,
     PRESENCE,
+    REPLY_TOKEN,
     RETENTION,
     STATE,
 )
-from tidemesh.daemon.api.responses import batch_item, send_response
+from tidemesh.daemon.api.responses import batch_item, scoped_outcome, send_response
 from tidemesh.daemon.api.validation import checked, parse_json
-from tidemesh.daemon.records import BatchItem, Page
+from tidemesh.daemon.records import BatchItem, Page, SendKind
 from tidemesh.daemon.service.outbox import OutboxService
 
 _STATUSES = ("pending", "inflight", "done", "dead", "aborted")
@@ -92,8 +94,24 @@ async def accept_send(outbox: OutboxService, raw: bytes, key: str | None
 
 
 async def post_send(request: web.Request) -> web.Response:
+    token = request.get(REPLY_TOKEN)
+    if token is not None:
+        return await _post_scoped_send(request, token)
     status, body = await accept_send(request.app[OUTBOX], await request.read(),
                                      request.headers.get("Idempotency-Key"))
+    return _json(body, status)
+
+
+async def _post_scoped_send(request: web.Request, token: str) -> web.Response:
+    """POST /v1/send with a hook's reply token: it sees only the rows its token made."""
+    caps = request.app[CAPABILITIES]
+    req = _send_request(parse_json(await request.read()),
+                        request.headers.get("Idempotency-Key"))
+    out = await request.app[OUTBOX].submit(req)
+    out = scoped_outcome(out, caps.owns(token, out.row.id))
+    if out.kind is SendKind.NEW:
+        caps.made(token, out.row.id)
+    status, body = send_response(out)
     return _json(body, status)
 
 

@@ -28,7 +28,7 @@ from tidemesh.core.errors import (
 )
 from tidemesh.core.hooks import capability_allows
 from tidemesh.core.send import Destination
-from tidemesh.daemon.api.keys import CAPABILITIES, STATE, IpcState
+from tidemesh.daemon.api.keys import CAPABILITIES, REPLY_TOKEN, STATE, IpcState
 from tidemesh.daemon.api.validation import parse_json
 
 log = structlog.get_logger(__name__)
@@ -156,6 +156,7 @@ async def _check_capability(request: web.Request) -> bool:
         raise Forbidden(f"this reply token allows only POST /v1/send to {scope.label}",
                         reason="capability_scope", scope=scope.label)
     caps.used(token)
+    request[REPLY_TOKEN] = token
     return True
 
 
