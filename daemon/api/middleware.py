@@ -71,6 +71,9 @@ async def ipc(request: web.Request, handler: Handler) -> web.StreamResponse:
     """The one middleware: guards, the in-flight cap, the error envelope, request metrics."""
     state = request.app[STATE]
     transport = transport_of(request)
+    # A connection's requests run in its one task: what it makes us log is bounded per
+    # connection (core/logfilters.Repeats).
+    structlog.contextvars.bind_contextvars(conn=f"ipc-{id(request.transport):x}")
     status = 500
     started = time.perf_counter()
     try:

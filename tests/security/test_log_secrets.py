@@ -10,11 +10,13 @@ from __future__ import annotations
 import io
 import json
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, TextIO
 
 import pytest
 import structlog
 
+from tests.daemon.harness import start_daemon
 from tidemesh.broker import log as broker_log
 from tidemesh.core import logfilters
 from tidemesh.daemon import log as daemon_log
@@ -108,3 +110,19 @@ def test_one_connections_repeated_warning_is_written_a_bounded_number_of_times(
 def test_a_long_string_is_cut() -> None:
     event = logfilters.redact(None, "info", {"event": "x", "error": "e" * 100_000})
     assert len(event["error"]) < logfilters.MAX_STRING + 100
+
+
+async def test_one_ipc_connections_repeated_warning_is_logged_a_bounded_number_of_times(
+    short_tmp: Path,
+) -> None:
+    d = start_daemon(short_tmp)
+    try:
+        async with d.session() as s:  # one keep-alive connection
+            for _ in range(200):
+                async with s.get("/v1/inbox", params={"token": "guess"}) as r:
+                    assert r.status == 400
+    finally:
+        assert d.stop() == 0
+    lines = [x for x in d.log.read_text().splitlines() if "ipc_token_in_query_refused" in x]
+    assert len(lines) == 5 + 5  # five, then at the 8th, 16th, 32nd, 64th and 128th
+    assert json.loads(lines[-1])["repeated"] == 128
