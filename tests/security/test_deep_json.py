@@ -20,7 +20,9 @@ from websockets.sync.client import ClientConnection, connect
 from tests.daemon.harness import RunningDaemon, start_daemon
 from tests.e2e.harness import Broker
 from tests.fuzz.conftest import joined  # noqa: F401 - the broker fixture
-from tidemesh.core import handshake
+from tidemesh.broker.service.delivery import deliver_frame
+from tidemesh.broker.store.base import DeliveryRow
+from tidemesh.core import handshake, hooks, wire
 from tidemesh.core.paths import daemon_paths
 from tidemesh.daemon.identity import load_or_create_keypair
 from tidemesh.daemon.join import MeshConfig
@@ -200,3 +202,28 @@ async def test_inbox_reads_survive_a_stored_meta_too_deep_to_serve(
             assert r.status == 200, await r.text()
         async with s.get("/v1/inbox", params={"consumer": "c"}) as r:  # past it for good
             assert [i["body"] for i in (await r.json())["items"]] == ["body 3"]
+
+
+# --- the same rule on the paths that parse stored or relayed JSON ------------------------
+
+
+def test_a_stored_broker_meta_too_deep_for_any_frame_is_delivered_as_a_marker() -> None:
+    """A row an older broker stored: its deliver_batch must be one the recipient decodes,
+    or the recipient refuses the whole batch again on every resume."""
+    def row(meta: bytes) -> DeliveryRow:
+        return DeliveryRow.of_record((1, 1, "0" * 26, None, "a" * 64, "c", "topic", "ops",
+                                      b"x", "utf8", "next", meta, None, 1, 0, None))
+
+    assert row(b'{"ok": 1}').meta == {"ok": 1}
+    deep = row(("{\"a\": " * 250 + "1" + "}" * 250).encode())
+    assert deep.meta is not None and set(deep.meta) == {"tidemesh_meta_unreadable"}
+    frame = {"type": "deliver_batch", "deliveries": [deliver_frame(deep)]}
+    assert wire.decode(wire.encode(frame))["deliveries"][0]["meta"] == deep.meta
+
+
+def test_a_hook_never_sees_a_message_body_too_deep_to_redact() -> None:
+    for depth in (100, 100_000):
+        body = "[" * depth + "]" * depth
+        assert hooks.redact({"body": body}, ["$.body.secret"])["body"] == hooks.REDACTED
+    assert hooks.redact({"body": '{"secret": 1, "k": 2}'}, ["$.body.secret"])["body"] == \
+        '{"secret":"[redacted]","k":2}'
