@@ -42,7 +42,8 @@ importcheck: setup
 check: lint typecheck importcheck
 
 # The long fuzz run (>100,000 cases; not part of `make test`): schemathesis against a real
-# daemon, then the WebSocket frame fuzzer. FUZZ_ARGS='--max-examples 50 --ws-examples 500'
+# daemon, then the WebSocket frame and IPC edge fuzzers (deep nesting, numeric edges).
+# FUZZ_ARGS='--max-examples 50 --ws-examples 500 --edge-examples 200'
 # shortens it.
 fuzz: setup
 	$(PY) scripts/fuzz.py $(FUZZ_ARGS)

@@ -100,6 +100,9 @@ class BrokerServer:
         return None
 
     async def handler(self, ws: ServerConnection) -> None:
+        # Each connection runs in its own task: this binds its lines alone, and lets
+        # logfilters.Repeats bound what one connection can make the broker write.
+        structlog.contextvars.bind_contextvars(conn=ws.id.hex[:12])
         peer = WsPeer(ws)
         session = Session(handshake.new_nonce(), self.max_bad, self.bad_window_s)
         conn: Conn | None = None

@@ -21,7 +21,16 @@ from typing import Any
 
 from tidemesh.core import handshake
 from tidemesh.core.errors import TidemeshError
-from tidemesh.core.wire import PROTOCOL, CloseCode, FrameType, InvalidFrame, decode, error_frame
+from tidemesh.core.wire import (
+    HELLO_MAX_BYTES,
+    MAX_FRAME_BYTES,
+    PROTOCOL,
+    CloseCode,
+    FrameType,
+    InvalidFrame,
+    decode,
+    error_frame,
+)
 
 
 class Phase(StrEnum):
@@ -82,7 +91,8 @@ class Session:
         if self.phase is Phase.CLOSED:
             return []
         try:
-            frame = decode(raw)
+            frame = decode(raw, HELLO_MAX_BYTES if self.phase is Phase.AWAIT_HELLO
+                           else MAX_FRAME_BYTES)
         except InvalidFrame as exc:
             return self._bad_frame(exc, now)
         kind = FrameType(frame["type"])

@@ -14,6 +14,8 @@ from typing import Any, TextIO
 
 import structlog
 
+from tidemesh.core import logfilters
+
 
 def configure_logging(level: str, stream: TextIO) -> None:
     # A processor, not a filtering wrapper class: ``daemon up`` and ``broker up`` run in this
@@ -30,7 +32,9 @@ def configure_logging(level: str, stream: TextIO) -> None:
     structlog.configure(
         processors=[gate, structlog.processors.add_log_level,
                     structlog.processors.TimeStamper(fmt="iso", utc=True),
-                    structlog.dev.ConsoleRenderer(colors=False)],
+                    logfilters.redact,
+                    structlog.dev.ConsoleRenderer(
+                        colors=False, exception_formatter=logfilters.CONSOLE_TRACEBACKS)],
         logger_factory=structlog.WriteLoggerFactory(stream),
         cache_logger_on_first_use=True,
     )

@@ -17,6 +17,7 @@ from enum import StrEnum
 from typing import Any
 
 from tidemesh.core.backoff import Backoff
+from tidemesh.core.jsonbounds import MAX_DEPTH, deeper_than
 from tidemesh.core.settings import ConfigError
 
 ON_MESSAGE = "on-message"
@@ -180,8 +181,12 @@ def _redact_at(node: Any, steps: tuple[str | int, ...]) -> Any:
         # A string holding JSON (a message body) is redacted inside and written back.
         try:
             inner = json.loads(node)
+        except RecursionError:
+            return REDACTED  # too deep to look inside: none of it reaches the hook
         except ValueError:
             return node
+        if deeper_than(inner, MAX_DEPTH):
+            return REDACTED
         if isinstance(inner, dict | list):
             return json.dumps(_redact_at(inner, steps), separators=(",", ":"))
         return node

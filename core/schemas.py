@@ -5,6 +5,10 @@ checked three times (the daemon's request, the broker's send frame, the recipien
 frame). jsonschema-rs took a deliver frame in 1.3 µs where fastjsonschema's generated Python
 took 7.2 µs; py-spy had that check at a quarter of the receiving daemon's event loop.
 
+It sees only values already held to ``core/jsonbounds`` (a body or frame is parsed within
+its size and depth limits before any schema runs; jsonschema-rs converts a failing instance
+and recursed per level on the 1,000-deep values that once reached it).
+
 Its own messages quote the offending value, which can be a megabyte body; ``problem`` words
 each failed keyword itself instead, naming the field the way a caller wrote it (``to.ref``,
 ``sends.3.body``; a missing property by the object that lacks it), and for an

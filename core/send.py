@@ -2,7 +2,8 @@
 
 Structure (types, required fields, enums) is checked against ``schemas/send_request``
 by the adapter before this module sees the data; here live the rules a schema cannot
-say: the id grammar, strict base64, destination refs and canonical-JSON-ability of meta.
+say: the id grammar, strict base64, destination refs, meta's depth (``jsonbounds.META_DEPTH``)
+and canonical-JSON-ability.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import rfc8785
 from tidemesh.core.errors import IdempotencyKeyMismatch, InvalidRequest
 from tidemesh.core.fingerprint import meta_canonical
 from tidemesh.core.ids import client_message_id_problem
+from tidemesh.core.jsonbounds import META_DEPTH, deeper_than
 from tidemesh.core.record import record
 
 
@@ -130,6 +132,9 @@ def parse_send_request(data: dict[str, Any], header_id: str | None = None) -> Se
     encoding = data.get("body_encoding", "utf8")
     body = _decode_body(data["body"], encoding)
     meta = data.get("meta") or None
+    if meta is not None and deeper_than(meta, META_DEPTH):
+        # Before the canonicaliser, which recurses once per level (core/jsonbounds).
+        raise InvalidRequest(f"meta nests deeper than {META_DEPTH} levels", field="meta")
     return SendRequest(
         to=dest,
         body=body,

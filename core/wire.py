@@ -16,10 +16,16 @@ from typing import Any, cast
 
 import orjson
 
+from tidemesh.core import jsonbounds
 from tidemesh.core.errors import InvalidRequest
 from tidemesh.core.schemas import Schema
 
 PROTOCOL = 1
+# The transports bound a frame first (websockets' max_size); this is the parse's own budget.
+MAX_FRAME_BYTES = 16 << 20
+# A frame before the handshake (hello or join) is under 1 KB: an unauthenticated peer gets
+# no more than this to parse.
+HELLO_MAX_BYTES = 4096
 _BASE = "https://tidemesh.dev/schemas/ws/"
 
 
@@ -81,10 +87,14 @@ def _schema(frame_type: str) -> Schema:
     return Schema(load_schema(frame_type), _local_ref)
 
 
-def decode(raw: str | bytes) -> dict[str, Any]:
-    """Parse one frame and check it against its type's schema."""
+def decode(raw: str | bytes, max_bytes: int = MAX_FRAME_BYTES) -> dict[str, Any]:
+    """Parse one frame within ``max_bytes`` and ``jsonbounds.MAX_DEPTH`` levels, then check
+    it against its type's schema. A frame over either bound is an ``InvalidFrame`` like any
+    other bad frame: answered with an error frame, counted towards the bad-frame close."""
     try:
-        data = orjson.loads(raw)
+        data = jsonbounds.loads(raw, max_bytes=max_bytes)
+    except (jsonbounds.TooLarge, jsonbounds.TooDeep) as exc:
+        raise InvalidFrame(f"frame refused: {exc}", field="frame") from None
     except orjson.JSONDecodeError as exc:
         raise InvalidFrame(f"frame is not valid JSON: {exc}", field="frame") from exc
     if not isinstance(data, dict):

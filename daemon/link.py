@@ -281,6 +281,8 @@ class BrokerLink:
     # -- reader --------------------------------------------------------------------------
 
     async def _read(self) -> None:
+        # What the broker makes us log is bounded per link like a connection's (logfilters).
+        structlog.contextvars.bind_contextvars(conn=f"broker-{id(self):x}")
         reason = "closed"
         try:
             async for raw in self.ws:

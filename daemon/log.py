@@ -16,6 +16,8 @@ from typing import Any, TextIO, cast
 
 import structlog
 
+from tidemesh.core import logfilters
+
 # Set by systemd (INVOCATION_ID, JOURNAL_STREAM) and launchd (XPC_SERVICE_NAME) for the
 # processes they start.
 SERVICE_MANAGER_VARIABLES = ("INVOCATION_ID", "JOURNAL_STREAM", "XPC_SERVICE_NAME")
@@ -127,13 +129,17 @@ def configure(level: str = "info", fmt: str = "auto", stream: TextIO | None = No
     processors: list[structlog.typing.Processor] = [
         _gate,
         structlog.contextvars.merge_contextvars,
+        logfilters.Repeats(),
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
+    # Tracebacks without frame locals, then secrets out (core/logfilters).
     if use_json:
-        processors.append(structlog.processors.dict_tracebacks)
-    processors.append(structlog.processors.JSONRenderer() if use_json
-                      else structlog.dev.ConsoleRenderer())
+        processors += [logfilters.TRACEBACKS, logfilters.redact,
+                       structlog.processors.JSONRenderer()]
+    else:
+        processors += [logfilters.redact, structlog.dev.ConsoleRenderer(
+            exception_formatter=logfilters.CONSOLE_TRACEBACKS)]
     structlog.configure(
         processors=processors,
         logger_factory=structlog.WriteLoggerFactory(out),

@@ -22,6 +22,7 @@ import structlog
 from prometheus_client import Counter
 
 import tidemesh
+from tidemesh.core import logfilters
 from tidemesh.core.backoff import Backoff
 from tidemesh.core.exitcodes import Exit
 from tidemesh.core.metrics import CallbackGauge, CollectorRegistry
@@ -254,6 +255,7 @@ class Daemon:
             registry=registry,
             metrics=IpcMetrics.register(registry),
         )
+        logfilters.redact.add_secret(state.token)  # never written to a log, whatever holds it
         mesh = s.daemon_mesh
         CallbackGauge(
             "cm_daemon_connected", "1 while the broker WebSocket is open", ["mesh"],

@@ -52,6 +52,7 @@ class BoundRow:
     broker_message_id: str | None = None
     history_id: str | None = None
     last_error: str | None = None
+    dest_kind: str | None = None   # "dm": its content is sealed, its fingerprint never shown
 
 
 @record

@@ -4,10 +4,13 @@
    ``TIDEMESH_HOME``, exactly as a user would with the ``tidemesh`` command.
 2. Runs the schemathesis CLI against the daemon's loopback port with the committed
    ``schemas/openapi.json``: the command a new user would type.
-3. Runs the WebSocket frame fuzzer (tests/fuzz/test_ws_frames.py) with many more examples.
-4. Stops both processes and removes the folder; exits non-zero if either fuzzer failed.
+3. Runs the WebSocket frame fuzzer (tests/fuzz/test_ws_frames.py) with many more examples:
+   frames of every type, deep nesting and numeric edges, before and after the handshake.
+4. Runs the IPC edge fuzzer (tests/fuzz/test_ipc_edges.py): deep nesting anywhere in every
+   POST body, numeric edges in every number a route reads (what schemathesis never writes).
+5. Stops both processes and removes the folder; exits non-zero if any fuzzer failed.
 
-    python scripts/fuzz.py [--max-examples N] [--ws-examples N]
+    python scripts/fuzz.py [--max-examples N] [--ws-examples N] [--edge-examples N]
 """
 
 from __future__ import annotations
@@ -101,9 +104,8 @@ def _schemathesis(port: int, token: str, max_examples: int) -> int:
     return subprocess.run(argv, cwd=REPO, check=False).returncode
 
 
-def _ws_frames(examples: int) -> int:
-    argv = [str(BIN / "pytest"), "tests/fuzz/test_ws_frames.py", "-q", "-s", "-p",
-            "no:cacheprovider", "-o", "timeout=0"]
+def _pytest_fuzzer(path: str, examples: int) -> int:
+    argv = [str(BIN / "pytest"), path, "-q", "-s", "-p", "no:cacheprovider", "-o", "timeout=0"]
     print(f"+ TIDEMESH_FUZZ_EXAMPLES={examples}", " ".join(argv), flush=True)
     env = {**os.environ, "TIDEMESH_FUZZ_EXAMPLES": str(examples)}
     return subprocess.run(argv, cwd=REPO, env=env, check=False).returncode
@@ -115,6 +117,8 @@ def main() -> int:
                         help="schemathesis examples per operation and phase (default 4000)")
     parser.add_argument("--ws-examples", type=int, default=30000,
                         help="frame batches for the WebSocket fuzzer (default 30000; 0 skips it)")
+    parser.add_argument("--edge-examples", type=int, default=5000,
+                        help="requests per IPC edge property (default 5000; 0 skips them)")
     opts = parser.parse_args()
     # Short: the daemon's socket path must stay under the OS limit of about 104 bytes.
     root = Path(tempfile.mkdtemp(prefix="tm-fuzz-", dir="/tmp"))
@@ -145,7 +149,11 @@ def main() -> int:
         if daemon.poll() is not None:
             print(f"the daemon died during the run: {log.read_text()[-2000:]}", file=sys.stderr)
             rc = rc or 1
-    return (_ws_frames(opts.ws_examples) if opts.ws_examples else 0) or rc
+    for path, examples in (("tests/fuzz/test_ws_frames.py", opts.ws_examples),
+                           ("tests/fuzz/test_ipc_edges.py", opts.edge_examples)):
+        if examples:
+            rc = _pytest_fuzzer(path, examples) or rc
+    return rc
 
 
 if __name__ == "__main__":

@@ -19,7 +19,9 @@ import orjson
 from tidemesh.broker.accept import AcceptInput, AcceptResult, DedupeRow
 from tidemesh.broker.store.accept import AcceptRows, Key
 from tidemesh.core import invite as invites
+from tidemesh.core import jsonbounds
 from tidemesh.core.errors import NotFound
+from tidemesh.core.jsonbounds import META_DEPTH
 from tidemesh.core.record import record
 from tidemesh.storage.postgres import Database as PostgresDatabase
 from tidemesh.storage.sqlite import Database as SqliteDatabase
@@ -73,6 +75,18 @@ class Cursor:
     compacted_seq: int
 
 
+def stored_meta(raw: str | bytes) -> dict[str, Any] | None:
+    """A stored meta as a deliver frame carries it. Older versions stored metas nested
+    deeper than ``META_DEPTH``; no frame can carry those to the recipient (whose daemon
+    would refuse the whole batch, again on every resume), so such a meta is delivered as
+    a marker, as the daemon marks a DM it cannot open (docs/threat-model.md)."""
+    try:
+        value = jsonbounds.loads(raw, max_bytes=len(raw), max_depth=META_DEPTH)
+    except (jsonbounds.TooDeep, orjson.JSONDecodeError) as exc:
+        return {"tidemesh_meta_unreadable": str(exc)}
+    return value if isinstance(value, dict) else None
+
+
 @record
 class DeliveryRow:
     epoch: int
@@ -95,7 +109,7 @@ class DeliveryRow:
     @classmethod
     def of_record(cls, r: Sequence[Any]) -> DeliveryRow:
         """A row of either store's DELIVERIES_SQL (same columns, same order)."""
-        meta = orjson.loads(r[11]) if r[11] is not None else None
+        meta = stored_meta(r[11]) if r[11] is not None else None
         return cls(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], bytes(r[8]), r[9], r[10],
                    meta, r[12], r[13], bool(r[14]), r[15])
 

@@ -14,6 +14,7 @@ import orjson
 import structlog
 from aiohttp import web
 
+from tidemesh.core import numbers
 from tidemesh.core.errors import InvalidRequest
 from tidemesh.daemon import race
 from tidemesh.daemon.api.keys import BUS, INBOX, STATE
@@ -27,10 +28,11 @@ BACKLOG_PAGE = 500
 
 def _start_id(request: web.Request) -> int:
     raw = request.headers.get("Last-Event-ID") or request.query.get("since") or "0"
-    if not raw.strip().isdigit():
+    start = numbers.decimal(raw)
+    if start is None or start > numbers.MAX_ID:
         raise InvalidRequest("Last-Event-ID / since must be a non-negative event id",
                              field="since")
-    return int(raw)
+    return start
 
 
 def frame(event: Event) -> bytes:

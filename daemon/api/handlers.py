@@ -12,21 +12,23 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from tidemesh.core import metrics
+from tidemesh.core import metrics, numbers
 from tidemesh.core.errors import InvalidRequest
 from tidemesh.core.send import SendRequest, parse_send_request
 from tidemesh.daemon.api.keys import (
+    CAPABILITIES,
     DISK,
     INBOX,
     MEMBERSHIP,
     OUTBOX,
     PRESENCE,
+    REPLY_TOKEN,
     RETENTION,
     STATE,
 )
-from tidemesh.daemon.api.responses import batch_item, send_response
+from tidemesh.daemon.api.responses import batch_item, scoped_outcome, send_response
 from tidemesh.daemon.api.validation import checked, parse_json
-from tidemesh.daemon.records import BatchItem, Page
+from tidemesh.daemon.records import BatchItem, Page, SendKind
 from tidemesh.daemon.service.outbox import OutboxService
 
 _STATUSES = ("pending", "inflight", "done", "dead", "aborted")
@@ -40,9 +42,7 @@ def _int_param(request: web.Request, name: str, default: int, lo: int, hi: int) 
     raw = request.query.get(name)
     if raw is None:
         return default
-    if not raw.isdigit() or not lo <= int(raw) <= hi:
-        raise InvalidRequest(f"{name} must be an integer from {lo} to {hi}", field=name)
-    return int(raw)
+    return numbers.bounded(raw, name, lo, hi)
 
 
 async def get_version(request: web.Request) -> web.Response:
@@ -96,8 +96,24 @@ async def accept_send(outbox: OutboxService, raw: bytes, key: str | None
 
 
 async def post_send(request: web.Request) -> web.Response:
+    token = request.get(REPLY_TOKEN)
+    if token is not None:
+        return await _post_scoped_send(request, token)
     status, body = await accept_send(request.app[OUTBOX], await request.read(),
                                      request.headers.get("Idempotency-Key"))
+    return _json(body, status)
+
+
+async def _post_scoped_send(request: web.Request, token: str) -> web.Response:
+    """POST /v1/send with a hook's reply token: it sees only the rows its token made."""
+    caps = request.app[CAPABILITIES]
+    req = _send_request(parse_json(await request.read()),
+                        request.headers.get("Idempotency-Key"))
+    out = await request.app[OUTBOX].submit(req)
+    out = scoped_outcome(out, caps.owns(token, out.row.id))
+    if out.kind is SendKind.NEW:
+        caps.made(token, out.row.id)
+    status, body = send_response(out)
     return _json(body, status)
 
 
@@ -189,7 +205,7 @@ async def get_metrics(request: web.Request) -> web.Response:
 
 async def get_inbox(request: web.Request) -> web.Response:
     q = request.query
-    after = _int_param(request, "after", 0, 0, 2**62) if "after" in q else None
+    after = _int_param(request, "after", 0, 0, numbers.MAX_ID) if "after" in q else None
     page = Page(after, _int_param(request, "limit", 100, 1, 1000), q.get("topic"), q.get("from"))
     consumer = q.get("consumer")
     if consumer is None:

@@ -111,3 +111,6 @@ RETENTION = web.AppKey("retention", RetentionService)
 DISK = web.AppKey("disk", DiskMonitor)
 MAX_BODY = web.AppKey("max_body", int)
 CAPABILITIES = web.AppKey("capabilities", Capabilities)
+# The hook reply token a request was allowed by (the middleware sets it): such a caller
+# sees only the outbox rows its own token made.
+REPLY_TOKEN = web.RequestKey("reply_token", str)

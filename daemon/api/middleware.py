@@ -12,7 +12,6 @@ from __future__ import annotations
 import hmac
 import time
 
-import orjson
 import structlog
 from aiohttp import web
 from aiohttp.typedefs import Handler
@@ -29,7 +28,8 @@ from tidemesh.core.errors import (
 )
 from tidemesh.core.hooks import capability_allows
 from tidemesh.core.send import Destination
-from tidemesh.daemon.api.keys import CAPABILITIES, STATE, IpcState
+from tidemesh.daemon.api.keys import CAPABILITIES, REPLY_TOKEN, STATE, IpcState
+from tidemesh.daemon.api.validation import parse_json
 
 log = structlog.get_logger(__name__)
 
@@ -71,6 +71,9 @@ async def ipc(request: web.Request, handler: Handler) -> web.StreamResponse:
     """The one middleware: guards, the in-flight cap, the error envelope, request metrics."""
     state = request.app[STATE]
     transport = transport_of(request)
+    # A connection's requests run in its one task: what it makes us log is bounded per
+    # connection (core/logfilters.Repeats).
+    structlog.contextvars.bind_contextvars(conn=f"ipc-{id(request.transport):x}")
     status = 500
     started = time.perf_counter()
     try:
@@ -156,17 +159,17 @@ async def _check_capability(request: web.Request) -> bool:
         raise Forbidden(f"this reply token allows only POST /v1/send to {scope.label}",
                         reason="capability_scope", scope=scope.label)
     caps.used(token)
+    request[REPLY_TOKEN] = token
     return True
 
 
 def _destination(body: bytes) -> tuple[str, str] | None:
     """The (kind, ref) a send body names; None when it names none."""
     try:
-        raw = orjson.loads(body).get("to")
+        raw = parse_json(body).get("to")
         dest = (Destination.parse(raw) if isinstance(raw, str)
                 else Destination.checked(raw["kind"], raw["ref"]))
-    except (orjson.JSONDecodeError, TidemeshError, AttributeError, KeyError, TypeError,
-            ValueError):
+    except (TidemeshError, AttributeError, KeyError, TypeError, ValueError):
         return None
     return dest.kind.value, dest.ref
 

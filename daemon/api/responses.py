@@ -37,8 +37,11 @@ def send_conflict(out: SendOutcome) -> IdempotencyConflict:
         "client_message_id": out.client_message_id,
         "outbox_id": row.id,
         "daemon_fingerprint_prefix": out.fingerprint_prefix,
-        "stored_fingerprint_prefix": row.fingerprint_prefix,
     }
+    if row.dest_kind != "dm":
+        # An unkeyed hash of a DM's plaintext would let a guess at its content be
+        # confirmed offline; the caller's own prefix is of what it just sent.
+        details["stored_fingerprint_prefix"] = row.fingerprint_prefix
     if out.shows_broker_id:
         details["broker_message_id"] = row.broker_message_id
     if out.shows_reason:
@@ -48,6 +51,19 @@ def send_conflict(out: SendOutcome) -> IdempotencyConflict:
         f"{row.id} ({row.status}); a 409 is final, send again under a new id",
         **details,
     )
+
+
+def scoped_outcome(out: SendOutcome, owned: bool) -> SendOutcome:
+    """What a hook's reply token may learn of a send: everything about a row its own token
+    made; of any other row bound to the id, only that the id is taken (a 409 naming no
+    row, no status and no fingerprint but the caller's own)."""
+    if owned or out.kind is SendKind.NEW:
+        return out
+    raise IdempotencyConflict(
+        f"client_message_id {out.client_message_id!r} is already bound to a send this reply "
+        "token did not make; send again under a new id",
+        conflict="bound_to_another_send", client_message_id=out.client_message_id,
+        daemon_fingerprint_prefix=out.fingerprint_prefix)
 
 
 def batch_item(out: SendOutcome | TidemeshError) -> dict[str, Any]:

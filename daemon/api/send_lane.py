@@ -30,6 +30,7 @@ import httptools
 import orjson
 import structlog
 
+from tidemesh.core import numbers
 from tidemesh.core.errors import TidemeshError
 from tidemesh.daemon.api.handlers import accept_batch, accept_send
 from tidemesh.daemon.api.keys import IpcState
@@ -98,9 +99,9 @@ def send_head(head: bytes, max_body: int) -> SendHead | None:
     for name, value in fields.headers:
         lname = name.lower()
         if lname == b"content-length":
-            if length is not None or not value.strip().isdigit():
+            length = None if length is not None else numbers.decimal(value.strip(b" \t"))
+            if length is None:
                 return None
-            length = int(value)
         elif lname == b"idempotency-key":
             if not has_key:  # the first one counts, as aiohttp's headers.get does
                 key = value.decode("utf-8", "surrogateescape")

@@ -9,6 +9,7 @@ from typing import Any, cast
 
 import orjson
 
+from tidemesh.core import jsonbounds
 from tidemesh.core.errors import InvalidRequest
 from tidemesh.core.schemas import Schema
 
@@ -31,11 +32,20 @@ def validator(name: str) -> Schema:
     return Schema(load_schema(name), _resolve)
 
 
+# ``ipc.max_body_bytes`` refuses a bigger body (413) before it is read; this is the parse's
+# own budget behind it.
+BODY_BUDGET = 16 << 20
+
+
 def parse_json(raw: bytes) -> Any:
+    """A request body parsed within ``BODY_BUDGET`` and ``jsonbounds.MAX_DEPTH`` levels: a
+    deeper one is a 400 before any schema or handler sees it."""
     if not raw:
         raise InvalidRequest("request body is empty; expected a JSON object", field="body")
     try:
-        return orjson.loads(raw)
+        return jsonbounds.loads(raw, max_bytes=BODY_BUDGET)
+    except (jsonbounds.TooLarge, jsonbounds.TooDeep) as exc:
+        raise InvalidRequest(f"request body refused: {exc}", field="body") from None
     except orjson.JSONDecodeError as exc:
         raise InvalidRequest(f"request body is not valid JSON: {exc}", field="body") from exc
 

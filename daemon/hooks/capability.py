@@ -7,7 +7,7 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tidemesh.core.hooks import REPLY_TTL_S, ReplyScope
 
@@ -22,6 +22,7 @@ class _Grant:
     hook: str
     expires_at: float
     uses: int = 0
+    rows: set[str] = field(default_factory=set)  # outbox ids its sends made
 
 
 class Capabilities:
@@ -57,6 +58,16 @@ class Capabilities:
             grant.uses += 1
             if self.on_use is not None:
                 self.on_use(grant.hook, grant.scope.kind)
+
+    def made(self, token: str, outbox_id: str) -> None:
+        """Record that a send with ``token`` made outbox row ``outbox_id``."""
+        grant = self._grants.get(token)
+        if grant is not None:
+            grant.rows.add(outbox_id)
+
+    def owns(self, token: str, outbox_id: str) -> bool:
+        grant = self._grants.get(token)
+        return grant is not None and outbox_id in grant.rows
 
     def uses(self, token: str) -> int:
         grant = self._grants.get(token)

@@ -43,9 +43,10 @@ def _bound(res: outbox.AcceptResult, new: outbox.NewRow) -> BoundRow:
     """The row the id is bound to: the one this accept inserted, or the one it found."""
     row = res.existing
     if row is None:
-        return BoundRow(res.outbox_id, "pending", prefix(new.fingerprint))
+        return BoundRow(res.outbox_id, "pending", prefix(new.fingerprint),
+                        dest_kind=new.dest_kind)
     return BoundRow(row.id, row.status, prefix(row.fingerprint), row.broker_message_id,
-                    row.history_id, row.last_error)
+                    row.history_id, row.last_error, row.dest_kind)
 
 
 def _item_refusal(exc: TidemeshError) -> TidemeshError:

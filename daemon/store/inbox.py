@@ -10,7 +10,9 @@ from typing import Any
 
 import orjson
 
+from tidemesh.core import jsonbounds
 from tidemesh.core.errors import InvalidRequest
+from tidemesh.core.jsonbounds import META_DEPTH
 from tidemesh.core.record import record
 from tidemesh.daemon.records import Event as Event
 from tidemesh.daemon.records import Page as Page
@@ -75,9 +77,18 @@ class StoreResult:
 
 
 def entry_view(row: Sequence[Any]) -> dict[str, Any]:
-    """An inbox entry as programs read it, from a stored row in ``INBOX_COLUMNS`` order."""
-    meta = row[12]
-    return _view(row, orjson.loads(meta) if meta else None)
+    """An inbox entry as programs read it, from a stored row in ``INBOX_COLUMNS`` order.
+
+    A stored meta that cannot be served (deeper than ``META_DEPTH``, which older versions
+    accepted and no response could then be written for, or not JSON) is served as null with
+    ``meta_unreadable`` saying why: the entry is still read, and a consumer acks past it."""
+    if not row[12]:
+        return _view(row, None)
+    try:
+        return _view(row, jsonbounds.loads(row[12], max_bytes=len(row[12]),
+                                           max_depth=META_DEPTH))
+    except (jsonbounds.TooDeep, orjson.JSONDecodeError) as exc:
+        return {**_view(row, None), "meta_unreadable": str(exc)}
 
 
 def _view(row: Sequence[Any], meta: Any) -> dict[str, Any]:

@@ -53,6 +53,7 @@ class Existing:
     broker_message_id: str | None = None
     history_id: str | None = None
     last_error: str | None = None
+    dest_kind: str | None = None
 
 
 @record
@@ -64,7 +65,8 @@ class AcceptResult:
 
 def _existing(row: sqlite3.Row) -> Existing:
     return Existing(row["id"], row["status"], row["request_fingerprint"],
-                    row["broker_message_id"], row["history_id"], row["last_error"])
+                    row["broker_message_id"], row["history_id"], row["last_error"],
+                    row["dest_kind"])
 
 
 def accept_many(conn: sqlite3.Connection, news: Sequence[NewRow]) -> list[AcceptResult]:
@@ -86,7 +88,8 @@ def accept_many(conn: sqlite3.Connection, news: Sequence[NewRow]) -> list[Accept
         outcome = decide(prior, new.fingerprint)
         if outcome.action is Action.INSERT:
             inserts.append(_insert_args(new))
-            found[new.client_message_id] = Existing(new.id, "pending", new.fingerprint)
+            found[new.client_message_id] = Existing(new.id, "pending", new.fingerprint,
+                                                    dest_kind=new.dest_kind)
             results.append(AcceptResult(outcome, None, new.id))
         else:
             assert known is not None

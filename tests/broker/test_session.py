@@ -43,6 +43,28 @@ def test_anything_before_hello_closes_1008() -> None:
         Close(1008, "hello_required")]
 
 
+def test_a_frame_too_deep_or_too_big_before_hello_is_an_error_frame() -> None:
+    s = Session(handshake.new_nonce())
+    deep = '{"type":"hello","x":' + '{"a":' * 600 + "1" + "}" * 601   # 3.6 KB, 601 deep
+    big = encode({"type": "hello", "x": "y" * 5000})                    # shallow, 5 KB
+    for frame, why in ((deep, "deeper than 64"), (big, "over the limit of 4096")):
+        [err] = s.on_text(frame, 0)
+        assert isinstance(err, Send) and err.frame["error"]["code"] == "invalid_frame"
+        assert why in err.frame["error"]["message"]
+    assert s.phase is Phase.AWAIT_HELLO  # a good hello may still come
+    assert isinstance(s.on_text(_hello(s.nonce), 0)[0], Authenticate)
+
+
+def test_a_ready_frame_nested_deeper_than_the_limit_is_an_error_frame() -> None:
+    s = _ready()
+    # The frame is one level, so its "x" may nest 63 more: 64 in all.
+    for depth, refused in ((64, True), (63, False)):
+        frame = '{"type":"peers","id":"p","x":' + "[" * depth + "]" * depth + "}"
+        [answer] = s.on_text(frame, 1)
+        assert isinstance(answer, Send), answer  # "x" is no field of peers: an error either way
+        assert ("deeper than 64" in answer.frame["error"]["message"]) is refused
+
+
 def test_hello_for_another_nonce_is_a_replay() -> None:
     s = Session(handshake.new_nonce())
     assert s.on_text(_hello(handshake.new_nonce()), 0) == [Close(1008, "nonce_replayed")]

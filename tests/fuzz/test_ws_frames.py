@@ -113,8 +113,40 @@ def _numbered(batch: list[Any]) -> list[Any]:
             for p, f in enumerate(batch)]
 
 
+# Deep nesting and numeric edges, as frame text written by hand (json.dumps recurses, and
+# cannot write 1e400). None of them may be a send the broker accepts: a send's meta is
+# nested past its limit (core/jsonbounds.META_DEPTH), so each is refused.
+NUMBER_LITERALS = ["0", "-0", "-1", "1.5", "1e400", "-1e400", "9" * 20, "9" * 5000,
+                   "18446744073709551616", "-9223372036854775809", str(2**63)]
+
+
+def deep_text(depth: int, kind: str) -> str:
+    if kind == "[":
+        return "[" * depth + "1" + "]" * depth
+    return '{"a": ' * depth + "1" + "}" * depth
+
+
+_SEND = ('"client_message_id": "deep", "to": {"kind": "topic", "ref": "ops"}, "body": "x", '
+         '"body_encoding": "utf8", "priority": "next", "meta": ')
+EDGE_TEMPLATES = [
+    '{"type": "send", "id": "deep", ' + _SEND + "@}",
+    '{"type": "send_batch", "id": "deepb", "sends": [{' + _SEND + "@}]}",
+    '{"type": "ack", "epoch": #, "seq": #}',
+    '{"type": "resume", "id": "r", "epoch": #, "last_seq": #}',
+    '{"type": "peers", "id": "p", "x": #}',
+    '{"type": "request", "id": "q", "op": "topic_list", "name": #}',
+]
+edge_value = st.one_of(st.builds(deep_text, st.integers(1, 1100), st.sampled_from(["[", "{"])),
+                       st.sampled_from(NUMBER_LITERALS))
+edge_frame = st.builds(
+    lambda t, meta, v: t.replace("@", meta).replace("#", v),
+    st.sampled_from(EDGE_TEMPLATES),
+    st.builds(deep_text, st.integers(33, 1100), st.sampled_from(["[", "{"])).map(
+        lambda m: '{"m": ' + m + "}"),
+    edge_value)
+
 frames = st.lists(st.one_of(valid_send, mutated_send(), typed_junk, json_value.map(json.dumps),
-                            st.binary(max_size=64), st.text(max_size=64)),
+                            st.binary(max_size=64), st.text(max_size=64), edge_frame),
                   min_size=1, max_size=12).map(_numbered)
 
 
@@ -216,3 +248,27 @@ def test_the_broker_survives_any_frame_and_stores_only_what_it_accepted(
     # unanswered so far, never by refused frames.
     added = _dedupe_rows(target.db) - before
     assert created <= added <= created + target.unanswered, "a refused frame left a row"
+
+
+# Before the handshake: a hello or join with a deep or odd field, or any edge frame.
+_HELLO = ('{"type": "hello", "mesh_id": "01ARZ3NDEKTSV4RRFFQ69G5FAV", "pubkey": "' + "a" * 64
+          + '", "nonce": "' + "b" * 64 + '", "signature": "' + "c" * 128 + '", ')
+unauthenticated = st.one_of(
+    st.builds(lambda v: _HELLO + '"daemon_version": ' + v + "}", edge_value),
+    st.builds(lambda v: '{"type": "join", "invite_token": ' + v + "}", edge_value),
+    edge_frame, st.text(max_size=64))
+
+
+@given(first=unauthenticated)
+@settings(max_examples=max(EXAMPLES // 4, 20), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+def test_an_unauthenticated_frame_is_refused_politely(target: Target, first: str) -> None:
+    with connect(target.broker.url, max_size=None) as ws:
+        ws.recv(timeout=10)  # the challenge
+        try:
+            ws.send(first)
+            answer = json.loads(ws.recv(timeout=10))
+        except ConnectionClosed:
+            assert ws.close_code in (1008, 1009), f"the broker closed with {ws.close_code}"
+            return
+        assert answer["type"] == "error", answer
