@@ -2,8 +2,13 @@
 (derived from its ed25519 member key) to the recipient's, once, at accept. The broker stores
 and forwards the sealed bytes and can never read them.
 
-The sealed plaintext is one byte saying how the body was encoded (1 = UTF-8 text,
-2 = binary) followed by the body bytes, so the recipient gets back exactly what was sent.
+The sealed plaintext is an envelope: one byte 3, a 4-byte big-endian length, a header in
+canonical JSON (``{"enc", "meta", "priority", "reply_to"}``), then the body bytes. So a
+DM's ``meta`` and ``reply_to`` travel sealed with its body (the broker sees them null), and
+its ``priority``, which the broker needs in the clear to order deliveries, is also inside:
+the recipient opens the envelope and refuses an outer priority that differs (the broker
+cannot change it unnoticed). Envelopes of earlier versions (one byte, 1 = UTF-8 text or
+2 = binary, then the body: body only) still open.
 
 Sealing is deterministic per request (DESIGN §10): the nonce is a keyed BLAKE2b hash of
 (sender, recipient, client_message_id, plaintext) under a key derived from the sender's
@@ -15,16 +20,36 @@ ciphertexts reveal only that two requests were identical (docs/daemon.md, "DM se
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+from dataclasses import dataclass
+from typing import Any
 
+import orjson
 from nacl.exceptions import CryptoError
 from nacl.public import Box, PrivateKey, PublicKey
 from nacl.signing import SigningKey, VerifyKey
 
 from tidemesh.core.errors import InvalidRequest
+from tidemesh.core.fingerprint import meta_canonical
+from tidemesh.core.send import SendRequest
 
 _ENCODINGS = {"utf8": 1, "base64": 2}
 _NAMES = {v: k for k, v in _ENCODINGS.items()}
+_ENVELOPE = 3
+
+
+@dataclass(frozen=True, slots=True)
+class Opened:
+    """What a sealed DM held. ``sealed_fields`` is False for an envelope of the first
+    version, which held the body alone (its meta and reply_to came in the clear)."""
+
+    body: bytes
+    encoding: str
+    meta: dict[str, Any] | None = None
+    reply_to: str | None = None
+    priority: str | None = None
+    sealed_fields: bool = False
 
 
 class UnsealError(ValueError):
@@ -52,26 +77,61 @@ def _nonce(sender: SigningKey, recipient: PublicKey, client_message_id: str,
     return h.digest()
 
 
+def envelope(body: bytes, encoding: str, meta: dict[str, Any] | None, reply_to: str | None,
+             priority: str) -> bytes:
+    """The plaintext sealed for a DM: the same request gives the same bytes (its meta in
+    canonical form), so the nonce, the ciphertext and the broker's fingerprint repeat."""
+    meta_json = meta_canonical(meta) or b"null"
+    header = b"".join((b'{"enc":', orjson.dumps(encoding), b',"meta":', meta_json,
+                       b',"priority":', orjson.dumps(priority), b',"reply_to":',
+                       orjson.dumps(reply_to), b"}"))
+    return bytes([_ENVELOPE]) + len(header).to_bytes(4, "big") + header + body
+
+
 def seal(sender: SigningKey, recipient_pubkey_hex: str, client_message_id: str, body: bytes,
-         encoding: str) -> bytes:
-    """Seal ``body`` for the recipient; the same arguments always give the same bytes."""
+         encoding: str, meta: dict[str, Any] | None = None, reply_to: str | None = None,
+         priority: str = "next") -> bytes:
+    """Seal the body with its meta, reply_to and priority for the recipient; the same
+    arguments always give the same bytes."""
     try:
         recipient = _x25519_public(recipient_pubkey_hex)
     except CryptoError as exc:  # 64 hex digits, but not a point on the curve
         raise InvalidRequest("dm ref is not an ed25519 public key; no member can have it",
                              field="to.ref") from exc
     box = Box(_x25519_private(sender), recipient)
-    plain = bytes([_ENCODINGS[encoding]]) + body
+    plain = envelope(body, encoding, meta, reply_to, priority)
     return bytes(box.encrypt(plain, _nonce(sender, recipient, client_message_id, plain)))
 
 
-def unseal(recipient: SigningKey, sender_pubkey_hex: str, sealed: bytes) -> tuple[bytes, str]:
-    """Return (body, encoding) of a body sealed by ``sender_pubkey_hex`` for ``recipient``."""
+def seal_request(sender: SigningKey, req: SendRequest, client_message_id: str) -> SendRequest:
+    """A DM request as it is stored and sent: body, meta, reply_to and priority sealed into
+    the body; meta and reply_to left null outside; priority kept outside for the broker."""
+    sealed = seal(sender, req.to.ref, client_message_id, req.body, req.body_encoding, req.meta,
+                  req.reply_to, req.priority.value)
+    return dataclasses.replace(req, body=sealed, body_encoding="base64", meta=None,
+                               reply_to=None, meta_jcs=b"")
+
+
+def unseal(recipient: SigningKey, sender_pubkey_hex: str, sealed: bytes) -> Opened:
+    """Open a DM sealed by ``sender_pubkey_hex`` for ``recipient``."""
     try:
         box = Box(_x25519_private(recipient), _x25519_public(sender_pubkey_hex))
         plain = box.decrypt(sealed)
     except (CryptoError, ValueError) as exc:
         raise UnsealError(f"cannot open DM from {sender_pubkey_hex[:16]}…: {exc}") from exc
-    if not plain or plain[0] not in _NAMES:
+    if not plain:
+        raise UnsealError("sealed DM is empty")
+    if plain[0] in _NAMES:
+        return Opened(plain[1:], _NAMES[plain[0]])
+    if plain[0] != _ENVELOPE or len(plain) < 5:
         raise UnsealError("sealed DM has no encoding marker")
-    return plain[1:], _NAMES[plain[0]]
+    size = int.from_bytes(plain[1:5], "big")
+    try:
+        header = orjson.loads(plain[5:5 + size])
+        encoding, meta = header["enc"], header["meta"]
+        reply_to, priority = header["reply_to"], header["priority"]
+    except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
+        raise UnsealError(f"sealed DM has a bad envelope header: {exc}") from exc
+    if encoding not in _ENCODINGS or (meta is not None and not isinstance(meta, dict)):
+        raise UnsealError("sealed DM has a bad envelope header")
+    return Opened(plain[5 + size:], encoding, meta, reply_to, priority, sealed_fields=True)

@@ -10,14 +10,13 @@ root of its own, used by the CLI.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from typing import Any
 
 from tidemesh.core.errors import InvalidRequest, NotFound, TidemeshError, Unavailable, from_body
 from tidemesh.core.failover import BrokerRotation
 from tidemesh.core.ids import new_ulid
 from tidemesh.core.paths import DaemonPaths
-from tidemesh.core.sealing import seal
+from tidemesh.core.sealing import seal_request
 from tidemesh.core.send import DestinationKind, parse_send_request
 from tidemesh.daemon import revocation
 from tidemesh.daemon.api.validation import checked
@@ -40,8 +39,7 @@ def send(paths: DaemonPaths, request: dict[str, Any], client_message_id: str | N
     cmid = req.client_message_id or new_ulid()
     keypair, _ = load_or_create_keypair(paths.keypair)
     if req.to.kind is DestinationKind.DM:
-        sealed = seal(keypair.signing_key, req.to.ref, cmid, req.body, req.body_encoding)
-        req = dataclasses.replace(req, body=sealed, body_encoding="base64")
+        req = seal_request(keypair.signing_key, req, cmid)
     mesh = MeshConfig.load(paths.mesh_file)
     try:
         answer = asyncio.run(_send(mesh, keypair.signing_key, cmid, req.to_payload(), timeout))

@@ -28,7 +28,7 @@ from tidemesh.core.exitcodes import Exit
 from tidemesh.core.metrics import CallbackGauge, CollectorRegistry
 from tidemesh.core.paths import DaemonPaths, daemon_paths, socket_path_problem
 from tidemesh.core.retention import DAY_MS, HOUR_MS, InboxPolicy
-from tidemesh.core.sealing import seal
+from tidemesh.core.sealing import seal_request
 from tidemesh.core.settings import ConfigError
 from tidemesh.core.watchdog import LoopWatchdog, StallPolicy
 from tidemesh.daemon import config as config_mod
@@ -285,7 +285,7 @@ class Daemon:
         app[CAPABILITIES] = hooks.capabilities
         app[OUTBOX] = OutboxService(
             outbox_db, clock=self.clock, admit=disk.check_send, gate=hooks.pre_send,
-            sealer=lambda to, cmid, body, enc: seal(key, to, cmid, body, enc))
+            sealer=lambda req, cmid: seal_request(key, req, cmid))
         app[RETENTION] = RetentionService(outbox_db, inbox_db, self.start.retention, self.clock,
                                           deleted=Counter(
                                               "cm_daemon_retention_deleted_total",

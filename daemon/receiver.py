@@ -66,21 +66,28 @@ def delivery_of(f: dict[str, Any], key: SigningKey, mesh: str, now_ms: int,
     body = (f["body"].encode("utf-8") if f["body_encoding"] == "utf8"
             else base64.b64decode(f["body"]))
     encoding = f["body_encoding"]
-    meta = f.get("meta")
+    meta, reply_to = f.get("meta"), f.get("reply_to")
     if f["to"]["kind"] == "dm":
         try:
-            body, encoding = unseal(key, f["sender_pubkey"], body)
+            opened = unseal(key, f["sender_pubkey"], body)
+            if opened.sealed_fields and opened.priority != f["priority"]:
+                raise UnsealError(f"the priority outside ({f['priority']}) is not the one "
+                                  f"sealed ({opened.priority}): changed on the way")
         except UnsealError as exc:
             log.error("dm_unseal_failed", broker_message_id=f["broker_message_id"],
                       error=str(exc))
             meta = {**(meta or {}), "tidemesh_undecryptable": str(exc)}
+        else:
+            body, encoding = opened.body, opened.encoding
+            if opened.sealed_fields:   # what came in the clear is not the sender's
+                meta, reply_to = opened.meta, opened.reply_to
     return Delivery(
         id=entry_id or new_ulid(now_ms), mesh=mesh, sender_pubkey=f["sender_pubkey"],
         sender_name=f.get("sender_name"),
         client_message_id=f.get("client_message_id") or f["broker_message_id"],
         broker_message_id=f["broker_message_id"], dest_kind=f["to"]["kind"],
         dest_ref=f["to"]["ref"], body=body, body_encoding=encoding, priority=f["priority"],
-        meta=meta, reply_to=f.get("reply_to"), epoch=f["epoch"], seq=f["seq"],
+        meta=meta, reply_to=reply_to, epoch=f["epoch"], seq=f["seq"],
         sent_at=f["created_at"], received_at=now_ms,
     )
 

@@ -8,7 +8,6 @@ imports aiohttp or websockets.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -29,7 +28,7 @@ from tidemesh.daemon.store.db import Database
 
 Clock = Callable[[], float]
 # (recipient ed25519 pubkey hex, body, body_encoding) -> sealed bytes
-Sealer = Callable[[str, str, bytes, str], bytes]  # (to, client_message_id, body, enc)
+Sealer = Callable[[SendRequest, str], SendRequest]  # (request, client_message_id): sealed
 # Raises to refuse a send before it is stored (the pre-send hook: 403 send_vetoed).
 Gate = Callable[[SendRequest], Awaitable[None]]
 
@@ -129,8 +128,7 @@ class OutboxService:
             return req
         if self.sealer is None:
             raise RuntimeError("a DM was accepted without a sealing key")
-        sealed = self.sealer(req.to.ref, cmid, req.body, req.body_encoding)
-        return dataclasses.replace(req, body=sealed, body_encoding="base64")
+        return self.sealer(req, cmid)
 
     async def submit(self, req: SendRequest) -> SendOutcome:
         """Accept one send (spec §4.5.1): what the accept table made of it, with its row."""

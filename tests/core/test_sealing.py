@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from nacl.signing import SigningKey
 
-from tidemesh.core.sealing import seal, unseal
+from tidemesh.core.sealing import Opened, seal, unseal
 
 ALICE, BOB = SigningKey(bytes(range(32))), SigningKey(bytes(range(1, 33)))
 BOB_HEX = BOB.verify_key.encode().hex()
@@ -14,7 +14,8 @@ ALICE_HEX = ALICE.verify_key.encode().hex()
 def test_seal_same_request_gives_same_bytes() -> None:
     one = seal(ALICE, BOB_HEX, "id-1", b"hello", "utf8")
     assert one == seal(ALICE, BOB_HEX, "id-1", b"hello", "utf8")
-    assert unseal(BOB, ALICE_HEX, one) == (b"hello", "utf8")
+    opened = unseal(BOB, ALICE_HEX, one)
+    assert (opened.body, opened.encoding) == (b"hello", "utf8")
 
 
 def test_seal_differs_when_any_part_of_the_request_differs() -> None:
@@ -26,12 +27,36 @@ def test_seal_differs_when_any_part_of_the_request_differs() -> None:
         seal(ALICE, BOB_HEX, "id-1", b"hello", "base64"),
         seal(ALICE, carol, "id-1", b"hello", "utf8"),
         seal(SigningKey(bytes(32)), BOB_HEX, "id-1", b"hello", "utf8"),
+        seal(ALICE, BOB_HEX, "id-1", b"hello", "utf8", meta={"k": 1}),
+        seal(ALICE, BOB_HEX, "id-1", b"hello", "utf8", reply_to="01ABC"),
+        seal(ALICE, BOB_HEX, "id-1", b"hello", "utf8", priority="now"),
     ]
-    assert len({base, *others}) == 6
+    assert len({base, *others}) == 9
     nonces = {s[:24] for s in [base, *others]}
-    assert len(nonces) == 6, "a nonce is never reused for a different plaintext or key pair"
+    assert len(nonces) == 9, "a nonce is never reused for a different plaintext or key pair"
 
 
 def test_seal_field_boundaries_are_unambiguous() -> None:
     assert seal(ALICE, BOB_HEX, "id-1", b"2hello", "utf8")[:24] != \
         seal(ALICE, BOB_HEX, "id-12", b"hello", "utf8")[:24]
+
+
+def test_meta_reply_to_and_priority_travel_sealed_with_the_body() -> None:
+    """Before, a DM's meta and reply_to went to the broker in the clear and unauthenticated
+    (the broker store showed {"invoice": "ACME-4711", "amount": "9000 EUR"})."""
+    meta = {"invoice": "ACME-4711", "amount": "9000 EUR"}
+    sealed = seal(ALICE, BOB_HEX, "id-1", b"pay", "utf8", meta, "01PARENT", "now")
+    assert b"ACME-4711" not in sealed and b"01PARENT" not in sealed
+    # The same meta in another key order is the same request: the same bytes.
+    assert sealed == seal(ALICE, BOB_HEX, "id-1", b"pay", "utf8",
+                          {"amount": "9000 EUR", "invoice": "ACME-4711"}, "01PARENT", "now")
+    opened = unseal(BOB, ALICE_HEX, sealed)
+    assert opened == Opened(b"pay", "utf8", meta, "01PARENT", "now", sealed_fields=True)
+
+
+def test_a_dm_sealed_by_an_earlier_version_still_opens() -> None:
+    from nacl.public import Box
+
+    box = Box(ALICE.to_curve25519_private_key(), BOB.verify_key.to_curve25519_public_key())
+    old = bytes(box.encrypt(b"\x01old body"))
+    assert unseal(BOB, ALICE_HEX, old) == Opened(b"old body", "utf8")

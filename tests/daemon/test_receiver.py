@@ -51,6 +51,25 @@ def test_delivery_of_a_dm_opens_it_for_this_member() -> None:
     assert (d.body, d.body_encoding, d.meta) == (b"secret", "utf8", None)
 
 
+def test_a_dm_takes_its_meta_and_reply_to_from_inside_the_seal() -> None:
+    me_hex = ME.verify_key.encode().hex()
+    sealed = seal(PEER, me_hex, "c1", b"secret", "utf8", {"invoice": 7}, "01PARENT", "next")
+    # What came in the clear (a broker's forgery) is not what the sender said.
+    d = delivery_of(frame(to={"kind": "dm", "ref": me_hex}, body_encoding="base64",
+                          body=base64.b64encode(sealed).decode(), meta={"invoice": 8},
+                          reply_to="01FORGED"), ME, "m", NOW)
+    assert (d.body, d.meta, d.reply_to) == (b"secret", {"invoice": 7}, "01PARENT")
+
+
+def test_a_dm_whose_priority_was_changed_on_the_way_is_marked() -> None:
+    me_hex = ME.verify_key.encode().hex()
+    sealed = seal(PEER, me_hex, "c1", b"secret", "utf8", None, None, "low")
+    d = delivery_of(frame(to={"kind": "dm", "ref": me_hex}, body_encoding="base64",
+                          body=base64.b64encode(sealed).decode(), priority="now"),
+                    ME, "m", NOW)
+    assert d.meta is not None and "changed on the way" in d.meta["tidemesh_undecryptable"]
+
+
 def test_delivery_of_a_dm_that_does_not_open_is_kept_and_marked() -> None:
     d = delivery_of(frame(to={"kind": "dm", "ref": "x"}, body_encoding="base64",
                           body=base64.b64encode(b"not sealed").decode()), ME, "m", NOW)

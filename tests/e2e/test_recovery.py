@@ -213,7 +213,30 @@ async def test_a_dm_is_readable_only_by_its_recipient(mesh: Mesh, short_tmp: Pat
     with pytest.raises(UnsealError):
         unseal(c_key.signing_key, pubkey(a), bytes(sealed))
     b_key, _ = load_or_create_keypair(b.paths.keypair)
-    assert unseal(b_key.signing_key, pubkey(a), bytes(sealed)) == (b"for b only", "utf8")
+    assert unseal(b_key.signing_key, pubkey(a), bytes(sealed)).body == b"for b only"
     await asyncio.sleep(0.3)
     assert await inbox(c) == []
 
+
+
+async def test_a_dm_keeps_its_meta_sealed_at_the_broker(mesh: Mesh, short_tmp: Path) -> None:
+    """Issue 31 item 7: the broker stored a DM's meta in the clear."""
+    a, b = await _pair(mesh, short_tmp)
+    meta = {"invoice": "ACME-4711", "amount": "9000 EUR"}
+    send = {"to": f"dm:{pubkey(b)}", "body": "pay", "meta": meta, "reply_to": "01ARZ3NDEKTSV4RRFFQ69G5FAV",
+            "priority": "now"}
+    async with a.session() as s, s.post("/v1/send", json=send,
+                                        headers={"Idempotency-Key": "dm-meta"}) as r:
+        assert r.status == 202, await r.text()
+    async with a.session() as s, s.post("/v1/send", json={**send, "meta": {"invoice": "X"}},
+                                        headers={"Idempotency-Key": "dm-meta"}) as r:
+        assert r.status == 409, "another meta under the same id is another request"
+    await wait_for(lambda: _bodies(b, 1))
+    got = (await inbox(b))[0]
+    assert (got["body"], got["meta"], got["reply_to"]) == ("pay", meta, "01ARZ3NDEKTSV4RRFFQ69G5FAV")
+    conn = sqlite3.connect(mesh.broker.home / "broker.db")
+    stored = conn.execute("SELECT meta, reply_to, priority, body FROM message_queue "
+                          "WHERE client_message_id='dm-meta'").fetchone()
+    conn.close()
+    assert stored[:3] == (None, None, "now")
+    assert b"ACME" not in bytes(stored[3])

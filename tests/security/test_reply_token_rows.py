@@ -19,7 +19,7 @@ from nacl.signing import SigningKey
 
 from tidemesh.core.hooks import ReplyScope
 from tidemesh.core.metrics import CollectorRegistry
-from tidemesh.core.sealing import seal
+from tidemesh.core.sealing import seal_request
 from tidemesh.daemon.api.keys import (
     BUS,
     CAPABILITIES,
@@ -62,7 +62,7 @@ async def app(short_tmp: Path) -> AsyncIterator[App]:
     registry = CollectorRegistry()
     caps, bus = Capabilities(), EventBus()
     web_app[OUTBOX] = OutboxService(
-        outbox_db, sealer=lambda to, cmid, body, enc: seal(key, to, cmid, body, enc))
+        outbox_db, sealer=lambda req, cmid: seal_request(key, req, cmid))
     web_app[INBOX], web_app[BUS], web_app[CAPABILITIES] = InboxService(inbox_db, bus), bus, caps
     web_app[STATE] = IpcState(token=LOCAL, max_inflight=8,
                               public_health_check=False, info=DaemonInfo("t"),
