@@ -47,7 +47,8 @@ def test_delivery_of_a_dm_opens_it_for_this_member() -> None:
     me_hex = ME.verify_key.encode().hex()
     sealed = seal(PEER, me_hex, "c1", b"secret", "utf8")
     d = delivery_of(frame(to={"kind": "dm", "ref": me_hex}, body_encoding="base64",
-                          body=base64.b64encode(sealed).decode()), ME, "m", NOW)
+                          body=base64.b64encode(sealed).decode(), priority="next"),
+                    ME, "m", NOW)
     assert (d.body, d.body_encoding, d.meta) == (b"secret", "utf8", None)
 
 
@@ -57,7 +58,7 @@ def test_a_dm_takes_its_meta_and_reply_to_from_inside_the_seal() -> None:
     # What came in the clear (a broker's forgery) is not what the sender said.
     d = delivery_of(frame(to={"kind": "dm", "ref": me_hex}, body_encoding="base64",
                           body=base64.b64encode(sealed).decode(), meta={"invoice": 8},
-                          reply_to="01FORGED"), ME, "m", NOW)
+                          reply_to="01FORGED", priority="next"), ME, "m", NOW)
     assert (d.body, d.meta, d.reply_to) == (b"secret", {"invoice": 7}, "01PARENT")
 
 

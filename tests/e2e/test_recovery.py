@@ -223,7 +223,8 @@ async def test_a_dm_keeps_its_meta_sealed_at_the_broker(mesh: Mesh, short_tmp: P
     """Issue 31 item 7: the broker stored a DM's meta in the clear."""
     a, b = await _pair(mesh, short_tmp)
     meta = {"invoice": "ACME-4711", "amount": "9000 EUR"}
-    send = {"to": f"dm:{pubkey(b)}", "body": "pay", "meta": meta, "reply_to": "01ARZ3NDEKTSV4RRFFQ69G5FAV",
+    parent = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
+    send = {"to": f"dm:{pubkey(b)}", "body": "pay", "meta": meta, "reply_to": parent,
             "priority": "now"}
     async with a.session() as s, s.post("/v1/send", json=send,
                                         headers={"Idempotency-Key": "dm-meta"}) as r:
@@ -233,7 +234,7 @@ async def test_a_dm_keeps_its_meta_sealed_at_the_broker(mesh: Mesh, short_tmp: P
         assert r.status == 409, "another meta under the same id is another request"
     await wait_for(lambda: _bodies(b, 1))
     got = (await inbox(b))[0]
-    assert (got["body"], got["meta"], got["reply_to"]) == ("pay", meta, "01ARZ3NDEKTSV4RRFFQ69G5FAV")
+    assert (got["body"], got["meta"], got["reply_to"]) == ("pay", meta, parent)
     conn = sqlite3.connect(mesh.broker.home / "broker.db")
     stored = conn.execute("SELECT meta, reply_to, priority, body FROM message_queue "
                           "WHERE client_message_id='dm-meta'").fetchone()
