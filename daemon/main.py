@@ -31,6 +31,7 @@ from tidemesh.core.settings import ConfigError
 from tidemesh.daemon import config as config_mod
 from tidemesh.daemon import identity, revocation, storage_gauges
 from tidemesh.daemon import log as log_mod
+from tidemesh.daemon.api.connections import ConnectionLimits
 from tidemesh.daemon.api.keys import (
     BUS,
     CAPABILITIES,
@@ -272,7 +273,9 @@ class Daemon:
         app.on_shutdown.append(drain)
         # The drain hook waits for requests; this is only for event streams left after it.
         server = IpcServer(app, paths.socket, s.ipc_http_port if s.ipc_tcp_enabled else None,
-                           _STREAMS_CUT_S)
+                           _STREAMS_CUT_S, ConnectionLimits(s.ipc_header_timeout_s,
+                                                            s.ipc_idle_timeout_s,
+                                                            s.ipc_max_unauthenticated))
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
