@@ -66,31 +66,53 @@ class RunResult:
 
 class Sandbox:
     """How a hook with ``network_policy = "deny"`` is put in a new network namespace, found
-    once at start: ``unshare --net`` as root, else ``unshare -rn``; None when the host
-    allows neither (the hook then runs anyway and the service says so)."""
+    once at start; None when the host allows none (the hook then runs anyway and the service
+    says so).
+
+    The hook must keep no privilege that lets it join another namespace (``setns`` needs
+    CAP_SYS_ADMIN over it: a root hook in a plain ``unshare --net`` could ``nsenter`` the
+    daemon's network). So it gets a user namespace of its own too (``unshare -rn``): it may
+    be "root" there, with no capability over the host's namespaces. Where user namespaces
+    are off, a root daemon falls back to ``unshare --net`` with every capability dropped
+    from the hook's bounding set (``setpriv``), and no_new_privs."""
 
     def __init__(self, prefix: Sequence[str] | None) -> None:
         self.prefix = tuple(prefix) if prefix is not None else None
 
     @classmethod
     async def probe(cls) -> Sandbox:
-        unshare = shutil.which("unshare", path=SAFE_PATH)
-        if unshare is None:
-            return cls(None)
-        prefix = [unshare, "--net"] if os.geteuid() == 0 else [unshare, "-rn"]
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                *prefix, "true", stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
-            ok = await asyncio.wait_for(proc.wait(), 5.0) == 0
-        except (OSError, TimeoutError):
-            ok = False
-        return cls([*prefix, "--"] if ok else None)
+        for prefix in candidates():
+            if await _works(prefix):
+                return cls([*prefix, "--"])
+        return cls(None)
 
     def argv(self, path: Path, cfg: HookConfig) -> tuple[list[str], bool]:
         if cfg.network_policy is NetworkPolicy.DENY and self.prefix is not None:
             return [*self.prefix, str(path)], True
         return [str(path)], False
+
+
+def candidates() -> list[list[str]]:
+    """The ways to isolate a hook this host may allow, best first."""
+    unshare = shutil.which("unshare", path=SAFE_PATH)
+    if unshare is None:
+        return []
+    found = [[unshare, "-rn"]]
+    setpriv = shutil.which("setpriv", path=SAFE_PATH)
+    if os.geteuid() == 0 and setpriv is not None:
+        found.append([unshare, "--net", "--", setpriv, "--bounding-set=-all",
+                      "--inh-caps=-all", "--ambient-caps=-all", "--no-new-privs"])
+    return found
+
+
+async def _works(prefix: Sequence[str]) -> bool:
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *prefix, "--", "true", stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+        return await asyncio.wait_for(proc.wait(), 5.0) == 0
+    except (OSError, TimeoutError):
+        return False
 
 
 def hook_env(mesh: str, hook: str, event_id: str, socket: Path,
