@@ -52,10 +52,17 @@ def token_problem(path: Path, st: os.stat_result, me: int) -> str | None:
 
 
 def socket_problem(path: Path, st: os.stat_result, me: int) -> str | None:
-    """Why the daemon socket at ``path`` is not to be talked to; None when it is."""
-    if not stat.S_ISSOCK(st.st_mode):
-        return f"{path} is not a socket"
+    """Why the daemon socket at ``path`` is not to be talked to; None when it is. (Something
+    of ours there that is not a socket is no danger: connecting to it just fails.)"""
     return _owner_problem(path, st, me)
+
+
+def base_problem(path: Path, st: os.stat_result, me: int) -> str | None:
+    """``folder_problem`` for the first folder of a chain, which may also be a sticky folder
+    of root's or ours (like /tmp, or a fresh tmpfs): others cannot remove or rename what we
+    make in it, and nothing of theirs in it is used."""
+    sticky = stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX and st.st_uid in (0, me)
+    return None if sticky else folder_problem(path, st, me)
 
 
 def chain(base: Path, leaf: Path) -> list[Path]:
@@ -88,4 +95,4 @@ def folder_problem_at(folder: Path, me: int | None = None, base: bool = False) -
             st = os.stat(folder)
     except OSError as exc:
         return f"cannot check {folder}: {exc.strerror or exc}"
-    return folder_problem(folder, st, uid)
+    return (base_problem if base else folder_problem)(folder, st, uid)

@@ -6,7 +6,13 @@ import os
 import stat
 from pathlib import Path
 
-from tidemesh.core.ownership import chain, folder_problem, socket_problem, token_problem
+from tidemesh.core.ownership import (
+    base_problem,
+    chain,
+    folder_problem,
+    socket_problem,
+    token_problem,
+)
 
 ME, OTHER = 1000, 1001
 
@@ -38,7 +44,16 @@ def test_a_socket_must_be_ours() -> None:
     p = Path("/run/t/sock")
     assert socket_problem(p, st(stat.S_IFSOCK, 0o600), ME) is None
     assert "uid 1001" in (socket_problem(p, st(stat.S_IFSOCK, 0o600, OTHER), ME) or "")
-    assert "not a socket" in (socket_problem(p, st(stat.S_IFREG, 0o600), ME) or "")
+    assert socket_problem(p, st(stat.S_IFREG, 0o600), ME) is None   # connecting just fails
+
+
+def test_the_first_folder_may_be_sticky_like_tmp_if_roots_or_ours() -> None:
+    p = Path("/tmp/tm-fs")
+    assert base_problem(p, st(stat.S_IFDIR, 0o1777, 0), ME) is None
+    assert base_problem(p, st(stat.S_IFDIR, 0o1777), ME) is None
+    assert "uid 1001" in (base_problem(p, st(stat.S_IFDIR, 0o1777, OTHER), ME) or "")
+    assert "mode 0777" in (base_problem(p, st(stat.S_IFDIR, 0o777), ME) or "")
+    assert base_problem(p, st(stat.S_IFDIR, 0o700), ME) is None
 
 
 def test_the_chain_runs_from_the_base_down_to_the_folder() -> None:
