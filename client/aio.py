@@ -60,6 +60,7 @@ class AsyncClient(Located):
 
     async def _open(self, call: Call[Any], limits: aiohttp.ClientTimeout
                     ) -> aiohttp.ClientResponse:
+        self.endpoint.check_socket()
         headers = {"Content-Type": "application/json", **self.endpoint.headers(), **call.headers}
         try:
             return await self._session().request(call.method, call.path, data=call.payload(),

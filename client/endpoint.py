@@ -4,6 +4,10 @@ A daemon has two listeners (docs/ipc.md): its Unix socket, gated by the socket's
 needing no token, and loopback TCP, needing ``Authorization: Bearer <local_token>``. The
 token is read from its file at each request, so a client made before the daemon first
 started (which writes the file) still works.
+
+Before a request is sent, the socket (or the token and port files) and the folders they are
+in must belong to this user (``core.ownership``): another user who made the runtime folder
+first could otherwise listen in the daemon's place. A refusal is ``NotPrivate``.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from pathlib import Path
 from typing import Self
 
 from tidemesh.client.errors import DaemonNotRunning
+from tidemesh.core.ownership import NotPrivate, chain_problem, socket_problem, token_problem
 from tidemesh.core.paths import choose_mesh, daemon_paths, meshes_dir
 
 LOOPBACK = "127.0.0.1"
@@ -26,6 +31,9 @@ class Endpoint:
     port: int | None = None
     token_file: Path | None = None
     mesh: str | None = None
+    # Where the folders that must be private start (the runtime base); None: only the
+    # folder of the socket or token itself.
+    private_from: Path | None = None
 
     def __post_init__(self) -> None:
         if (self.socket_path is None) == (self.port is None):
@@ -41,14 +49,16 @@ class Endpoint:
         env = os.environ if environ is None else environ
         mesh = mesh or default_mesh(env)
         paths = daemon_paths(mesh, env)
+        base = paths.runtime_chain_base
         if not tcp:
-            return cls(socket_path=paths.socket, mesh=mesh)
+            return cls(socket_path=paths.socket, mesh=mesh, private_from=base)
+        _check_folders(base, paths.runtime_dir)
         try:
             port = int(paths.port_file.read_text("ascii").strip())
         except (OSError, ValueError) as exc:
             raise DaemonNotRunning(f"no daemon publishes a TCP port in {paths.port_file}",
                                    hint=start_hint(mesh)) from exc
-        return cls(port=port, token_file=paths.token_file, mesh=mesh)
+        return cls(port=port, token_file=paths.token_file, mesh=mesh, private_from=base)
 
     @property
     def where(self) -> str:
@@ -58,15 +68,38 @@ class Endpoint:
     def base_url(self) -> str:
         return "http://localhost" if self.socket_path else f"http://{LOOPBACK}:{self.port}"
 
+    def check_socket(self) -> None:
+        """Raise ``NotPrivate`` unless the socket and its folders are this user's. A missing
+        socket passes: connecting then says that no daemon answers."""
+        path = self.socket_path
+        if path is None:
+            return
+        _check_folders(self.private_from or path.parent, path.parent)
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise NotPrivate(f"cannot check the daemon's socket {path}: {exc}") from exc
+        if problem := socket_problem(path, st, os.geteuid()):
+            raise NotPrivate(f"refusing to talk to {path}: {problem}", socket=str(path))
+
     def headers(self) -> dict[str, str]:
-        """Authentication for this listener: none on the socket, the bearer token on TCP."""
+        """Authentication for this listener: none on the socket, the bearer token on TCP (a
+        token file that is not this user's with mode 0600 is refused: ``NotPrivate``)."""
         if self.token_file is None:
             return {}
+        _check_folders(self.private_from or self.token_file.parent, self.token_file.parent)
         try:
-            token = self.token_file.read_text("ascii").strip()
+            fd = os.open(self.token_file, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError as exc:
             raise DaemonNotRunning(f"cannot read the daemon's token {self.token_file}: {exc}",
                                    hint=start_hint(self.mesh)) from exc
+        with os.fdopen(fd, "rb") as f:
+            if problem := token_problem(self.token_file, os.fstat(fd), os.geteuid()):
+                raise NotPrivate(f"refusing the daemon's token: {problem}",
+                                 token_file=str(self.token_file))
+            token = f.read(4096).decode("ascii", "replace").strip()
         return {"Authorization": f"Bearer {token}"}
 
     def not_running(self, exc: BaseException) -> DaemonNotRunning:
@@ -76,6 +109,13 @@ class Endpoint:
         else:
             what = f"the daemon on {self.where} did not answer: {str(exc) or type(exc).__name__}"
         return DaemonNotRunning(what, hint=start_hint(self.mesh))
+
+
+def _check_folders(base: Path, leaf: Path) -> None:
+    if not os.path.lexists(leaf):
+        return   # nothing there: the connection will say that no daemon answers
+    if problem := chain_problem(base, leaf):
+        raise NotPrivate(f"refusing the daemon's runtime folder: {problem}", folder=str(leaf))
 
 
 class Located:
@@ -94,8 +134,10 @@ class Located:
         """The daemon of ``mesh`` on this host (``TIDEMESH_HOME``, else the XDG folders);
         without a name, the mesh the CLI would choose: the only joined one (``default_mesh``)."""
         e = Endpoint.for_mesh(mesh, tcp=tcp, environ=environ)
-        return cls(e.socket_path, port=e.port, token_file=e.token_file, mesh=e.mesh,
-                   timeout=timeout)
+        located = cls(e.socket_path, port=e.port, token_file=e.token_file, mesh=e.mesh,
+                      timeout=timeout)
+        located.endpoint = e
+        return located
 
 
 def joined_meshes(environ: Mapping[str, str] | None = None) -> list[str]:

@@ -52,6 +52,7 @@ class Client(Located):
 
     def _open(self, call: Call[Any], timeout: float | None
               ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+        self.endpoint.check_socket()
         conn = self._connect(timeout)
         headers = {"Content-Type": "application/json", **self.endpoint.headers(), **call.headers}
         try:

@@ -3,6 +3,8 @@
 ``TIDEMESH_HOME=DIR`` puts everything for mesh M under ``DIR/daemon/M/`` so tests and several
 daemons never collide. Without it the XDG base directories are used: config, data, state
 (logs) and runtime (socket, token, port, lock) each get a ``tidemesh/daemon/M`` folder.
+Without XDG_RUNTIME_DIR the runtime folder is under ``/tmp/tidemesh-UID``, which another
+user could make first: the daemon and the clients check it (``core.ownership``).
 """
 
 from __future__ import annotations
@@ -26,6 +28,13 @@ class DaemonPaths:
     data_dir: Path
     state_dir: Path
     runtime_dir: Path
+    # The folder the runtime folder's chain starts from: XDG_RUNTIME_DIR, its /tmp fallback
+    # or TIDEMESH_HOME. It and each folder below it must be private to the user (ownership).
+    runtime_base: Path | None = None
+
+    @property
+    def runtime_chain_base(self) -> Path:
+        return self.runtime_base if self.runtime_base is not None else self.runtime_dir
 
     @property
     def config_file(self) -> Path:
@@ -88,8 +97,9 @@ class DaemonPaths:
 def daemon_paths(mesh: str, environ: Mapping[str, str]) -> DaemonPaths:
     home = environ.get("TIDEMESH_HOME")
     if home:
-        base = Path(home).expanduser() / "daemon" / mesh
-        return DaemonPaths(base, base, base, base)
+        root = Path(home).expanduser()
+        base = root / "daemon" / mesh
+        return DaemonPaths(base, base, base, base, root)
     user_home = Path(environ.get("HOME", "~")).expanduser()
     xdg = {
         "config": environ.get("XDG_CONFIG_HOME") or str(user_home / ".config"),
@@ -103,6 +113,7 @@ def daemon_paths(mesh: str, environ: Mapping[str, str]) -> DaemonPaths:
         Path(xdg["data"]) / sub,
         Path(xdg["state"]) / sub,
         Path(xdg["runtime"]) / sub,
+        Path(xdg["runtime"]),
     )
 
 

@@ -27,6 +27,14 @@ SETTINGS: tuple[Setting, ...] = (
             reloadable=True),
     Setting("ipc.sse_write_timeout_s", float, 10.0, "A stream whose writes stall this long "
             "is closed.", reloadable=True),
+    Setting("ipc.header_timeout_s", float, 10.0, "Seconds a connection has to send a complete "
+            "request head, counted from its start (on the Unix socket, a later request's from "
+            "its first byte); then it is closed."),
+    Setting("ipc.idle_timeout_s", float, 60.0, "A connection with no request for this long is "
+            "closed (and a send lane body not complete this long after its request began)."),
+    Setting("ipc.max_unauthenticated", int, 64, "TCP connections that have not sent a request "
+            "head yet; one more closes the one waiting longest. After its head a connection "
+            "without the token is closed with its answer."),
     Setting("outbox.max_age_hours", int, 168, "Max age of an unsent row (permanent dedupe mode)."),
     Setting("outbox.max_age_hours_override", int, None,
             "Shorter max age; refused above the broker's dedupe window.", optional=True),
@@ -82,6 +90,9 @@ class DaemonSettings:
     ipc_sse_buffer: int
     ipc_sse_keepalive_s: float
     ipc_sse_write_timeout_s: float
+    ipc_header_timeout_s: float
+    ipc_idle_timeout_s: float
+    ipc_max_unauthenticated: int
     outbox_max_age_hours: int
     outbox_max_age_hours_override: int | None
     outbox_group_commit_max: int
@@ -122,4 +133,8 @@ def read_file(path: Path) -> dict[str, Any]:
 def load(
     file_data: Mapping[str, Any], environ: Mapping[str, str], flags: Mapping[str, Any]
 ) -> tuple[DaemonSettings, dict[str, Resolved]]:
-    return build(DaemonSettings, SETTINGS, file_data, environ, flags)
+    settings, resolved = build(DaemonSettings, SETTINGS, file_data, environ, flags)
+    for name in ("ipc.header_timeout_s", "ipc.idle_timeout_s", "ipc.max_unauthenticated"):
+        if getattr(settings, name.replace(".", "_")) <= 0:
+            raise ConfigError(f"{name} must be positive", field=name)
+    return settings, resolved

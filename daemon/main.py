@@ -9,13 +9,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import secrets
 import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import structlog
@@ -26,6 +24,7 @@ from tidemesh.core import logfilters
 from tidemesh.core.backoff import Backoff
 from tidemesh.core.exitcodes import Exit
 from tidemesh.core.metrics import CallbackGauge, CollectorRegistry
+from tidemesh.core.ownership import NotPrivate
 from tidemesh.core.paths import DaemonPaths, daemon_paths, socket_path_problem
 from tidemesh.core.retention import DAY_MS, HOUR_MS, InboxPolicy
 from tidemesh.core.sealing import seal_request
@@ -34,6 +33,7 @@ from tidemesh.core.watchdog import LoopWatchdog, StallPolicy
 from tidemesh.daemon import config as config_mod
 from tidemesh.daemon import identity, revocation, storage_gauges
 from tidemesh.daemon import log as log_mod
+from tidemesh.daemon.api.connections import ConnectionLimits
 from tidemesh.daemon.api.keys import (
     BUS,
     CAPABILITIES,
@@ -51,6 +51,7 @@ from tidemesh.daemon.api.keys import (
 from tidemesh.daemon.hooks.service import HookService, load_plan
 from tidemesh.daemon.join import MeshConfig
 from tidemesh.daemon.lifecycle import Drain, Reloader, StopBudget, finish, kept_running
+from tidemesh.daemon.private import ensure_dirs, ensure_token
 from tidemesh.daemon.relay import Relay, RelayFatal, RelayMetrics, RelaySettings
 from tidemesh.daemon.server import IpcServer, build_app
 from tidemesh.daemon.service.disk import DiskMonitor
@@ -129,25 +130,6 @@ def retention_settings(s: config_mod.DaemonSettings) -> RetentionSettings:
                              s.retention_batch_rows)
 
 
-def ensure_dirs(paths: DaemonPaths) -> None:
-    """Create the daemon's folders, private to the user (0700)."""
-    for d in paths.folders:
-        d.mkdir(parents=True, exist_ok=True, mode=0o700)
-        os.chmod(d, 0o700)
-
-
-def ensure_token(path: Path) -> str:
-    if path.exists():
-        token = path.read_text(encoding="ascii").strip()
-        if token:
-            return token
-    token = secrets.token_urlsafe(32)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="ascii") as f:
-        f.write(token + "\n")
-    return token
-
-
 def run(mesh: str | None, environ: Mapping[str, str], flags: Mapping[str, Any]) -> int:
     """Run the daemon in the foreground until SIGTERM/SIGINT; returns the exit code."""
     try:
@@ -155,7 +137,11 @@ def run(mesh: str | None, environ: Mapping[str, str], flags: Mapping[str, Any]) 
     except ConfigError as exc:
         print(f"tidemesh daemon: {exc.message}", file=sys.stderr)
         return Exit.USAGE
-    ensure_dirs(start.paths)
+    try:
+        ensure_dirs(start.paths)
+    except NotPrivate as exc:
+        print(f"tidemesh daemon: {exc.message}", file=sys.stderr)
+        return Exit.USAGE
     s = start.settings
     log_mod.configure(s.log_level, s.log_format, file=s.log_file,
                       max_bytes=s.log_file_max_bytes, backups=s.log_file_backups)
@@ -306,7 +292,9 @@ class Daemon:
         app.on_shutdown.append(drain)
         # The drain hook waits for requests; this is only for event streams left after it.
         server = IpcServer(app, paths.socket, s.ipc_http_port if s.ipc_tcp_enabled else None,
-                           _STREAMS_CUT_S)
+                           _STREAMS_CUT_S, ConnectionLimits(s.ipc_header_timeout_s,
+                                                            s.ipc_idle_timeout_s,
+                                                            s.ipc_max_unauthenticated))
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)

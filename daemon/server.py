@@ -1,5 +1,6 @@
 """The IPC listeners: the Unix socket (0600) through the send lane, which hands every
-request but the sends to aiohttp, and loopback TCP on aiohttp alone."""
+request but the sends to aiohttp, and loopback TCP through the gate (``api/connections``),
+which hands each connection to aiohttp once its first request head is in."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 import structlog
 from aiohttp import web
 
+from tidemesh.daemon.api.connections import ConnectionLimits, Gate
 from tidemesh.daemon.api.keys import MAX_BODY, OUTBOX, STATE
 from tidemesh.daemon.api.middleware import ipc
 from tidemesh.daemon.api.routes import ROUTES
@@ -34,16 +36,19 @@ def build_app(max_body_bytes: int) -> web.Application:
 
 class IpcServer:
     def __init__(self, app: web.Application, socket_path: Path, tcp_port: int | None,
-                 shutdown_timeout: float) -> None:
+                 shutdown_timeout: float, limits: ConnectionLimits | None = None) -> None:
         self.app = app
         self.socket_path = socket_path
         self.tcp_port = tcp_port
+        self.limits = limits = limits or ConnectionLimits()
         self.runner = web.AppRunner(app, access_log=None, shutdown_timeout=shutdown_timeout,
-                                    handle_signals=False)
+                                    handle_signals=False, keepalive_timeout=limits.idle_timeout_s)
         self.bound_port: int | None = None
         self.shutdown_timeout = shutdown_timeout
         self._lane: Lane | None = None
         self._unix_server: asyncio.AbstractServer | None = None
+        self._gate: Gate | None = None
+        self._tcp_server: asyncio.AbstractServer | None = None
         # (st_dev, st_ino) of the socket file we bound: a file at the path with another
         # identity is not ours (deleted and replaced), and nobody can connect through it.
         self.socket_identity: tuple[int, int] | None = None
@@ -52,14 +57,18 @@ class IpcServer:
         await self.runner.setup()
         server = self.runner.server
         assert server is not None  # set by setup()
-        self._lane = Lane(self.app[STATE], self.app[OUTBOX], self.app[MAX_BODY], server)
+        self._lane = Lane(self.app[STATE], self.app[OUTBOX], self.app[MAX_BODY], server,
+                          keepalive_s=self.limits.idle_timeout_s,
+                          header_timeout_s=self.limits.header_timeout_s)
         await self._bind_unix()
         if self.tcp_port is not None:
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind(("127.0.0.1", self.tcp_port))
             self.bound_port = sock.getsockname()[1]
-            await web.SockSite(self.runner, sock, backlog=ACCEPT_BACKLOG).start()
+            self._gate = Gate(self.limits, server)
+            self._tcp_server = await asyncio.get_running_loop().create_server(
+                self._gate.protocol, sock=sock, backlog=ACCEPT_BACKLOG)
         log.info("ipc_listening", socket=str(self.socket_path), tcp_port=self.bound_port)
 
     async def _bind_unix(self) -> None:
@@ -91,6 +100,10 @@ class IpcServer:
         too: they count in the same in-flight figure."""
         if self._unix_server is not None:
             self._unix_server.close()
+        if self._tcp_server is not None:
+            self._tcp_server.close()
+        if self._gate is not None:
+            self._gate.close_all()
         if self._lane is not None:
             self._lane.close_idle()
         await self.runner.cleanup()

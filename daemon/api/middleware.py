@@ -4,7 +4,10 @@
 enforces DESIGN §3: a token in the query is refused (400); on TCP the
 Host must be loopback and no Origin may be present (403), and a bearer token is required
 (401); more than ``max_inflight`` concurrent requests get 429. A hook's reply token
-(``CAPABILITIES``) allows only POST /v1/send to its one target; anything else is 403.
+(``CAPABILITIES``) allows only POST /v1/send to its one target; anything else is 403. On TCP
+an answer to a request without a valid token (a 401, any refusal before the token is
+checked, the public health check) closes its connection, so connections held by someone
+without the token end with their first answer (``connections``).
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ log = structlog.get_logger(__name__)
 _LOOPBACK_HOSTS = {"", "localhost", "127.0.0.1", "[::1]", "::1"}
 _STREAMING = {"/v1/events"}
 _TOKEN_PARAMS = {"token", "access_token", "local_token"}
+# Set on a TCP request once its token (or reply token) has been checked.
+_AUTHENTICATED = web.RequestKey("authenticated", bool)
 
 
 def transport_of(request: web.Request) -> str:
@@ -77,26 +82,32 @@ async def ipc(request: web.Request, handler: Handler) -> web.StreamResponse:
     status = 500
     started = time.perf_counter()
     try:
-        resp = await _guarded(request, handler, transport)
+        resp = await _answered(request, handler, transport)
         status = resp.status
+        if transport == "tcp" and not request.get(_AUTHENTICATED) and not resp.prepared:
+            resp.force_close()
         return resp
+    finally:
+        route = request.match_info.route.resource
+        endpoint = route.canonical if route is not None else "unmatched"
+        state.metrics.record(endpoint, status, transport, time.perf_counter() - started)
+
+
+async def _answered(request: web.Request, handler: Handler, transport: str
+                    ) -> web.StreamResponse:
+    """The handler's response, or the error envelope of what it (or a guard) raised."""
+    try:
+        return await _guarded(request, handler, transport)
     except TidemeshError as exc:
-        status = exc.http_status
         logged(exc, request.path)
         return render(exc)
     except web.HTTPException as exc:
-        err = _from_http(exc)
-        status = err.http_status
-        resp = render(err)
+        resp = render(_from_http(exc))
         if isinstance(exc, web.HTTPMethodNotAllowed):  # RFC 9110 §15.5.6: a 405 names them
             resp.headers["Allow"] = ", ".join(sorted(exc.allowed_methods))
         return resp
     except Exception:
         return render(crashed(request.path, request.method))
-    finally:
-        route = request.match_info.route.resource
-        endpoint = route.canonical if route is not None else "unmatched"
-        state.metrics.record(endpoint, status, transport, time.perf_counter() - started)
 
 
 async def _guarded(request: web.Request, handler: Handler, transport: str) -> web.StreamResponse:
@@ -181,12 +192,18 @@ def _check_tcp(request: web.Request, capability: bool = False) -> None:
     if "Origin" in request.headers or "Referer" in request.headers:
         raise Forbidden("requests from web pages are refused (Origin/Referer present)",
                         header="Origin")
-    if capability or (state.public_health_check and request.path == "/v1/health"):
+    if capability:
+        request[_AUTHENTICATED] = True
         return
     auth = request.headers.get("Authorization", "")
+    if auth.startswith("Bearer ") and hmac.compare_digest(
+            auth.removeprefix("Bearer ").strip().encode(), state.token.encode()):
+        request[_AUTHENTICATED] = True
+        return
+    if state.public_health_check and request.path == "/v1/health":
+        return
     if not auth.startswith("Bearer "):
         raise Unauthorized("missing bearer token; send Authorization: Bearer <local_token>")
-    if not hmac.compare_digest(auth.removeprefix("Bearer ").strip().encode(), state.token.encode()):
-        raise Unauthorized("invalid bearer token")
+    raise Unauthorized("invalid bearer token")
 
 

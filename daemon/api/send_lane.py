@@ -32,6 +32,7 @@ import structlog
 
 from tidemesh.core import numbers
 from tidemesh.core.errors import TidemeshError
+from tidemesh.daemon.api.connections import HEADER_TIMEOUT_S, IDLE_TIMEOUT_S, MAX_HEAD
 from tidemesh.daemon.api.handlers import accept_batch, accept_send
 from tidemesh.daemon.api.keys import IpcState
 from tidemesh.daemon.api.middleware import admit, crashed, logged
@@ -44,12 +45,8 @@ _PATHS = {SEND.encode(): SEND, SEND_BATCH.encode(): SEND_BATCH}
 # Headers that need aiohttp's handling: a token (capabilities), bodies not framed by a
 # Content-Length, protocol switches.
 _HAND_OVER = {b"authorization", b"transfer-encoding", b"expect", b"upgrade"}
-# A head not complete within this many bytes goes to aiohttp, which answers its 400/431.
-_MAX_HEAD = 64 * 1024
 # Bytes of later requests buffered while one is answered before reading pauses.
 _READ_AHEAD = 256 * 1024
-# A connection idle this long is closed, as aiohttp's RequestHandler does by default.
-KEEPALIVE_S = 3630.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,9 +136,13 @@ class Lane:
 
     def __init__(self, state: IpcState, outbox: OutboxService, max_body: int,
                  aiohttp_protocol: Callable[[], asyncio.Protocol],
-                 keepalive_s: float = KEEPALIVE_S) -> None:
+                 keepalive_s: float = IDLE_TIMEOUT_S,
+                 header_timeout_s: float = HEADER_TIMEOUT_S) -> None:
         self.state = state
         self.keepalive_s = keepalive_s
+        self.header_timeout_s = header_timeout_s
+        # No deadline of a connection comes sooner than this after the timer is armed.
+        self.first_check_s = min(keepalive_s, header_timeout_s)
         self.outbox = outbox
         self.max_body = max_body
         self.aiohttp_protocol = aiohttp_protocol
@@ -209,9 +210,13 @@ class LaneConnection(asyncio.Protocol):
         self.reading_paused = False
         self.writable: asyncio.Future[None] | None = None
         self.eof = False
-        # Idle keep-alive: one timer per connection, moved on lazily (``_idle_check``), so a
-        # request costs a clock read, not a timer.
+        # Idle keep-alive and the header timeout: one timer per connection, moved on lazily
+        # (``_idle_check``), so a request costs two clock reads, not a timer. ``active_at``:
+        # the last answer; ``request_at``: the first byte of the request being read (for the
+        # first request, the connection itself).
         self.active_at = 0.0
+        self.request_at = 0.0
+        self.answered = False
         self.idle_timer: asyncio.TimerHandle | None = None
         # Kept from connection_made: on Python 3.11 every get_running_loop() is a getpid()
         # system call, and the lane would make two a request.
@@ -226,8 +231,9 @@ class LaneConnection(asyncio.Protocol):
             return
         self.lane.connections.add(self)
         self.loop = loop = asyncio.get_running_loop()
-        self.active_at = loop.time()
-        self.idle_timer = loop.call_at(self.active_at + self.lane.keepalive_s, self._idle_check)
+        self.active_at = self.request_at = loop.time()
+        self.idle_timer = loop.call_at(self.request_at + self.lane.first_check_s,
+                                       self._idle_check)
 
     def connection_lost(self, exc: Exception | None) -> None:
         # A request being answered still commits; only its answer has nowhere to go.
@@ -238,6 +244,8 @@ class LaneConnection(asyncio.Protocol):
             self.writable.set_result(None)
 
     def data_received(self, data: bytes) -> None:
+        if not self.buf and self.loop is not None:
+            self.request_at = self.loop.time()
         self.buf += data
         if self.task is None:
             self._next()
@@ -265,7 +273,7 @@ class LaneConnection(asyncio.Protocol):
         if self.head is None:
             end = buf.find(b"\r\n\r\n")
             if end < 0:
-                if len(buf) > _MAX_HEAD:
+                if len(buf) > MAX_HEAD:
                     self._hand_over()
                 return
             self.head_len = end + 4
@@ -299,6 +307,7 @@ class LaneConnection(asyncio.Protocol):
         transport.write(self.lane.response(status, orjson.dumps(answer), head))
         assert self.loop is not None
         self.active_at = self.loop.time()
+        self.answered = True
         self.lane.state.metrics.record(head.path, status, "unix", time.perf_counter() - started)
         if self.writable is not None:
             await self.writable
@@ -309,7 +318,8 @@ class LaneConnection(asyncio.Protocol):
         if self.reading_paused:
             self.reading_paused = False
             transport.resume_reading()
-        if self.buf:
+        if self.buf:   # the next request's clock starts with this answer at the latest
+            self.request_at = self.active_at
             self._next()
 
     def _hand_over(self) -> None:
@@ -334,18 +344,27 @@ class LaneConnection(asyncio.Protocol):
 
     # -------------------------------------------------------------- idle keep-alive
     def _idle_check(self) -> None:
-        """Close the connection once it has been idle for the keep-alive time: no request
-        being answered and no byte of a request in the buffer since the last answer."""
+        """Close the connection when it has waited too long: idle since its last answer for
+        the keep-alive time, or a request head (the first from the connection's start, a
+        later one from its first byte) not complete within the header timeout, or a body
+        not complete within the keep-alive time of its request's start."""
         transport, loop = self.transport, self.loop
         if transport is None or loop is None:
             return
-        due = self.active_at + self.lane.keepalive_s
-        busy = self.task is not None or bool(self.buf)
-        if not busy and loop.time() >= due:
+        now = loop.time()
+        lane = self.lane
+        if self.task is not None:            # being answered: look again later
+            self.idle_timer = loop.call_at(now + lane.first_check_s, self._idle_check)
+            return
+        if self.buf or not self.answered:    # a request is (or should be) arriving
+            wait = lane.header_timeout_s if self.head is None else lane.keepalive_s
+            due = self.request_at + wait
+        else:
+            due = self.active_at + lane.keepalive_s
+        if now >= due:
             transport.close()
             return
-        self.idle_timer = loop.call_at(
-            loop.time() + self.lane.keepalive_s if busy else due, self._idle_check)
+        self.idle_timer = loop.call_at(due, self._idle_check)
 
     def _stop_idle_timer(self) -> None:
         if self.idle_timer is not None:

@@ -8,6 +8,7 @@ import pytest
 
 from tidemesh.client import Client, DaemonNotRunning
 from tidemesh.client.endpoint import Endpoint
+from tidemesh.core.ownership import NotPrivate
 
 
 def test_for_mesh_uses_tidemesh_home_then_xdg() -> None:
@@ -22,9 +23,27 @@ def test_for_mesh_over_tcp_reads_the_published_port(tmp_path: Path) -> None:
     folder.mkdir(parents=True)
     (folder / "http.port").write_text("4711\n")
     (folder / "local_token").write_text("secret\n")
+    (folder / "local_token").chmod(0o600)
     e = Endpoint.for_mesh("team", tcp=True, environ={"TIDEMESH_HOME": str(tmp_path)})
     assert (e.port, e.socket_path) == (4711, None)
     assert e.headers() == {"Authorization": "Bearer secret"}
+
+
+def test_a_token_others_may_read_or_a_folder_others_may_write_is_refused(
+        tmp_path: Path) -> None:
+    folder = tmp_path / "daemon" / "team"
+    folder.mkdir(parents=True)
+    (folder / "http.port").write_text("4711\n")
+    token = folder / "local_token"
+    token.write_text("secret\n")
+    token.chmod(0o644)
+    e = Endpoint.for_mesh("team", tcp=True, environ={"TIDEMESH_HOME": str(tmp_path)})
+    with pytest.raises(NotPrivate, match="readable or writable by others"):
+        e.headers()
+    token.chmod(0o600)
+    (tmp_path / "daemon").chmod(0o777)
+    with pytest.raises(NotPrivate, match="writable by group or others"):
+        Endpoint.for_mesh("team", tcp=True, environ={"TIDEMESH_HOME": str(tmp_path)})
 
 
 def test_no_published_port_is_daemon_not_running_with_the_start_command(tmp_path: Path) -> None:

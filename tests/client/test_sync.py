@@ -44,6 +44,7 @@ def test_loopback_tcp_needs_the_token(daemon: RunningDaemon, tmp_path: Path) -> 
     assert tcp.version()["mesh"] == daemon.mesh
     wrong = tmp_path / "token"
     wrong.write_text("not-the-token\n")
+    wrong.chmod(0o600)   # a token file others may read is refused before it is sent
     with pytest.raises(errors.Unauthorized):
         Client(port=daemon.port, token_file=wrong).outbox_list()
 

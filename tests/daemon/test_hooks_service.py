@@ -5,8 +5,10 @@ hook that keeps failing becomes a hook_failed event."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import signal
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable
@@ -14,6 +16,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import aiohttp
+import uvloop
 
 from tests.daemon.local_app import delivery
 from tidemesh.core import hooks as rules
@@ -33,7 +36,7 @@ from tidemesh.daemon.api.keys import (
 )
 from tidemesh.daemon.hooks.capability import Capabilities
 from tidemesh.daemon.hooks.files import load_plan
-from tidemesh.daemon.hooks.runner import Sandbox, hook_env, run_hook
+from tidemesh.daemon.hooks.runner import RunResult, Sandbox, hook_env, run_hook
 from tidemesh.daemon.hooks.service import HookMetrics, HookService, HookSite
 from tidemesh.daemon.server import IpcServer, build_app
 from tidemesh.daemon.service.events import EventBus
@@ -92,6 +95,42 @@ async def test_hook_sees_only_its_minimal_environment_and_its_event(short_tmp: P
     assert names <= {"PATH", "PWD", "SHLVL", "_", "TIDEMESH_MESH", "TIDEMESH_HOOK_NAME",
                      "TIDEMESH_EVENT_ID", "TIDEMESH_DAEMON_SOCK"}
     assert "PATH=/usr/bin:/bin" in lines and "TIDEMESH_EVENT_ID=e1" in lines
+
+
+def _run_on_uvloop(path: Path, cfg: HookConfig) -> RunResult:
+    """The daemon runs on uvloop, whose subprocesses inherit extra copies of their pipes:
+    run the hook there, as the daemon would."""
+    env = hook_env("t", "on-message", "e1", path.parent / "sock")
+    return uvloop.run(run_hook(path, cfg, b"{}", env, Sandbox(None), grace_s=0.5))
+
+
+def _kill_pid_in(pidfile: Path) -> None:
+    with contextlib.suppress(ValueError, OSError):
+        os.kill(int(pidfile.read_text()), signal.SIGKILL)
+
+
+def test_a_background_child_with_its_own_stdio_does_not_hold_the_run(short_tmp: Path) -> None:
+    pidfile = short_tmp / "child.pid"
+    path = script(short_tmp, "on-message",
+                  f"sleep 60 </dev/null >/dev/null 2>&1 &\necho $! > {pidfile}\necho started")
+    try:
+        result = _run_on_uvloop(path, HookConfig("on-message", timeout_s=20))
+    finally:
+        _kill_pid_in(pidfile)
+    assert not result.timed_out and result.exit_code == 0, result.describe()
+    assert result.stdout == b"started\n"
+
+
+def test_a_background_child_holding_the_pipes_does_not_hold_the_run(short_tmp: Path) -> None:
+    pidfile = short_tmp / "child.pid"
+    path = script(short_tmp, "on-message",
+                  f"echo before\nsleep 60 &\necho $! > {pidfile}\necho after")
+    try:
+        result = _run_on_uvloop(path, HookConfig("on-message", timeout_s=20))
+    finally:
+        _kill_pid_in(pidfile)
+    assert not result.timed_out and result.exit_code == 0, result.describe()
+    assert result.stdout == b"before\nafter\n"
 
 
 @asynccontextmanager
