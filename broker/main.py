@@ -138,7 +138,9 @@ async def _run(settings: BrokerSettings, url: str, stop: asyncio.Event,
                           max_bad=settings.limits_bad_frames,
                           bad_window_s=settings.limits_bad_frames_window_s,
                           max_frame_bytes=settings.limits_inline_bytes * 2 + 65536,
-                          hello_timeout_s=settings.auth_hello_timeout_s)
+                          hello_timeout_s=settings.auth_hello_timeout_s,
+                          send_queue_frames=settings.limits_send_queue_frames,
+                          slow_reader_s=settings.limits_slow_reader_s)
     failed: WriterStopped | None = None
     try:
         await service.peering.heartbeat()  # alive before the first member claims a session

@@ -221,7 +221,7 @@ class Peering:
         self.connections.wake_local(list(self.connections.conns))
 
     async def on_presence(self, frame: dict[str, Any]) -> None:
-        await self.connections.tell_local(frame)
+        self.connections.tell_local(frame)
 
     # -- background jobs -------------------------------------------------------------------
 
@@ -250,7 +250,7 @@ class Peering:
                 continue
             frame = {"type": "peer_leave", "mesh_id": gone.mesh_id, "pubkey": gone.pubkey,
                      "at": now}
-            await self.connections.tell_local(frame)
+            self.connections.tell_local(frame)
             await self.shared.publish_presence(frame)
 
     async def poll(self) -> int:

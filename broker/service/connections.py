@@ -2,7 +2,8 @@
 
 A member may hold several connections; the first announces a ``peer_join``, the last a
 ``peer_leave``. Presence metadata (profiles) lives in memory like presence itself: each daemon
-holds the authoritative copy and sends it again after every connect. Presence is best effort.
+holds the authoritative copy and sends it again after every connect. Presence is best effort:
+it is queued on each listener's connection, coalesced per member, and never waited for.
 With several brokers on one database, ``elsewhere`` (``service/cluster.py``) carries wake-ups
 and presence to the other brokers and lists the members they serve.
 """
@@ -20,7 +21,6 @@ import structlog
 from tidemesh.core.ids import new_ulid
 
 log = structlog.get_logger(__name__)
-PRESENCE_SEND_TIMEOUT_S = 1.0
 
 
 class Elsewhere(Protocol):
@@ -36,8 +36,20 @@ class Elsewhere(Protocol):
 
 
 class Peer(Protocol):
-    async def send_frame(self, frame: dict[str, Any]) -> None: ...
-    async def close(self, code: int, reason: str) -> None: ...
+    """A connection's far end (``broker/server.py``'s ``WsPeer``)."""
+
+    async def send_frame(self, frame: dict[str, Any]) -> None:
+        """One of the connection's own frames, in order; waits only for room in the
+        connection's own queue."""
+        ...
+
+    def tell(self, frame: dict[str, Any]) -> None:
+        """A presence event about another member: queued, coalesced, never waited for."""
+        ...
+
+    async def close(self, code: int, reason: str) -> None:
+        """Close after what is queued; returns without waiting for the close."""
+        ...
 
 
 def now_ms() -> int:
@@ -122,21 +134,19 @@ class Connections:
             frame["display_name"] = conn.display_name
             if profile:
                 frame["profile"] = profile
-        await self.tell_local(frame)
+        self.tell_local(frame)
         if self.elsewhere is not None:
             await self.elsewhere.relay_presence(frame)
 
-    async def tell_local(self, frame: dict[str, Any]) -> None:
-        """A presence event to the members of its mesh connected here, but its subject."""
-        for (mesh_id, pubkey), conns in list(self.conns.items()):
+    def tell_local(self, frame: dict[str, Any]) -> None:
+        """A presence event to the members of its mesh connected here, but its subject.
+        Queued on each connection (coalesced there, see ``broker/outgoing.py``): telling
+        never waits on anyone's socket."""
+        for (mesh_id, pubkey), conns in self.conns.items():
             if mesh_id != frame["mesh_id"] or pubkey == frame["pubkey"]:
                 continue
-            for other in list(conns):
-                try:
-                    async with asyncio.timeout(PRESENCE_SEND_TIMEOUT_S):
-                        await other.peer.send_frame(frame)
-                except Exception as exc:  # a slow or closing peer misses one presence event
-                    log.info("broker_presence_undelivered", pubkey=pubkey, error=repr(exc))
+            for other in conns:
+                other.peer.tell(frame)
 
     async def peers(self, conn: Conn, frame: dict[str, Any]) -> dict[str, Any]:
         """Who is connected, with their profiles; hidden members only see themselves."""

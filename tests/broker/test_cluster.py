@@ -25,6 +25,9 @@ class Silent:
     async def send_frame(self, frame: dict[str, Any]) -> None:
         return None
 
+    def tell(self, frame: dict[str, Any]) -> None:
+        return None
+
     async def close(self, code: int, reason: str) -> None:
         return None
 
@@ -158,6 +161,9 @@ class Recording(Silent):
         self.closed: tuple[int, str] | None = None
 
     async def send_frame(self, frame: dict[str, Any]) -> None:
+        self.frames.append(frame)
+
+    def tell(self, frame: dict[str, Any]) -> None:
         self.frames.append(frame)
 
     async def close(self, code: int, reason: str) -> None:
