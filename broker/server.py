@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
@@ -141,6 +142,17 @@ class WsPeer:
             self.ws.transport.abort()
 
 
+@dataclass(slots=True)
+class Live:
+    """One connection as its handler holds it: what the finally must undo."""
+
+    peer: WsPeer
+    session: Session
+    conn: Conn | None = None    # registered (set the moment it is)
+    pump: asyncio.Task[None] | None = None
+    joins: bool = False         # its peer_join is still to be announced
+
+
 class BrokerServer:
     def __init__(self, service: BrokerService, *, max_inflight: int = 256, max_bad: int = 20,
                  bad_window_s: float = 10.0, max_frame_bytes: int = 4 << 20,
@@ -188,34 +200,9 @@ class BrokerServer:
     async def handler(self, ws: ServerConnection) -> None:
         peer = WsPeer(ws, self.service.metrics, self.queue_limits, self.slow_reader_s)
         peer.start()
-        session = Session(handshake.new_nonce(), self.max_bad, self.bad_window_s)
-        conn: Conn | None = None
+        live = Live(peer, Session(handshake.new_nonce(), self.max_bad, self.bad_window_s))
         try:
-            await peer.send_frame(session.challenge().frame)
-            async with asyncio.timeout(self.hello_timeout_s) as deadline, \
-                    asyncio.TaskGroup() as tg:
-                inflight = asyncio.Semaphore(self.max_inflight)
-                pump: asyncio.Task[None] | None = None
-                loop = asyncio.get_running_loop()   # once: each call is a getpid() on 3.11
-                try:
-                    async for raw in ws:
-                        if conn is not None and conn.hold_until_ms > (now := now_ms()):
-                            await asyncio.sleep((conn.hold_until_ms - now) / 1000)
-                        for action in session.on_text(raw, loop.time()):
-                            if isinstance(action, Authenticate):
-                                conn = await self._authenticate(peer, session, action)
-                                if conn is not None:
-                                    deadline.reschedule(None)
-                                    pump = tg.create_task(self._pump(conn))
-                            elif isinstance(action, Dispatch):
-                                assert conn is not None
-                                await self._dispatch(tg, inflight, conn, action.frame)
-                            else:
-                                await self._carry_out(peer, action)
-                finally:
-                    peer.gone()   # the reader ended: no task of this connection waits for room
-                    if pump is not None:
-                        pump.cancel()
+            await self._serve(ws, live)
         except ConnectionClosed:
             pass
         except TimeoutError:  # no good hello in time: a socket squatter, not a member
@@ -224,12 +211,43 @@ class BrokerServer:
         except Exception as exc:  # one broken connection must not take the server down
             await self._failed(peer, exc)
         finally:
+            # Unregistered first, with nothing awaited before: the registry (and the
+            # connections gauge) never keeps a connection that ended, however it ended.
+            conn = live.conn
+            last = self.service.connections.unregister(conn) if conn is not None else False
             await peer.stop()
             if conn is not None:
-                await self._left(conn)
+                await self._left(conn, last)
 
-    async def _left(self, conn: Conn) -> None:
-        last = self.service.connections.unregister(conn)
+    async def _serve(self, ws: ServerConnection, live: Live) -> None:
+        await live.peer.send_frame(live.session.challenge().frame)
+        async with asyncio.timeout(self.hello_timeout_s) as deadline, \
+                asyncio.TaskGroup() as tg:
+            inflight = asyncio.Semaphore(self.max_inflight)
+            loop = asyncio.get_running_loop()   # once: each call is a getpid() on 3.11
+            try:
+                async for raw in ws:
+                    conn = live.conn
+                    if conn is not None and conn.hold_until_ms > (now := now_ms()):
+                        await asyncio.sleep((conn.hold_until_ms - now) / 1000)
+                    for action in live.session.on_text(raw, loop.time()):
+                        if isinstance(action, Authenticate):
+                            await self._authenticate(live, action, tg)
+                            if live.conn is not None:
+                                deadline.reschedule(None)
+                                # Announced outside the hello deadline.
+                                await self._announce_join(live)
+                        elif isinstance(action, Dispatch):
+                            assert live.conn is not None
+                            await self._dispatch(tg, inflight, live.conn, action.frame)
+                        else:
+                            await self._carry_out(live.peer, action)
+            finally:
+                live.peer.gone()   # the reader ended: no task of this connection waits for room
+                if live.pump is not None:
+                    live.pump.cancel()
+
+    async def _left(self, conn: Conn, last: bool) -> None:
         try:
             gone = await self.service.peering.disconnected(conn, last)
         except self.service.store.outage_errors as exc:
@@ -259,19 +277,29 @@ class BrokerServer:
         with contextlib.suppress(ConnectionClosed):
             await self.service.deliveries.pump(conn)
 
-    async def _authenticate(self, peer: WsPeer, session: Session,
-                            action: Authenticate) -> Conn | None:
+    async def _authenticate(self, live: Live, action: Authenticate,
+                            tg: asyncio.TaskGroup) -> None:
+        """Check the hello, register the member (in ``live``, before anything else is
+        awaited, so that the handler's finally unregisters it whatever happens next), answer
+        hello_ack or the close, and claim the member's session."""
         out = await self.service.auth.authenticate(action.frame)
-        conn, first = None, False
+        first = False
         if out.problem is None:
-            conn, first = self.service.connections.register(peer, out.mesh_id, out.pubkey,
-                                                            out.display_name)
-        for a in session.on_member(out.mesh_id, out.mesh_name, out.pubkey,
-                                   conn.session_id if conn else "", out.problem, out.joined):
-            await self._carry_out(peer, a)
-        if conn is not None and await self.service.peering.connected(conn, first):
-            await self.service.connections.announce(conn, "peer_join")
-        return conn
+            live.conn, first = self.service.connections.register(
+                live.peer, out.mesh_id, out.pubkey, out.display_name)
+        conn = live.conn
+        for a in live.session.on_member(out.mesh_id, out.mesh_name, out.pubkey,
+                                        conn.session_id if conn else "", out.problem,
+                                        out.joined):
+            await self._carry_out(live.peer, a)
+        if conn is not None:
+            live.joins = await self.service.peering.connected(conn, first)
+            live.pump = tg.create_task(self._pump(conn))
+
+    async def _announce_join(self, live: Live) -> None:
+        if live.joins and live.conn is not None:
+            live.joins = False
+            await self.service.connections.announce(live.conn, "peer_join")
 
     async def _carry_out(self, peer: WsPeer, action: Send | Close | Authenticate | Dispatch
                          ) -> None:
