@@ -49,6 +49,11 @@ SETTINGS: tuple[Setting, ...] = (
             "refill); 0 = no limit. `broker mesh limits` overrides it per mesh."),
     Setting("limits.member_burst", int, 1000, "Token bucket size: new sends a member may make "
             "at once after a quiet spell."),
+    Setting("limits.profile_rate", float, 0.5, "Profile changes per second per member that take "
+            "effect at once (token bucket refill); faster ones are coalesced, the latest "
+            "applied when the bucket allows."),
+    Setting("limits.profile_burst", int, 5, "Profile changes a member may make at once after a "
+            "quiet spell."),
     Setting("auth.hello_timeout_s", float, 10.0, "A connection must authenticate within this."),
     Setting("auth.recheck_s", float, 5.0, "How often connected members are re-checked for "
             "revocation."),
@@ -86,6 +91,8 @@ class BrokerSettings:
     limits_bad_frames_window_s: float
     limits_member_rate: float
     limits_member_burst: int
+    limits_profile_rate: float
+    limits_profile_burst: int
     auth_hello_timeout_s: float
     auth_recheck_s: float
     cluster_poll_s: float
@@ -154,6 +161,9 @@ def _validate(s: BrokerSettings) -> None:
     if s.limits_member_rate < 0:
         raise ConfigError("limits.member_rate must be >= 0 (0: no limit)",
                           field="limits.member_rate")
+    if s.limits_profile_rate <= 0 or s.limits_profile_burst < 1:
+        raise ConfigError("limits.profile_rate must be > 0 and limits.profile_burst >= 1",
+                          field="limits.profile_rate")
     if s.limits_member_burst < 1:
         raise ConfigError("limits.member_burst must be >= 1", field="limits.member_burst")
     try:

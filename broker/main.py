@@ -133,7 +133,9 @@ async def _run(settings: BrokerSettings, url: str, stop: asyncio.Event,
                             cluster=open_cluster(store, new_ulid()),
                             session_expiry_s=settings.cluster_session_expiry_s,
                             member_rate=Rate(settings.limits_member_rate,
-                                             settings.limits_member_burst))
+                                             settings.limits_member_burst),
+                            profile_rate=Rate(settings.limits_profile_rate,
+                                              settings.limits_profile_burst))
     server = BrokerServer(service, max_inflight=settings.limits_max_inflight,
                           max_bad=settings.limits_bad_frames,
                           bad_window_s=settings.limits_bad_frames_window_s,

@@ -19,8 +19,14 @@ from typing import Any, Protocol
 import structlog
 
 from tidemesh.core.ids import new_ulid
+from tidemesh.core.ratelimit import Buckets, Rate
 
 log = structlog.get_logger(__name__)
+Key = tuple[str, str]   # (mesh_id, member pubkey)
+# How often a member's profile changes take effect (a token bucket per member): those that
+# come faster are answered at once and coalesced, the latest taking effect when the bucket
+# has a token again (issue #31.6: 1,000 toggles of `visible` were 1,000 presence events).
+PROFILE_RATE = Rate(per_s=0.5, burst=5)
 
 
 class Elsewhere(Protocol):
@@ -74,11 +80,17 @@ class Conn:
 
 
 class Connections:
-    def __init__(self) -> None:
-        self.conns: dict[tuple[str, str], set[Conn]] = {}
-        self.profiles: dict[tuple[str, str], dict[str, Any]] = {}
+    def __init__(self, profile_rate: Rate = PROFILE_RATE) -> None:
+        self.conns: dict[Key, set[Conn]] = {}
+        # The profiles in effect: what ``peers`` shows and presence was told.
+        self.profiles: dict[Key, dict[str, Any]] = {}
         # The other brokers on the same database; one broker alone has nobody to tell.
         self.elsewhere: Elsewhere | None = None
+        self.profile_rate = profile_rate
+        self._profile_budgets = Buckets()
+        self._pending_profiles: dict[Key, dict[str, Any]] = {}
+        # Members whose latest profile waits for a token, and the task that applies it.
+        self.profile_flushes: dict[Key, asyncio.Task[None]] = {}
 
     def active(self) -> list[tuple[dict[str, str], float]]:
         return [({}, float(sum(len(c) for c in self.conns.values())))]
@@ -169,17 +181,57 @@ class Connections:
 
     async def set_profile(self, conn: Conn, frame: dict[str, Any]) -> dict[str, Any]:
         """Replace the member's profile; becoming hidden or visible is announced as a
-        peer_leave or peer_join to the others."""
+        peer_leave or peer_join to the others. Within the member's profile budget it takes
+        effect now; past it, the answer is the same but the latest profile takes effect
+        when the budget allows (the ones between are never seen)."""
         key = (conn.mesh_id, conn.pubkey)
+        self._pending_profiles[key] = dict(frame["profile"])
+        if key not in self.profile_flushes:
+            taken = self._profile_budgets.admit(key, self.profile_rate, 1, now_ms())
+            if taken.admitted:
+                await self._apply_profile(key)
+            else:
+                self._apply_later(key, taken.retry_after_ms[0])
+        return {"type": "result", "id": frame["id"], "ok": True}
+
+    def prune_profile_budgets(self, now: int) -> None:
+        """Forget the budgets that have refilled (the same as none)."""
+        self._profile_budgets.prune(lambda _key: self.profile_rate, now)
+
+    def _apply_later(self, key: Key, wait_ms: int) -> None:
+        task = asyncio.get_running_loop().create_task(self._apply_after(key, wait_ms),
+                                                      name="broker-profile-apply")
+        self.profile_flushes[key] = task
+
+    async def _apply_after(self, key: Key, wait_ms: int) -> None:
+        try:
+            await asyncio.sleep(wait_ms / 1000)
+            self._profile_budgets.admit(key, self.profile_rate, 1, now_ms())
+            await self._apply_profile(key)
+        except Exception as exc:  # the store is down: the profile took effect here all the same
+            log.warning("broker_profile_apply_failed", mesh_id=key[0], pubkey=key[1],
+                        error=repr(exc))
+        finally:
+            self.profile_flushes.pop(key, None)
+
+    async def _apply_profile(self, key: Key) -> None:
+        """The member's latest profile takes effect; a change of visibility is announced
+        (to nobody when the member has left meanwhile: its leave went out as it left)."""
+        profile = self._pending_profiles.pop(key, None)
+        if profile is None:
+            return
         was_hidden = self.profiles.get(key, {}).get("visible") is False
-        self.profiles[key] = dict(frame["profile"])
-        hidden = self.profiles[key].get("visible") is False
+        self.profiles[key] = profile
+        hidden = profile.get("visible") is False
         if self.elsewhere is not None:
-            await self.elsewhere.save_profile(conn.mesh_id, conn.pubkey, self.profiles[key])
+            await self.elsewhere.save_profile(key[0], key[1], profile)
+        conns = self.conns.get(key)
+        if not conns:
+            return
+        conn = max(conns, key=lambda c: c.connected_at)
         if was_hidden and not hidden:
             await self.announce(conn, "peer_join")
         elif hidden and not was_hidden:
-            self.profiles[key]["visible"] = True
+            profile["visible"] = True
             await self.announce(conn, "peer_leave")
-            self.profiles[key]["visible"] = False
-        return {"type": "result", "id": frame["id"], "ok": True}
+            profile["visible"] = False
