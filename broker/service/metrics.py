@@ -58,6 +58,10 @@ class Metrics:
                                      "A member's token bucket after each admission, as a "
                                      "fraction of its burst (0: empty).", registry=r,
                                      buckets=FILL_BUCKETS)
+        self.background_errors = Counter("cm_broker_background_errors_total",
+                                         "Failures of background jobs (each retried), by job "
+                                         "and kind: transient (network, store) or bug.",
+                                         ["task", "kind"], registry=r)
         # Backpressure: a connection's frames go out through its own bounded queue.
         self.presence_dropped = Counter("cm_broker_presence_dropped_total",
                                         "Presence events dropped from a full send queue "
