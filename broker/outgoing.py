@@ -23,7 +23,7 @@ Subject = tuple[str, str]   # (mesh_id, pubkey) a presence event is about
 @dataclass(frozen=True, slots=True)
 class QueueLimits:
     frames: int = 1024          # own frames queued
-    bytes: int = 16 << 20       # their encoded size (one frame always fits an empty queue)
+    bytes: int = 256 << 10      # their encoded size (one frame always fits an empty queue)
     presence: int = 4096        # members with a presence event queued
 
 
