@@ -184,6 +184,7 @@ class BrokerServer:
         if self.server is not None:
             self.server.close()
             await self.server.wait_closed()
+        self.service.connections.stop()
 
     def http(self, connection: ServerConnection, request: Request) -> Response | None:
         """Plain HTTP on the WebSocket port: ``/metrics`` and ``/healthz``."""

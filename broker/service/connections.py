@@ -194,6 +194,11 @@ class Connections:
                 self._apply_later(key, taken.retry_after_ms[0])
         return {"type": "result", "id": frame["id"], "ok": True}
 
+    def stop(self) -> None:
+        """The server stopped: profiles still waiting for their budget are dropped."""
+        for task in list(self.profile_flushes.values()):
+            task.cancel()
+
     def prune_profile_budgets(self, now: int) -> None:
         """Forget the budgets that have refilled (the same as none)."""
         self._profile_budgets.prune(lambda _key: self.profile_rate, now)
