@@ -73,7 +73,7 @@ class BrokerService:
     async def refresh_limits(self) -> None:
         now = now_ms()
         await self.limiter.refresh(now)
-        self.connections.prune_profile_budgets(now)
+        self.connections.prune_budgets(now)
 
     async def reassign_lapsed(self, lease_s: float) -> int:
         moved = await self.peering.exclusively(

@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import structlog
 
+from tidemesh.broker.service.coalesce import Coalescer
 from tidemesh.core.ids import new_ulid
-from tidemesh.core.ratelimit import Buckets, Rate
+from tidemesh.core.ratelimit import Rate
 
 log = structlog.get_logger(__name__)
 Key = tuple[str, str]   # (mesh_id, member pubkey)
@@ -27,6 +28,9 @@ Key = tuple[str, str]   # (mesh_id, member pubkey)
 # come faster are answered at once and coalesced, the latest taking effect when the bucket
 # has a token again (issue #31.6: 1,000 toggles of `visible` were 1,000 presence events).
 PROFILE_RATE = Rate(per_s=0.5, burst=5)
+# How often one member's comings and goings are announced (its peer_join / peer_leave): a
+# member reconnecting in a loop is, past this, its latest state now and then.
+PRESENCE_RATE = Rate(per_s=1.0, burst=10)
 
 
 class Elsewhere(Protocol):
@@ -80,17 +84,18 @@ class Conn:
 
 
 class Connections:
-    def __init__(self, profile_rate: Rate = PROFILE_RATE) -> None:
+    def __init__(self, profile_rate: Rate = PROFILE_RATE,
+                 presence_rate: Rate = PRESENCE_RATE) -> None:
         self.conns: dict[Key, set[Conn]] = {}
         # The profiles in effect: what ``peers`` shows and presence was told.
         self.profiles: dict[Key, dict[str, Any]] = {}
         # The other brokers on the same database; one broker alone has nobody to tell.
         self.elsewhere: Elsewhere | None = None
-        self.profile_rate = profile_rate
-        self._profile_budgets = Buckets()
-        self._pending_profiles: dict[Key, dict[str, Any]] = {}
-        # Members whose latest profile waits for a token, and the task that applies it.
-        self.profile_flushes: dict[Key, asyncio.Task[None]] = {}
+        # Each member's profile changes and presence events, within their budgets.
+        self.profile_changes = Coalescer[dict[str, Any]]("profile", profile_rate,
+                                                         self._apply_profile)
+        self.presence_events = Coalescer[dict[str, Any]]("presence", presence_rate,
+                                                         self._tell_everywhere)
 
     def active(self) -> list[tuple[dict[str, str], float]]:
         return [({}, float(sum(len(c) for c in self.conns.values())))]
@@ -134,18 +139,23 @@ class Connections:
                 c.wake.set()
         return absent
 
-    async def announce(self, conn: Conn, kind: str) -> None:
+    async def announce(self, conn: Conn, kind: str, *, hiding: bool = False) -> None:
         """peer_join / peer_leave to the mesh's other members; presence is best effort.
-        A member whose profile says ``visible: false`` is not announced."""
+        A member whose profile says ``visible: false`` is not announced (but for the leave
+        that says it hid: ``hiding``). Within the member's presence budget the event goes
+        out now; past it, the member's latest event goes out when the budget allows."""
         profile = self.profiles.get((conn.mesh_id, conn.pubkey), {})
-        if profile.get("visible") is False:
+        if profile.get("visible") is False and not hiding:
             return
         frame: dict[str, Any] = {"type": kind, "mesh_id": conn.mesh_id, "pubkey": conn.pubkey,
                                  "at": now_ms()}
         if kind == "peer_join":
             frame["display_name"] = conn.display_name
             if profile:
-                frame["profile"] = profile
+                frame["profile"] = dict(profile)
+        await self.presence_events.offer((conn.mesh_id, conn.pubkey), frame)
+
+    async def _tell_everywhere(self, _key: Hashable, frame: dict[str, Any]) -> None:
         self.tell_local(frame)
         if self.elsewhere is not None:
             await self.elsewhere.relay_presence(frame)
@@ -184,47 +194,23 @@ class Connections:
         peer_leave or peer_join to the others. Within the member's profile budget it takes
         effect now; past it, the answer is the same but the latest profile takes effect
         when the budget allows (the ones between are never seen)."""
-        key = (conn.mesh_id, conn.pubkey)
-        self._pending_profiles[key] = dict(frame["profile"])
-        if key not in self.profile_flushes:
-            taken = self._profile_budgets.admit(key, self.profile_rate, 1, now_ms())
-            if taken.admitted:
-                await self._apply_profile(key)
-            else:
-                self._apply_later(key, taken.retry_after_ms[0])
+        await self.profile_changes.offer((conn.mesh_id, conn.pubkey), dict(frame["profile"]))
         return {"type": "result", "id": frame["id"], "ok": True}
 
     def stop(self) -> None:
-        """The server stopped: profiles still waiting for their budget are dropped."""
-        for task in list(self.profile_flushes.values()):
-            task.cancel()
+        """The server stopped: changes still waiting for their budget are dropped."""
+        self.profile_changes.stop()
+        self.presence_events.stop()
 
-    def prune_profile_budgets(self, now: int) -> None:
+    def prune_budgets(self, now: int) -> None:
         """Forget the budgets that have refilled (the same as none)."""
-        self._profile_budgets.prune(lambda _key: self.profile_rate, now)
+        self.profile_changes.prune(now)
+        self.presence_events.prune(now)
 
-    def _apply_later(self, key: Key, wait_ms: int) -> None:
-        task = asyncio.get_running_loop().create_task(self._apply_after(key, wait_ms),
-                                                      name="broker-profile-apply")
-        self.profile_flushes[key] = task
-
-    async def _apply_after(self, key: Key, wait_ms: int) -> None:
-        try:
-            await asyncio.sleep(wait_ms / 1000)
-            self._profile_budgets.admit(key, self.profile_rate, 1, now_ms())
-            await self._apply_profile(key)
-        except Exception as exc:  # the store is down: the profile took effect here all the same
-            log.warning("broker_profile_apply_failed", mesh_id=key[0], pubkey=key[1],
-                        error=repr(exc))
-        finally:
-            self.profile_flushes.pop(key, None)
-
-    async def _apply_profile(self, key: Key) -> None:
+    async def _apply_profile(self, key: Hashable, profile: dict[str, Any]) -> None:
         """The member's latest profile takes effect; a change of visibility is announced
         (to nobody when the member has left meanwhile: its leave went out as it left)."""
-        profile = self._pending_profiles.pop(key, None)
-        if profile is None:
-            return
+        assert isinstance(key, tuple)
         was_hidden = self.profiles.get(key, {}).get("visible") is False
         self.profiles[key] = profile
         hidden = profile.get("visible") is False
@@ -237,6 +223,4 @@ class Connections:
         if was_hidden and not hidden:
             await self.announce(conn, "peer_join")
         elif hidden and not was_hidden:
-            profile["visible"] = True
-            await self.announce(conn, "peer_leave")
-            profile["visible"] = False
+            await self.announce(conn, "peer_leave", hiding=True)

@@ -485,3 +485,32 @@ async def test_a_profile_flood_reaches_the_others_as_a_few_presence_events(
         listening.cancel()
         await alice.close()
         await bob.close()
+
+
+async def test_a_member_reconnecting_in_a_loop_reaches_the_others_as_a_few_presence_events(
+    broker: Broker,
+) -> None:
+    """Each connection of a member that comes and goes was a peer_join and a peer_leave in
+    every other member's events: past its presence budget, only its latest state goes out."""
+    alice = await broker.link(broker.alice)
+    heard: list[dict[str, Any]] = []
+
+    async def listen() -> None:
+        while True:
+            heard.append(await alice.presence.get())
+
+    async def bob_gone() -> bool:   # the last state told, and the one peers shows
+        return (bool(heard) and heard[-1]["type"] == "peer_leave"
+                and pub(broker.bob) not in [p["pubkey"] for p in await alice.peers()])
+
+    listening = asyncio.create_task(listen())
+    try:
+        for _ in range(100):
+            link = await broker.link(broker.bob)
+            await link.close()
+        await _until(bob_gone, timeout=10)
+        assert 2 <= len(heard) <= 30
+        assert {f["pubkey"] for f in heard} == {pub(broker.bob)}
+    finally:
+        listening.cancel()
+        await alice.close()
