@@ -5,7 +5,9 @@ are pipelined: each ``send`` or ``send_batch`` runs in its own task as one store
 (at most ``max_inflight`` sends per connection; past that the reader stops reading, which
 pushes back on the daemon through TCP), and its answer goes out when it has committed,
 matched by ``id``. Every task of a connection lives in that connection's
-``TaskGroup``. The only module of the broker that imports websockets.
+``TaskGroup``; its frames go out through its own writer task (``WsPeer``, over the queue of
+``broker/outgoing.py``), so that no one waits on another member's socket. The only module
+of the broker that imports websockets.
 """
 
 from __future__ import annotations
