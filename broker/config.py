@@ -39,12 +39,21 @@ SETTINGS: tuple[Setting, ...] = (
             "looked for."),
     Setting("limits.inline_bytes", int, 1048576, "Largest message body (max_payload)."),
     Setting("limits.max_inflight", int, 256, "Sends in flight per connection before reads pause."),
+    Setting("limits.send_queue_frames", int, 1024, "A connection's own frames queued for its "
+            "writer; past this its tasks wait (presence is queued apart, coalesced)."),
+    Setting("limits.slow_reader_s", float, 30.0, "A connection that takes no frame for this "
+            "long is closed 4012 slow_reader."),
     Setting("limits.bad_frames", int, 20, "Bad frames per window before the connection closes."),
     Setting("limits.bad_frames_window_s", float, 10.0, "Window of limits.bad_frames."),
     Setting("limits.member_rate", float, 0.0, "New sends per second per member (token bucket "
             "refill); 0 = no limit. `broker mesh limits` overrides it per mesh."),
     Setting("limits.member_burst", int, 1000, "Token bucket size: new sends a member may make "
             "at once after a quiet spell."),
+    Setting("limits.profile_rate", float, 0.5, "Profile changes per second per member that take "
+            "effect at once (token bucket refill); faster ones are coalesced, the latest "
+            "applied when the bucket allows."),
+    Setting("limits.profile_burst", int, 5, "Profile changes a member may make at once after a "
+            "quiet spell."),
     Setting("auth.hello_timeout_s", float, 10.0, "A connection must authenticate within this."),
     Setting("auth.recheck_s", float, 5.0, "How often connected members are re-checked for "
             "revocation."),
@@ -82,10 +91,14 @@ class BrokerSettings:
     queue_lease_check_interval_s: float
     limits_inline_bytes: int
     limits_max_inflight: int
+    limits_send_queue_frames: int
+    limits_slow_reader_s: float
     limits_bad_frames: int
     limits_bad_frames_window_s: float
     limits_member_rate: float
     limits_member_burst: int
+    limits_profile_rate: float
+    limits_profile_burst: int
     auth_hello_timeout_s: float
     auth_recheck_s: float
     cluster_poll_s: float
@@ -149,9 +162,17 @@ def _validate(s: BrokerSettings) -> None:
                           field="dedupe.retention_days")
     if s.limits_inline_bytes < 1024:
         raise ConfigError("limits.inline_bytes must be >= 1024", field="limits.inline_bytes")
+    if s.limits_send_queue_frames < 1:
+        raise ConfigError("limits.send_queue_frames must be >= 1",
+                          field="limits.send_queue_frames")
+    if s.limits_slow_reader_s <= 0:
+        raise ConfigError("limits.slow_reader_s must be > 0", field="limits.slow_reader_s")
     if s.limits_member_rate < 0:
         raise ConfigError("limits.member_rate must be >= 0 (0: no limit)",
                           field="limits.member_rate")
+    if s.limits_profile_rate <= 0 or s.limits_profile_burst < 1:
+        raise ConfigError("limits.profile_rate must be > 0 and limits.profile_burst >= 1",
+                          field="limits.profile_rate")
     if s.limits_member_burst < 1:
         raise ConfigError("limits.member_burst must be >= 1", field="limits.member_burst")
     try:

@@ -2,7 +2,8 @@
 
 The only broker module that reads the environment, opens stores and starts servers.
 ``run`` serves until ``stop`` is set (SIGTERM/SIGINT in ``up``); background loops (retention
-sweep, revocation re-check) run in one TaskGroup and log their failures without dying.
+sweep, revocation re-check) run in one TaskGroup and ride out their failures
+(``broker/background.py``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from prometheus_client import Counter
 from tidemesh.broker import admin, running
 from tidemesh.broker import log as broker_log
 from tidemesh.broker.accept import Limits
+from tidemesh.broker.background import Jobs
 from tidemesh.broker.config import BrokerSettings, config_file, load, read_file, store_url
 from tidemesh.broker.server import BrokerServer
 from tidemesh.broker.service import BrokerService
@@ -62,26 +64,6 @@ def public_url(settings: BrokerSettings) -> str:
 def served_url(settings: BrokerSettings, port: int) -> str:
     """``broker.public_url`` if set, else the address listened on (``port`` once bound)."""
     return settings.broker_public_url or f"ws://{settings.host_port[0]}:{port}"
-
-
-async def _every(interval_s: float, name: str, fn: Callable[[], Awaitable[Any]]) -> None:
-    while True:
-        await asyncio.sleep(interval_s)
-        try:
-            await fn()
-        except Exception as exc:  # a failed sweep must not take the broker down; next run retries
-            log.error("broker_background_failed", task=name, error=str(exc), exc_info=True)
-
-
-async def _restarted(name: str, fn: Callable[[], Awaitable[Any]]) -> None:
-    """Run a task until it returns; if it fails, log it and start it again."""
-    while True:
-        try:
-            await fn()
-            return
-        except Exception as exc:  # the broker serves on; this task comes back in a second
-            log.error("broker_background_failed", task=name, error=str(exc), exc_info=True)
-        await asyncio.sleep(1.0)
 
 
 class WriterStopped(Exception):
@@ -142,12 +124,16 @@ async def _run(settings: BrokerSettings, url: str, stop: asyncio.Event,
                             cluster=open_cluster(store, new_ulid()),
                             session_expiry_s=settings.cluster_session_expiry_s,
                             member_rate=Rate(settings.limits_member_rate,
-                                             settings.limits_member_burst))
+                                             settings.limits_member_burst),
+                            profile_rate=Rate(settings.limits_profile_rate,
+                                              settings.limits_profile_burst))
     server = BrokerServer(service, max_inflight=settings.limits_max_inflight,
                           max_bad=settings.limits_bad_frames,
                           bad_window_s=settings.limits_bad_frames_window_s,
                           max_frame_bytes=settings.limits_inline_bytes * 2 + 65536,
-                          hello_timeout_s=settings.auth_hello_timeout_s)
+                          hello_timeout_s=settings.auth_hello_timeout_s,
+                          send_queue_frames=settings.limits_send_queue_frames,
+                          slow_reader_s=settings.limits_slow_reader_s)
     if watchdog is not None:
         watchdog.counted = Counter(
             "cm_broker_loop_stalls_total", "Times the event loop did not turn for "
@@ -187,6 +173,8 @@ async def _run(settings: BrokerSettings, url: str, stop: asyncio.Event,
 async def _serve(settings: BrokerSettings, service: BrokerService, store: Store,
                  stop: asyncio.Event) -> None:
     """The background loops, until ``stop`` is set or a store writer stops."""
+    jobs = Jobs(service.metrics.background_errors, store.outage_errors)
+    _every, _restarted = jobs.every, jobs.restarted
     async with asyncio.TaskGroup() as tg:
         loops = [tg.create_task(_every(settings.retention_sweep_interval_s, "retention",
                                        service.sweep)),

@@ -5,7 +5,9 @@ are pipelined: each ``send`` or ``send_batch`` runs in its own task as one store
 (at most ``max_inflight`` sends per connection; past that the reader stops reading, which
 pushes back on the daemon through TCP), and its answer goes out when it has committed,
 matched by ``id``. Every task of a connection lives in that connection's
-``TaskGroup``. The only module of the broker that imports websockets.
+``TaskGroup``; its frames go out through its own writer task (``WsPeer``, over the queue of
+``broker/outgoing.py``), so that no one waits on another member's socket. The only module
+of the broker that imports websockets.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
@@ -21,31 +24,146 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
+from tidemesh.broker.outgoing import CloseAfter, Outgoing, QueueLimits
 from tidemesh.broker.service import BrokerService, Conn, routes
 from tidemesh.broker.service.connections import now_ms
+from tidemesh.broker.service.metrics import Metrics
 from tidemesh.broker.session import Authenticate, Close, Dispatch, Send, Session
 from tidemesh.core import handshake, metrics
 from tidemesh.core.wire import CloseCode, FrameType, encode
 
 log = structlog.get_logger(__name__)
+# How long a close may take before the TCP connection is dropped instead.
+CLOSE_GRACE_S = 5.0
 
 
 class WsPeer:
-    def __init__(self, ws: ServerConnection) -> None:
+    """A connection's far end. Frames go out through the connection's own writer task
+    (``run``), so that what one member's socket does never holds up anyone else: its own
+    tasks wait for room in its queue, presence about others is coalesced and never waits,
+    and a reader that takes nothing for ``slow_reader_s`` is cut off (4012 ``slow_reader``).
+    """
+
+    def __init__(self, ws: ServerConnection, metrics: Metrics, limits: QueueLimits,
+                 slow_reader_s: float) -> None:
         self.ws = ws
+        self.metrics = metrics
+        self.out = Outgoing(limits)
+        self.slow_reader_s = slow_reader_s
+        self._queued = asyncio.Event()
+        self._room = asyncio.Event()
+        self._room.set()
+        self._writer: asyncio.Task[None] | None = None
+        self._shutting = False
+
+    def start(self) -> None:
+        self._writer = asyncio.create_task(self.run(), name="broker-connection-writer")
+
+    async def stop(self) -> None:
+        """The handler is done: a close under way finishes (bounded by its grace), anything
+        else the writer was doing is dropped."""
+        assert self._writer is not None
+        if not self._shutting:
+            self._writer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._writer
+
+    async def close_now(self, code: int, reason: str) -> None:
+        """Close from the handler itself, ahead of whatever is queued."""
+        assert self._writer is not None
+        if not self._shutting:
+            self._writer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._writer
+            await self.shut(code, reason)
 
     async def send_frame(self, frame: dict[str, Any]) -> None:
-        await self.ws.send(encode(frame))
+        """Queue one of the connection's own frames, after waiting for room (at most until
+        the writer cuts a reader off); dropped once the connection is closing."""
+        text = encode(frame)
+        while not self.out.has_room():
+            self._room.clear()
+            await self._room.wait()
+        self.out.put(text)
+        self._queued.set()
+
+    def tell(self, frame: dict[str, Any]) -> None:
+        """Queue a presence event about another member; never waits."""
+        if self.out.tell(frame):
+            self.metrics.presence_dropped.inc()
+        self._queued.set()
 
     async def close(self, code: int, reason: str) -> None:
-        await self.ws.close(code, reason)
+        """Close after the frames already queued; returns at once (the writer closes)."""
+        self.out.close_after(code, reason)
+        self._queued.set()
+        self._room.set()   # waiting producers stop waiting: their frames are dropped
+
+    def gone(self) -> None:
+        """The connection ended: nothing more is sent, and no producer waits for room."""
+        self.out.cut()
+        self._room.set()
+
+    async def run(self) -> None:
+        """The writer: frames out in queue order until the close or the end."""
+        try:
+            while True:
+                await self._queued.wait()
+                self._queued.clear()
+                while (item := self.out.take()) is not None:
+                    if self.out.has_room():
+                        self._room.set()
+                    if isinstance(item, CloseAfter):
+                        await self.shut(item.code, item.reason)
+                        return
+                    try:
+                        async with asyncio.timeout(self.slow_reader_s):
+                            await self.ws.send(item if isinstance(item, str) else encode(item))
+                    except TimeoutError:
+                        await self._cut()
+                        return
+        except ConnectionClosed:
+            pass
+        finally:
+            self.gone()
+
+    async def _cut(self) -> None:
+        self.gone()
+        self.metrics.slow_readers.inc()
+        log.warning("broker_slow_reader_closed", slow_reader_s=self.slow_reader_s,
+                    remote=str(self.ws.remote_address))
+        await self.shut(CloseCode.SLOW_READER, "slow_reader")
+
+    async def shut(self, code: int, reason: str) -> None:
+        self._shutting = True
+        # A reader that does not read cannot take the close frame either: past the grace,
+        # drop the TCP connection.
+        try:
+            async with asyncio.timeout(CLOSE_GRACE_S):
+                await self.ws.close(code, reason)
+        except TimeoutError:
+            self.ws.transport.abort()
+
+
+@dataclass(slots=True)
+class Live:
+    """One connection as its handler holds it: what the finally must undo."""
+
+    peer: WsPeer
+    session: Session
+    conn: Conn | None = None    # registered (set the moment it is)
+    pump: asyncio.Task[None] | None = None
+    joins: bool = False         # its peer_join is still to be announced
 
 
 class BrokerServer:
     def __init__(self, service: BrokerService, *, max_inflight: int = 256, max_bad: int = 20,
                  bad_window_s: float = 10.0, max_frame_bytes: int = 4 << 20,
-                 hello_timeout_s: float = 10.0) -> None:
+                 hello_timeout_s: float = 10.0, send_queue_frames: int = 1024,
+                 slow_reader_s: float = 30.0) -> None:
         self.service = service
+        self.queue_limits = QueueLimits(frames=send_queue_frames)
+        self.slow_reader_s = slow_reader_s
         self.max_inflight = max_inflight
         self.max_bad = max_bad
         self.bad_window_s = bad_window_s
@@ -71,19 +189,19 @@ class BrokerServer:
         """Close every connection, bounded: a closing handshake whose frame cannot be written
         (a member that stopped reading) would wait without end, so whatever is still open
         after ``within`` seconds is dropped."""
-        if self.server is None:
-            return
-        self.server.close()
-        try:
-            async with asyncio.timeout(within):
-                await self.server.wait_closed()
-        except TimeoutError:
-            dropped = 0
-            for conn in list(self.server.all_connections):
-                conn.transport.abort()
-                dropped += 1
-            log.warning("broker_connections_dropped_on_stop", connections=dropped,
-                        within_s=within)
+        if self.server is not None:
+            self.server.close()
+            try:
+                async with asyncio.timeout(within):
+                    await self.server.wait_closed()
+            except TimeoutError:
+                dropped = 0
+                for conn in list(self.server.all_connections):
+                    conn.transport.abort()
+                    dropped += 1
+                log.warning("broker_connections_dropped_on_stop", connections=dropped,
+                            within_s=within)
+        self.service.connections.stop()
 
     def http(self, connection: ServerConnection, request: Request) -> Response | None:
         """Plain HTTP on the WebSocket port: ``/metrics`` and ``/healthz``."""
@@ -103,47 +221,56 @@ class BrokerServer:
         # Each connection runs in its own task: this binds its lines alone, and lets
         # logfilters.Repeats bound what one connection can make the broker write.
         structlog.contextvars.bind_contextvars(conn=ws.id.hex[:12])
-        peer = WsPeer(ws)
-        session = Session(handshake.new_nonce(), self.max_bad, self.bad_window_s)
-        conn: Conn | None = None
+        peer = WsPeer(ws, self.service.metrics, self.queue_limits, self.slow_reader_s)
+        peer.start()
+        live = Live(peer, Session(handshake.new_nonce(), self.max_bad, self.bad_window_s))
         try:
-            await peer.send_frame(session.challenge().frame)
-            async with asyncio.timeout(self.hello_timeout_s) as deadline, \
-                    asyncio.TaskGroup() as tg:
-                inflight = asyncio.Semaphore(self.max_inflight)
-                pump: asyncio.Task[None] | None = None
-                loop = asyncio.get_running_loop()   # once: each call is a getpid() on 3.11
-                try:
-                    async for raw in ws:
-                        if conn is not None and conn.hold_until_ms > (now := now_ms()):
-                            await asyncio.sleep((conn.hold_until_ms - now) / 1000)
-                        for action in session.on_text(raw, loop.time()):
-                            if isinstance(action, Authenticate):
-                                conn = await self._authenticate(peer, session, action)
-                                if conn is not None:
-                                    deadline.reschedule(None)
-                                    pump = tg.create_task(self._pump(conn))
-                            elif isinstance(action, Dispatch):
-                                assert conn is not None
-                                await self._dispatch(tg, inflight, conn, action.frame)
-                            else:
-                                await self._carry_out(peer, action)
-                finally:
-                    if pump is not None:
-                        pump.cancel()
+            await self._serve(ws, live)
         except ConnectionClosed:
             pass
         except TimeoutError:  # no good hello in time: a socket squatter, not a member
             self.service.auth.handshake_closed("hello_timeout")
-            await ws.close(CloseCode.POLICY, "hello_timeout")
+            await peer.close_now(CloseCode.POLICY, "hello_timeout")
         except Exception as exc:  # one broken connection must not take the server down
-            await self._failed(ws, exc)
+            await self._failed(peer, exc)
         finally:
+            # Unregistered first, with nothing awaited before: the registry (and the
+            # connections gauge) never keeps a connection that ended, however it ended.
+            conn = live.conn
+            last = self.service.connections.unregister(conn) if conn is not None else False
+            await peer.stop()
             if conn is not None:
-                await self._left(conn)
+                await self._left(conn, last)
 
-    async def _left(self, conn: Conn) -> None:
-        last = self.service.connections.unregister(conn)
+    async def _serve(self, ws: ServerConnection, live: Live) -> None:
+        await live.peer.send_frame(live.session.challenge().frame)
+        async with asyncio.timeout(self.hello_timeout_s) as deadline, \
+                asyncio.TaskGroup() as tg:
+            inflight = asyncio.Semaphore(self.max_inflight)
+            loop = asyncio.get_running_loop()   # once: each call is a getpid() on 3.11
+            try:
+                async for raw in ws:
+                    conn = live.conn
+                    if conn is not None and conn.hold_until_ms > (now := now_ms()):
+                        await asyncio.sleep((conn.hold_until_ms - now) / 1000)
+                    for action in live.session.on_text(raw, loop.time()):
+                        if isinstance(action, Authenticate):
+                            await self._authenticate(live, action, tg)
+                            if live.conn is not None:
+                                deadline.reschedule(None)
+                                # Announced outside the hello deadline.
+                                await self._announce_join(live)
+                        elif isinstance(action, Dispatch):
+                            assert live.conn is not None
+                            await self._dispatch(tg, inflight, live.conn, action.frame)
+                        else:
+                            await self._carry_out(live.peer, action)
+            finally:
+                live.peer.gone()   # the reader ended: no task of this connection waits for room
+                if live.pump is not None:
+                    live.pump.cancel()
+
+    async def _left(self, conn: Conn, last: bool) -> None:
         try:
             gone = await self.service.peering.disconnected(conn, last)
         except self.service.store.outage_errors as exc:
@@ -154,7 +281,7 @@ class BrokerServer:
         if gone:
             await self.service.connections.announce(conn, "peer_leave")
 
-    async def _failed(self, ws: ServerConnection, exc: Exception) -> None:
+    async def _failed(self, peer: WsPeer, exc: Exception) -> None:
         rest = exc.split(ConnectionClosed)[1] if isinstance(exc, ExceptionGroup) else exc
         if rest is None:
             return  # the TaskGroup wrapped a dropped connection (kill -9, a cut): normal
@@ -163,29 +290,39 @@ class BrokerServer:
                 else isinstance(rest, outage)):
             # The database is down or restarting: the member should come back, not worry.
             log.warning("broker_connection_closed_store_unavailable", error=repr(rest))
-            await ws.close(CloseCode.TRY_AGAIN_LATER, "store_unavailable")
+            await peer.close_now(CloseCode.TRY_AGAIN_LATER, "store_unavailable")
             return
         log.error("broker_connection_failed", error=repr(exc), exc_info=True)
-        await ws.close(CloseCode.INTERNAL, "internal_error")
+        await peer.close_now(CloseCode.INTERNAL, "internal_error")
 
     async def _pump(self, conn: Conn) -> None:
         # Undelivered rows stay in delivery_queue; the next resume sends them.
         with contextlib.suppress(ConnectionClosed):
             await self.service.deliveries.pump(conn)
 
-    async def _authenticate(self, peer: WsPeer, session: Session,
-                            action: Authenticate) -> Conn | None:
+    async def _authenticate(self, live: Live, action: Authenticate,
+                            tg: asyncio.TaskGroup) -> None:
+        """Check the hello, register the member (in ``live``, before anything else is
+        awaited, so that the handler's finally unregisters it whatever happens next), answer
+        hello_ack or the close, and claim the member's session."""
         out = await self.service.auth.authenticate(action.frame)
-        conn, first = None, False
+        first = False
         if out.problem is None:
-            conn, first = self.service.connections.register(peer, out.mesh_id, out.pubkey,
-                                                            out.display_name)
-        for a in session.on_member(out.mesh_id, out.mesh_name, out.pubkey,
-                                   conn.session_id if conn else "", out.problem, out.joined):
-            await self._carry_out(peer, a)
-        if conn is not None and await self.service.peering.connected(conn, first):
-            await self.service.connections.announce(conn, "peer_join")
-        return conn
+            live.conn, first = self.service.connections.register(
+                live.peer, out.mesh_id, out.pubkey, out.display_name)
+        conn = live.conn
+        for a in live.session.on_member(out.mesh_id, out.mesh_name, out.pubkey,
+                                        conn.session_id if conn else "", out.problem,
+                                        out.joined):
+            await self._carry_out(live.peer, a)
+        if conn is not None:
+            live.joins = await self.service.peering.connected(conn, first)
+            live.pump = tg.create_task(self._pump(conn))
+
+    async def _announce_join(self, live: Live) -> None:
+        if live.joins and live.conn is not None:
+            live.joins = False
+            await self.service.connections.announce(live.conn, "peer_join")
 
     async def _carry_out(self, peer: WsPeer, action: Send | Close | Authenticate | Dispatch
                          ) -> None:
@@ -218,13 +355,11 @@ class BrokerServer:
     async def _accept(self, inflight: asyncio.Semaphore, permits: int, conn: Conn,
                       route: routes.Route, frame: dict[str, Any]) -> None:
         try:
+            # Committed (or not) all the same if the connection is gone: the answer is
+            # dropped and the daemon's retry gets 200 duplicate.
             answer = await route.handle(conn, frame)
             if answer is not None:
                 await conn.peer.send_frame(answer)
-        except ConnectionClosed:
-            # Committed (or not) all the same; the daemon's retry gets 200 duplicate.
-            log.info("broker_result_undelivered", id=frame["id"],
-                     sends=len(frame.get("sends", [frame])))
         finally:
             for _ in range(permits):
                 inflight.release()

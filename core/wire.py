@@ -64,6 +64,7 @@ class CloseCode:
     AUTH = 4002               # unknown or revoked member, bad or used-up invite
     FEATURE = 4010            # spec §15.5: feature_unavailable (+ structured close_reason)
     TAKEN_OVER = 4011         # the member connected again, to another broker: reconnect
+    SLOW_READER = 4012        # the connection took no frame for limits.slow_reader_s: reconnect
 
 
 class InvalidFrame(InvalidRequest):

@@ -14,7 +14,7 @@ from __future__ import annotations
 from tidemesh.broker.accept import Limits
 from tidemesh.broker.service.auth import Auth, AuthOutcome
 from tidemesh.broker.service.cluster import Cluster, Peering, SingleBroker
-from tidemesh.broker.service.connections import Conn, Connections, Peer, now_ms
+from tidemesh.broker.service.connections import PROFILE_RATE, Conn, Connections, Peer, now_ms
 from tidemesh.broker.service.delivery import Deliveries, deliver_frame
 from tidemesh.broker.service.destinations import Destinations
 from tidemesh.broker.service.metrics import Metrics
@@ -38,10 +38,10 @@ class BrokerService:
     def __init__(self, store: Store, limits: Limits, *, retention_days: int = 30,
                  stall_window_hours: int = 24, member_rate: Rate = UNLIMITED,
                  cluster: Cluster | SingleBroker | None = None,
-                 session_expiry_s: float = 15.0) -> None:
+                 session_expiry_s: float = 15.0, profile_rate: Rate = PROFILE_RATE) -> None:
         self.store = store
         self.limits = limits
-        self.connections = Connections()
+        self.connections = Connections(profile_rate)
         self.peering = Peering(cluster or SingleBroker(), self.connections,
                                session_expiry_s=session_expiry_s)
         self.metrics = Metrics(self.connections.active, store)
@@ -71,7 +71,9 @@ class BrokerService:
         await self.auth.recheck_members()
 
     async def refresh_limits(self) -> None:
-        await self.limiter.refresh(now_ms())
+        now = now_ms()
+        await self.limiter.refresh(now)
+        self.connections.prune_budgets(now)
 
     async def reassign_lapsed(self, lease_s: float) -> int:
         moved = await self.peering.exclusively(

@@ -221,7 +221,7 @@ class Peering:
         self.connections.wake_local(list(self.connections.conns))
 
     async def on_presence(self, frame: dict[str, Any]) -> None:
-        await self.connections.tell_local(frame)
+        self.connections.tell_local(frame)
 
     # -- background jobs -------------------------------------------------------------------
 
@@ -242,6 +242,7 @@ class Peering:
         live = [self._row(max(cs, key=lambda c: c.connected_at))
                 for cs in self.connections.conns.values() if cs]
         await self.shared.heartbeat(now, live)
+        await self._release_ended(live)
         await self._release_unreleased()
         for gone in await self.shared.expire(now - self.expiry_ms):
             log.info("broker_session_expired", mesh_id=gone.mesh_id, pubkey=gone.pubkey,
@@ -250,8 +251,23 @@ class Peering:
                 continue
             frame = {"type": "peer_leave", "mesh_id": gone.mesh_id, "pubkey": gone.pubkey,
                      "at": now}
-            await self.connections.tell_local(frame)
+            self.connections.tell_local(frame)
             await self.shared.publish_presence(frame)
+
+    async def _release_ended(self, rows: Sequence[SessionRow]) -> None:
+        """The heartbeat puts back missing rows of the sessions it read as live; one of them
+        may have ended while the heartbeat was on its way, its row deleted before the
+        heartbeat's insert landed. Release those again, now that the insert has committed
+        (a session that ends from now on releases its own row after it), so that a member
+        who left never stays present."""
+        for row in rows:
+            here = self.connections.conns.get((row.mesh_id, row.pubkey), set())
+            if any(c.session_id == row.session_id for c in here):
+                continue
+            successor = self._row(max(here, key=lambda c: c.connected_at)) if here else None
+            if await self.shared.release(row.mesh_id, row.pubkey, row.session_id, successor):
+                log.info("broker_session_released_after_heartbeat", mesh_id=row.mesh_id,
+                         pubkey=row.pubkey, session_id=row.session_id)
 
     async def poll(self) -> int:
         """The safety net under NOTIFY: wake the local pumps whose recipients have committed

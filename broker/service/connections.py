@@ -2,7 +2,8 @@
 
 A member may hold several connections; the first announces a ``peer_join``, the last a
 ``peer_leave``. Presence metadata (profiles) lives in memory like presence itself: each daemon
-holds the authoritative copy and sends it again after every connect. Presence is best effort.
+holds the authoritative copy and sends it again after every connect. Presence is best effort:
+it is queued on each listener's connection, coalesced per member, and never waited for.
 With several brokers on one database, ``elsewhere`` (``service/cluster.py``) carries wake-ups
 and presence to the other brokers and lists the members they serve.
 """
@@ -11,16 +12,25 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import structlog
 
+from tidemesh.broker.service.coalesce import Coalescer
 from tidemesh.core.ids import new_ulid
+from tidemesh.core.ratelimit import Rate
 
 log = structlog.get_logger(__name__)
-PRESENCE_SEND_TIMEOUT_S = 1.0
+Key = tuple[str, str]   # (mesh_id, member pubkey)
+# How often a member's profile changes take effect (a token bucket per member): those that
+# come faster are answered at once and coalesced, the latest taking effect when the bucket
+# has a token again (issue #31.6: 1,000 toggles of `visible` were 1,000 presence events).
+PROFILE_RATE = Rate(per_s=0.5, burst=5)
+# How often one member's comings and goings are announced (its peer_join / peer_leave): a
+# member reconnecting in a loop is, past this, its latest state now and then.
+PRESENCE_RATE = Rate(per_s=1.0, burst=10)
 
 
 class Elsewhere(Protocol):
@@ -36,8 +46,20 @@ class Elsewhere(Protocol):
 
 
 class Peer(Protocol):
-    async def send_frame(self, frame: dict[str, Any]) -> None: ...
-    async def close(self, code: int, reason: str) -> None: ...
+    """A connection's far end (``broker/server.py``'s ``WsPeer``)."""
+
+    async def send_frame(self, frame: dict[str, Any]) -> None:
+        """One of the connection's own frames, in order; waits only for room in the
+        connection's own queue."""
+        ...
+
+    def tell(self, frame: dict[str, Any]) -> None:
+        """A presence event about another member: queued, coalesced, never waited for."""
+        ...
+
+    async def close(self, code: int, reason: str) -> None:
+        """Close after what is queued; returns without waiting for the close."""
+        ...
 
 
 def now_ms() -> int:
@@ -62,11 +84,18 @@ class Conn:
 
 
 class Connections:
-    def __init__(self) -> None:
-        self.conns: dict[tuple[str, str], set[Conn]] = {}
-        self.profiles: dict[tuple[str, str], dict[str, Any]] = {}
+    def __init__(self, profile_rate: Rate = PROFILE_RATE,
+                 presence_rate: Rate = PRESENCE_RATE) -> None:
+        self.conns: dict[Key, set[Conn]] = {}
+        # The profiles in effect: what ``peers`` shows and presence was told.
+        self.profiles: dict[Key, dict[str, Any]] = {}
         # The other brokers on the same database; one broker alone has nobody to tell.
         self.elsewhere: Elsewhere | None = None
+        # Each member's profile changes and presence events, within their budgets.
+        self.profile_changes = Coalescer[dict[str, Any]]("profile", profile_rate,
+                                                         self._apply_profile)
+        self.presence_events = Coalescer[dict[str, Any]]("presence", presence_rate,
+                                                         self._tell_everywhere)
 
     def active(self) -> list[tuple[dict[str, str], float]]:
         return [({}, float(sum(len(c) for c in self.conns.values())))]
@@ -110,33 +139,36 @@ class Connections:
                 c.wake.set()
         return absent
 
-    async def announce(self, conn: Conn, kind: str) -> None:
+    async def announce(self, conn: Conn, kind: str, *, hiding: bool = False) -> None:
         """peer_join / peer_leave to the mesh's other members; presence is best effort.
-        A member whose profile says ``visible: false`` is not announced."""
+        A member whose profile says ``visible: false`` is not announced (but for the leave
+        that says it hid: ``hiding``). Within the member's presence budget the event goes
+        out now; past it, the member's latest event goes out when the budget allows."""
         profile = self.profiles.get((conn.mesh_id, conn.pubkey), {})
-        if profile.get("visible") is False:
+        if profile.get("visible") is False and not hiding:
             return
         frame: dict[str, Any] = {"type": kind, "mesh_id": conn.mesh_id, "pubkey": conn.pubkey,
                                  "at": now_ms()}
         if kind == "peer_join":
             frame["display_name"] = conn.display_name
             if profile:
-                frame["profile"] = profile
-        await self.tell_local(frame)
+                frame["profile"] = dict(profile)
+        await self.presence_events.offer((conn.mesh_id, conn.pubkey), frame)
+
+    async def _tell_everywhere(self, _key: Hashable, frame: dict[str, Any]) -> None:
+        self.tell_local(frame)
         if self.elsewhere is not None:
             await self.elsewhere.relay_presence(frame)
 
-    async def tell_local(self, frame: dict[str, Any]) -> None:
-        """A presence event to the members of its mesh connected here, but its subject."""
-        for (mesh_id, pubkey), conns in list(self.conns.items()):
+    def tell_local(self, frame: dict[str, Any]) -> None:
+        """A presence event to the members of its mesh connected here, but its subject.
+        Queued on each connection (coalesced there, see ``broker/outgoing.py``): telling
+        never waits on anyone's socket."""
+        for (mesh_id, pubkey), conns in self.conns.items():
             if mesh_id != frame["mesh_id"] or pubkey == frame["pubkey"]:
                 continue
-            for other in list(conns):
-                try:
-                    async with asyncio.timeout(PRESENCE_SEND_TIMEOUT_S):
-                        await other.peer.send_frame(frame)
-                except Exception as exc:  # a slow or closing peer misses one presence event
-                    log.info("broker_presence_undelivered", pubkey=pubkey, error=repr(exc))
+            for other in conns:
+                other.peer.tell(frame)
 
     async def peers(self, conn: Conn, frame: dict[str, Any]) -> dict[str, Any]:
         """Who is connected, with their profiles; hidden members only see themselves."""
@@ -159,17 +191,36 @@ class Connections:
 
     async def set_profile(self, conn: Conn, frame: dict[str, Any]) -> dict[str, Any]:
         """Replace the member's profile; becoming hidden or visible is announced as a
-        peer_leave or peer_join to the others."""
-        key = (conn.mesh_id, conn.pubkey)
+        peer_leave or peer_join to the others. Within the member's profile budget it takes
+        effect now; past it, the answer is the same but the latest profile takes effect
+        when the budget allows (the ones between are never seen)."""
+        await self.profile_changes.offer((conn.mesh_id, conn.pubkey), dict(frame["profile"]))
+        return {"type": "result", "id": frame["id"], "ok": True}
+
+    def stop(self) -> None:
+        """The server stopped: changes still waiting for their budget are dropped."""
+        self.profile_changes.stop()
+        self.presence_events.stop()
+
+    def prune_budgets(self, now: int) -> None:
+        """Forget the budgets that have refilled (the same as none)."""
+        self.profile_changes.prune(now)
+        self.presence_events.prune(now)
+
+    async def _apply_profile(self, key: Hashable, profile: dict[str, Any]) -> None:
+        """The member's latest profile takes effect; a change of visibility is announced
+        (to nobody when the member has left meanwhile: its leave went out as it left)."""
+        assert isinstance(key, tuple)
         was_hidden = self.profiles.get(key, {}).get("visible") is False
-        self.profiles[key] = dict(frame["profile"])
-        hidden = self.profiles[key].get("visible") is False
+        self.profiles[key] = profile
+        hidden = profile.get("visible") is False
         if self.elsewhere is not None:
-            await self.elsewhere.save_profile(conn.mesh_id, conn.pubkey, self.profiles[key])
+            await self.elsewhere.save_profile(key[0], key[1], profile)
+        conns = self.conns.get(key)
+        if not conns:
+            return
+        conn = max(conns, key=lambda c: c.connected_at)
         if was_hidden and not hidden:
             await self.announce(conn, "peer_join")
         elif hidden and not was_hidden:
-            self.profiles[key]["visible"] = True
-            await self.announce(conn, "peer_leave")
-            self.profiles[key]["visible"] = False
-        return {"type": "result", "id": frame["id"], "ok": True}
+            await self.announce(conn, "peer_leave", hiding=True)

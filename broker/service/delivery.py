@@ -9,7 +9,9 @@ the caps allow (``batch_frames``); any other gets one ``deliver`` frame per deli
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import random
 from collections.abc import Sequence
 from typing import Any
 
@@ -20,10 +22,12 @@ from tidemesh.broker.service.connections import Conn, Connections, now_ms
 from tidemesh.broker.service.metrics import Metrics
 from tidemesh.broker.session import ResumeResult, decide_resume
 from tidemesh.broker.store.base import DeliveryRow, Store
+from tidemesh.core.backoff import Backoff
 from tidemesh.core.features import DELIVER_BATCH_MAX_BYTES, DELIVER_BATCH_MAX_COUNT
 
 log = structlog.get_logger(__name__)
 PUMP_PAGE = DELIVER_BATCH_MAX_COUNT
+PUMP_BACKOFF = Backoff(initial_s=0.5, maximum_s=10.0)
 # '{"type":"deliver_batch","deliveries":[' … ']}' around the items and their commas.
 BATCH_ENVELOPE_BYTES = len(b'{"type":"deliver_batch","deliveries":[]}')
 
@@ -33,6 +37,7 @@ class Deliveries:
         self.store = store
         self.metrics = metrics
         self.connections = connections
+        self._rng = random.Random()  # noqa: S311 - jitter, not secrets
 
     async def resume(self, conn: Conn, frame: dict[str, Any]) -> dict[str, Any]:
         cur = await self.store.cursor(conn.mesh_id, conn.pubkey)
@@ -57,26 +62,47 @@ class Deliveries:
         await self.store.ack(conn.mesh_id, conn.pubkey, frame["epoch"], frame["seq"], now_ms())
 
     async def pump(self, conn: Conn) -> None:
-        """Send committed deliveries after ``conn.sent_seq``, in order, whenever woken."""
+        """Send committed deliveries after ``conn.sent_seq``, in order, whenever woken. A
+        store that fails (down, restarting) is retried after a backoff, the connection
+        kept: the rows wait in the store."""
+        failures = 0
         while True:
             await conn.wake.wait()
             conn.wake.clear()
             if not conn.pumping:
                 continue
-            while True:
-                rows = await self.store.deliveries_after(conn.mesh_id, conn.pubkey, conn.epoch,
-                                                         conn.sent_seq, PUMP_PAGE)
-                items = [deliver_frame(row) for row in rows]
-                groups = batch_frames(items) if conn.batch_deliveries else [[i] for i in items]
-                for group in groups:
-                    await conn.peer.send_frame(
-                        group[0] if len(group) == 1
-                        else {"type": "deliver_batch", "deliveries": group})
-                    conn.sent_seq = group[-1]["seq"]
-                    self.metrics.delivered.inc(len(group))
-                    self.metrics.deliver_batch.observe(len(group))
-                if len(rows) < PUMP_PAGE:
-                    break
+            try:
+                await self._send_due(conn)
+            except self.store.outage_errors as exc:
+                failures += 1
+                delay = PUMP_BACKOFF.delay(failures, self._rng)
+                self.metrics.background_errors.labels(task="pump", kind="transient").inc()
+                if failures == 1:   # once per outage and connection, not once per retry
+                    log.warning("broker_pump_retrying", mesh_id=conn.mesh_id,
+                                pubkey=conn.pubkey, error=repr(exc), retry_in_s=round(delay, 2))
+                await asyncio.sleep(delay)
+                conn.wake.set()
+                continue
+            if failures:
+                log.info("broker_pump_recovered", mesh_id=conn.mesh_id, pubkey=conn.pubkey,
+                         failures=failures)
+                failures = 0
+
+    async def _send_due(self, conn: Conn) -> None:
+        while True:
+            rows = await self.store.deliveries_after(conn.mesh_id, conn.pubkey, conn.epoch,
+                                                     conn.sent_seq, PUMP_PAGE)
+            items = [deliver_frame(row) for row in rows]
+            groups = batch_frames(items) if conn.batch_deliveries else [[i] for i in items]
+            for group in groups:
+                await conn.peer.send_frame(
+                    group[0] if len(group) == 1
+                    else {"type": "deliver_batch", "deliveries": group})
+                conn.sent_seq = group[-1]["seq"]
+                self.metrics.delivered.inc(len(group))
+                self.metrics.deliver_batch.observe(len(group))
+            if len(rows) < PUMP_PAGE:
+                return
 
     async def reassign_lapsed(self, lease_s: float) -> int:
         """Queue leases (DESIGN §5.4): deliveries not acked within the lease go to another

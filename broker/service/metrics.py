@@ -58,6 +58,17 @@ class Metrics:
                                      "A member's token bucket after each admission, as a "
                                      "fraction of its burst (0: empty).", registry=r,
                                      buckets=FILL_BUCKETS)
+        self.background_errors = Counter("cm_broker_background_errors_total",
+                                         "Failures of background jobs (each retried), by job "
+                                         "and kind: transient (network, store) or bug.",
+                                         ["task", "kind"], registry=r)
+        # Backpressure: a connection's frames go out through its own bounded queue.
+        self.presence_dropped = Counter("cm_broker_presence_dropped_total",
+                                        "Presence events dropped from a full send queue "
+                                        "(the oldest first).", registry=r)
+        self.slow_readers = Counter("cm_broker_slow_readers_closed_total",
+                                    "Connections cut off (4012 slow_reader) for taking no "
+                                    "frame within limits.slow_reader_s.", registry=r)
         CallbackGauge("cm_broker_connections_active", "Authenticated connections.", [], active, r)
         rows = store.accept_rows
         CallbackGauge("cm_broker_group_commit_batches", "Accept transactions since start.", [],

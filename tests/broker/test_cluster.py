@@ -25,6 +25,9 @@ class Silent:
     async def send_frame(self, frame: dict[str, Any]) -> None:
         return None
 
+    def tell(self, frame: dict[str, Any]) -> None:
+        return None
+
     async def close(self, code: int, reason: str) -> None:
         return None
 
@@ -160,6 +163,9 @@ class Recording(Silent):
     async def send_frame(self, frame: dict[str, Any]) -> None:
         self.frames.append(frame)
 
+    def tell(self, frame: dict[str, Any]) -> None:
+        self.frames.append(frame)
+
     async def close(self, code: int, reason: str) -> None:
         self.closed = (code, reason)
 
@@ -211,3 +217,46 @@ async def test_sessions_claimed_taken_over_released_and_expired(
     # A live broker whose rows were expired (it could not reach the database) puts its
     # members back at its next heartbeat.
     assert ("dave", "x") in await rows(pg_database)
+
+
+async def waiting_on_a_lock(url: str) -> bool:
+    conn = await asyncpg.connect(url)
+    try:
+        return bool(await conn.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+            " AND datname = current_database()"))
+    finally:
+        await conn.close()
+
+
+async def test_a_heartbeat_never_brings_back_a_session_that_ended_meanwhile(
+    store: Store, pg_database: str
+) -> None:
+    """The heartbeat read its live sessions, then bob's connection ended and its row was
+    deleted before the heartbeat's write landed: the row must not come back (it would
+    keep bob "present" for as long as the broker runs)."""
+    x, y = broker(store, "x"), broker(store, "y")
+    for b in (x, y):
+        await b.peering.heartbeat()
+    bob, first = x.connections.register(Recording(), "m1", "bob")
+    assert await x.peering.connected(bob, first)
+    # Hold x's heartbeat at its first statement: another transaction holds x's alive row.
+    blocker = await asyncpg.connect(pg_database)
+    try:
+        tx = blocker.transaction()
+        await tx.start()
+        await blocker.execute("SELECT 1 FROM mesh.broker_alive WHERE broker_id = 'x' FOR UPDATE")
+        beat = asyncio.create_task(x.peering.heartbeat())
+        async with asyncio.timeout(10):
+            while not await waiting_on_a_lock(pg_database):
+                await asyncio.sleep(0.02)
+        assert await x.peering.disconnected(bob, x.connections.unregister(bob)) is True
+        assert await rows(pg_database) == []
+        await tx.commit()
+        await asyncio.wait_for(beat, 10)
+    finally:
+        await blocker.close()
+    assert await rows(pg_database) == []
+    watcher, _ = y.connections.register(Recording(), "m1", "carol")
+    assert [p["pubkey"] for p in (await y.connections.peers(watcher, {"id": "p"}))["peers"]] \
+        == ["carol"]

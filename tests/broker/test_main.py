@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+import asyncpg
+import pytest
 from structlog.testing import capture_logs
 
 from tests.broker.conftest import LIMITS
@@ -39,4 +41,62 @@ async def test_the_background_loops_end_on_stop_and_a_dead_writer_is_fatal(
         assert [e["log_level"] for e in logs if e["event"] == "broker_store_writer_stopped"] \
             == ["critical"]
     finally:
+        await store.close()
+
+
+async def _admin(dsn: str, sql: str, *args: str) -> None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(sql, *args)
+    finally:
+        await conn.close()
+
+
+@pytest.mark.postgres
+async def test_a_sweep_rides_out_a_database_that_refuses_connections(
+    pg_dsn: str, pg_database: str
+) -> None:
+    """The retention sweep's database stops taking connections (its backends terminated, new
+    ones refused, as while PostgreSQL restarts): the broker's loops keep running, count each
+    failure as transient and log it as a warning, back off, and sweep again once the
+    database is back."""
+    name = pg_database.rsplit("/", 1)[1]
+    fast = {"retention.sweep_interval_s": 0.05, "auth.recheck_s": 0.05,
+            "queue.lease_check_interval_s": 0.05}
+    settings, _ = load({}, {}, fast)
+    store = await open_store(pg_database)
+    service = BrokerService(store, LIMITS)
+    stop = asyncio.Event()
+
+    def transient_failures() -> float:
+        return service.metrics.registry.get_sample_value(
+            "cm_broker_background_errors_total", {"task": "retention", "kind": "transient"}
+        ) or 0.0
+
+    try:
+        with capture_logs() as logs:
+            serving = asyncio.create_task(main._serve(settings, service, store, stop))
+            await asyncio.sleep(0.2)
+            await _admin(pg_dsn, f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
+            await _admin(pg_dsn, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                                 " WHERE datname = $1", name)
+            async with asyncio.timeout(10):
+                while transient_failures() < 3:
+                    await asyncio.sleep(0.05)
+            assert not serving.done()
+            await _admin(pg_dsn, f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
+            async with asyncio.timeout(10):
+                while not any(e["event"] == "broker_background_recovered"
+                              and e["task"] == "retention" for e in logs):
+                    await asyncio.sleep(0.05)
+            assert not serving.done()
+        failed = [e for e in logs if e["event"].startswith("broker_background")
+                  and e.get("task") == "retention" and e["event"] != "broker_background_recovered"]
+        assert failed and {e["log_level"] for e in failed} == {"warning"}
+        assert not any("exc_info" in e for e in failed)
+        stop.set()
+        await asyncio.wait_for(serving, 5)
+    finally:
+        stop.set()
+        await _admin(pg_dsn, f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
         await store.close()

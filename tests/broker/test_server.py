@@ -301,8 +301,8 @@ async def _acked(broker: Broker, seq: int) -> bool:
     return (await broker.store.cursor(broker.mesh_id, pub(broker.bob))).acked_seq == seq
 
 
-async def _until(check: Any) -> None:
-    async with asyncio.timeout(5):
+async def _until(check: Any, timeout: float = 5) -> None:
+    async with asyncio.timeout(timeout):
         while not await check():
             await asyncio.sleep(0.02)
 
@@ -451,3 +451,66 @@ async def test_one_connections_sends_are_accepted_in_the_order_they_arrived(
         await server.stop()
         await b.store.close()
     assert [r.client_message_id for r in rows] == expected
+
+
+async def test_a_profile_flood_reaches_the_others_as_a_few_presence_events(
+    broker: Broker,
+) -> None:
+    """1,000 profile frames toggling ``visible`` (issue #31.6: each became a presence event
+    in every member's events table): the others hear a handful, and the last state."""
+    alice = await broker.link(broker.alice)
+    bob = await broker.link(broker.bob)
+    heard: list[dict[str, Any]] = []
+
+    async def listen() -> None:
+        while True:
+            heard.append(await alice.presence.get())
+
+    listening = asyncio.create_task(listen())
+    try:
+        async def bob_joined() -> bool:
+            return any(f["type"] == "peer_join" for f in heard)
+
+        async def bob_hidden() -> bool:   # the last state told, and the one peers shows
+            return (bool(heard) and heard[-1]["type"] == "peer_leave"
+                    and pub(broker.bob) not in [p["pubkey"] for p in await alice.peers()])
+
+        await _until(bob_joined)
+        heard.clear()
+        for i in range(1000):
+            await bob.set_profile({"visible": i % 2 == 0})   # the last one hides bob
+        await _until(bob_hidden, timeout=10)
+        assert len(heard) <= 20
+    finally:
+        listening.cancel()
+        await alice.close()
+        await bob.close()
+
+
+async def test_a_member_reconnecting_in_a_loop_reaches_the_others_as_a_few_presence_events(
+    broker: Broker,
+) -> None:
+    """Each connection of a member that comes and goes was a peer_join and a peer_leave in
+    every other member's events: past its presence budget, only its latest state goes out."""
+    alice = await broker.link(broker.alice)
+    heard: list[dict[str, Any]] = []
+
+    async def listen() -> None:
+        while True:
+            heard.append(await alice.presence.get())
+
+    async def bob_gone() -> bool:   # the last state told, and the one peers shows
+        return (bool(heard) and heard[-1]["type"] == "peer_leave"
+                and pub(broker.bob) not in [p["pubkey"] for p in await alice.peers()])
+
+    listening = asyncio.create_task(listen())
+    try:
+        for _ in range(100):
+            link = await broker.link(broker.bob)
+            await link.close()
+        await _until(bob_gone, timeout=10)
+        assert 2 <= len(heard) <= 30
+        assert {f["pubkey"] for f in heard} == {pub(broker.bob)}
+    finally:
+        listening.cancel()
+        await alice.close()
