@@ -10,7 +10,7 @@ from typing import Any, NoReturn
 
 import click
 
-from tidemesh.client import DaemonNotRunning
+from tidemesh.client import DaemonNotAnswering, DaemonNotRunning
 from tidemesh.core.errors import Conflict, MemberRevoked, TidemeshError
 from tidemesh.core.exitcodes import Exit
 
@@ -73,6 +73,8 @@ def fields(data: Mapping[str, Any]) -> None:
 def exit_code_for(err: TidemeshError) -> Exit:
     if isinstance(err, DaemonNotRunning):
         return Exit.NOT_RUNNING
+    if isinstance(err, DaemonNotAnswering):
+        return Exit.NOT_ANSWERING
     if isinstance(err, Conflict):
         return Exit.CONFLICT
     if isinstance(err, MemberRevoked):

@@ -1,4 +1,5 @@
-"""Process exit codes, shared by the daemon and the CLI (documented in docs/daemon.md)."""
+"""Process exit codes, shared by the daemon and the CLI (the table in docs/daemon.md, which
+docs/cli.md points to)."""
 
 from __future__ import annotations
 
@@ -20,3 +21,4 @@ class Exit(IntEnum):
     REVOKED = 12              # this member was removed from the mesh; restarting cannot help
     UNDELIVERED = 13          # `send --wait`: the broker refused it; the outbox row is dead
     STILL_QUEUED = 14         # `send --wait`: no outcome before the timeout; still in the outbox
+    NOT_ANSWERING = 15        # a daemon holds this mesh's lock but does not answer (stopped, stuck)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, NoReturn
@@ -13,14 +14,16 @@ import click
 from tidemesh.cli import send_wait
 from tidemesh.cli.commands.common import client_for, json_option, mesh_option, paths_for
 from tidemesh.cli.output import emit_json, fail
-from tidemesh.client import DaemonNotRunning, SendResult
+from tidemesh.client import DaemonNotAnswering, DaemonNotRunning, SendResult
 from tidemesh.core.errors import InvalidRequest, TidemeshError
 from tidemesh.core.exitcodes import Exit
 from tidemesh.core.ids import client_message_id_problem
 from tidemesh.core.send import Destination
-from tidemesh.daemon.admin import coldpath
+from tidemesh.daemon.admin import AlreadyRunning, coldpath
 
 PROBE_TIMEOUT_S = 0.5
+# The longer look at a daemon that holds the lock but missed the quick probe.
+HOLDER_PROBE_TIMEOUT_S = 5.0
 
 
 def _payload(message: str | None, file: Path | None, as_base64: bool) -> tuple[str, str]:
@@ -96,8 +99,10 @@ def build_request(to: str, body: str, encoding: str, priority: str, meta: str | 
 def send_cmd(mesh: str, message: str | None, to: str, file: Path | None, as_base64: bool,
              meta: str | None, priority: str, reply_to: str | None, client_id: str | None,
              wait: bool, wait_timeout: float, as_json: bool) -> None:
-    """Send a message through the local daemon (or, when none answers, straight to the
-    broker as the same member: the cold path); prints the outcome and the path taken."""
+    """Send a message through the local daemon (or, when no daemon runs for the mesh,
+    straight to the broker as the same member: the cold path, which runs the mesh's pre-send
+    hook as the daemon would); prints the outcome and the path taken. A daemon that runs but
+    does not answer is not bypassed: exit 15, nothing sent."""
     body, encoding = _payload(message, file, as_base64)
     try:
         req = build_request(to, body, encoding, priority, meta, reply_to)
@@ -138,7 +143,8 @@ def _wait_then_exit(mesh: str, result: SendResult, timeout_s: float, as_json: bo
 
 
 def _deliver(mesh: str, req: dict[str, Any], client_id: str | None) -> tuple[Any, str]:
-    """The daemon if one answers a quick version probe, else the cold path."""
+    """The daemon if one answers a quick version probe; else the cold path, which runs only
+    while no daemon holds the mesh's instance lock."""
     try:
         client_for(mesh, timeout=PROBE_TIMEOUT_S).version()
     except DaemonNotRunning as exc:
@@ -146,6 +152,23 @@ def _deliver(mesh: str, req: dict[str, Any], client_id: str | None) -> tuple[Any
         if not paths.mesh_file.exists():
             raise DaemonNotRunning(f"{exc.reason}; this host has not joined mesh {mesh} "
                                    "either, so there is no cold path", hint=exc.hint) from exc
-        return coldpath.send(paths, req, client_id), "cold"
+        try:
+            return coldpath.send(mesh, req, client_id, os.environ), "cold"
+        except AlreadyRunning as held:
+            _slow_holder(mesh, held.pid)
     result: SendResult = client_for(mesh).send(req, idempotency_key=client_id)
     return result, "daemon"
+
+
+def _slow_holder(mesh: str, pid: int | None) -> None:
+    """A daemon holds the lock but missed the quick probe: give it a longer look (it may
+    only be busy or starting), and if it still says nothing, say so and send nothing."""
+    try:
+        client_for(mesh, timeout=HOLDER_PROBE_TIMEOUT_S).version()
+    except DaemonNotRunning as exc:
+        raise DaemonNotAnswering(
+            f"the daemon for mesh {mesh} (pid {pid}) holds its lock but did not answer in "
+            f"{HOLDER_PROBE_TIMEOUT_S:g} s ({exc.reason}); it may be stopped (SIGSTOP), stuck "
+            "or still starting. Nothing was sent, and the cold path is not taken while a "
+            "daemon runs: check `tidemesh daemon status`, or `kill -CONT` it, and retry",
+            pid=pid) from exc
