@@ -6,6 +6,8 @@ from typing import Any
 
 from tidemesh.core.errors import TidemeshError
 
+_HINTED = "; start it with "
+
 
 class DaemonNotRunning(TidemeshError):
     """Nothing answers where the daemon should be: no socket, refused, or no answer in time.
@@ -18,8 +20,10 @@ class DaemonNotRunning(TidemeshError):
     http_status = 503
 
     def __init__(self, message: str, *, hint: str = "tidemesh daemon up", **details: Any) -> None:
-        super().__init__(f"{message}; start it with `{hint}`", **details)
-        self.reason, self.hint = message, hint
+        # Rebuilt from a wire body (core.errors.from_body), the message has its hint already.
+        said = message if _HINTED in message else f"{message}{_HINTED}`{hint}`"
+        super().__init__(said, **details)
+        self.reason, self.hint = message.split(_HINTED)[0], hint
 
 
 class DaemonNotAnswering(TidemeshError):

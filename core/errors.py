@@ -20,6 +20,10 @@
     └── InsufficientStorage (507)
 
 The wire shape is ``{"error": {"code": ..., "message": ..., **details}}``; ``to_body`` makes it.
+Classes of other modules join the tree by subclassing (``settings.ConfigError``,
+``paths.MeshNotChosen``, ``wire.InvalidFrame``, the SDK's ``DaemonNotRunning`` and
+``DaemonNotAnswering``, the CLI's ``ServiceError``); ``from_body`` finds any of them by its
+code, walking the classes themselves (tests/core/test_errors.py walks every one).
 """
 
 from __future__ import annotations
@@ -110,8 +114,8 @@ class RateLimited(TidemeshError):
     code = "rate_limited"
     http_status = 429
 
-    def __init__(self, message: str, retry_after_ms: int) -> None:
-        super().__init__(message)
+    def __init__(self, message: str, retry_after_ms: int = 0, **details: Any) -> None:
+        super().__init__(message, retry_after_ms=retry_after_ms, **details)
         self.retry_after_ms = retry_after_ms
 
 
@@ -125,14 +129,23 @@ class InsufficientStorage(TidemeshError):
     http_status = 507
 
 
-_BY_CODE: dict[str, type[TidemeshError]] = {
-    cls.code: cls
-    for cls in (
-        TidemeshError, InvalidRequest, IdempotencyKeyMismatch, TokenInQuery, Unauthorized,
-        Forbidden, MemberRevoked, NotFound, UnknownDestination, MethodNotAllowed, Conflict,
-        IdempotencyConflict, PayloadTooLarge, Busy, Unavailable, InsufficientStorage,
-    )
-}
+def error_classes() -> list[type[TidemeshError]]:
+    """Every class of the tree, walked from the classes themselves: one defined anywhere
+    (``client``'s ``DaemonNotRunning``, ``settings``' ``ConfigError``, ...) is known once its
+    module is imported, and no list can fall behind a new class."""
+    found: list[type[TidemeshError]] = []
+    todo: list[type[TidemeshError]] = [TidemeshError]
+    while todo:
+        cls = todo.pop()
+        if cls not in found:
+            found.append(cls)
+            todo.extend(cls.__subclasses__())
+    return found
+
+
+def class_of(code: str) -> type[TidemeshError]:
+    """The class whose wire ``code`` this is; ``TidemeshError`` for a code none has."""
+    return next((c for c in error_classes() if c.code == code), TidemeshError)
 
 
 def from_body(status: int, body: Any) -> TidemeshError:
@@ -141,9 +154,9 @@ def from_body(status: int, body: Any) -> TidemeshError:
     if not isinstance(err, dict):
         return TidemeshError(f"HTTP {status} with no error body", status=status)
     details = {k: v for k, v in err.items() if k not in ("code", "message")}
-    cls = _BY_CODE.get(str(err.get("code")), TidemeshError)
+    cls = class_of(str(err.get("code")))
     exc = cls(str(err.get("message", "")), **details)
-    if cls is TidemeshError:
+    if cls is TidemeshError and err.get("code") != TidemeshError.code:
         exc.details.setdefault("code", err.get("code"))
         exc.details.setdefault("status", status)
     return exc
