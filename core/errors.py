@@ -3,7 +3,9 @@
     TidemeshError (500 internal)
     ├── InvalidRequest (400)            field named in details
     │   ├── IdempotencyKeyMismatch (400)
-    │   └── TokenInQuery (400)
+    │   ├── TokenInQuery (400)
+    │   └── UsageError (400)            a command asked for what cannot be done as asked
+    │       └── MeshNameBound (400)     a local mesh name is bound to another mesh id
     ├── Unauthorized (401)
     ├── Forbidden (403)
     │   ├── SendVetoed (403)            the pre-send hook refused; its reason in details
@@ -55,6 +57,20 @@ class IdempotencyKeyMismatch(InvalidRequest):
 
 class TokenInQuery(InvalidRequest):
     code = "token_in_query"
+
+
+class UsageError(InvalidRequest):
+    """What a command line asked for cannot be done as asked; nothing was sent or changed
+    (the CLI exits 2, as for bad flags)."""
+
+    code = "usage_error"
+
+
+class MeshNameBound(UsageError):
+    """``daemon join`` under a local mesh name already bound to another mesh id: re-binding
+    it is an explicit act (DESIGN §11)."""
+
+    code = "mesh_name_bound"
 
 
 class Unauthorized(TidemeshError):

@@ -33,7 +33,8 @@ EXPECTED_EXIT = {
     "daemon_busy": Exit.REJECTED, "rate_limited": Exit.REJECTED,
     "unavailable": Exit.FAILURE, "insufficient_storage": Exit.FAILURE,
     "daemon_not_running": Exit.NOT_RUNNING, "daemon_not_answering": Exit.NOT_ANSWERING,
-    "service_install_failed": Exit.FAILURE,
+    "service_install_failed": Exit.FAILURE, "usage_error": Exit.USAGE,
+    "mesh_name_bound": Exit.USAGE,
 }
 
 
