@@ -1,7 +1,7 @@
 """Every class of the error tree, walked from the classes themselves: its wire body comes
 back as the same class (``from_body``), the SDK raises that class for the daemon's answer
 (``send`` and each ``send_many`` result), and the CLI exits with the code the table in
-docs/daemon.md (linked from docs/cli.md) gives for it."""
+docs/cli.md gives for it."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ CLASSES = error_classes()
 
 
 def _documented_exit_codes() -> set[int]:
-    text = (ROOT / "docs" / "daemon.md").read_text()
+    text = (ROOT / "docs" / "cli.md").read_text()
     table = text.split("## Exit codes (CLI and daemon)")[1].split("\n## ")[0]
     return {int(m) for m in re.findall(r"^\| (\d+) \|", table, re.MULTILINE)}
 
