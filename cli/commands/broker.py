@@ -58,6 +58,15 @@ def _run(store: str | None, fn: Callable[[Store], Awaitable[T]]) -> T:
         fail(TidemeshError(f"the broker store is unavailable: {exc}"))
 
 
+def _checked_duration(_ctx: click.Context, _param: click.Parameter, value: str) -> str:
+    """A malformed duration is a usage error (exit 2), found before any store is opened."""
+    try:
+        invites.parse_duration_ms(value)
+    except InvalidRequest as exc:
+        raise click.BadParameter(exc.message) from None
+    return value
+
+
 store_option = click.option("--store", default=None, metavar="URL",
                             help="sqlite:///PATH or postgresql://…; default: the store of the "
                                  "broker running from this home, else embedded SQLite.")
@@ -144,7 +153,8 @@ def invite_group() -> None:
 @store_option
 @click.option("--mesh", required=True, help="Mesh name.")
 @click.option("--uses", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option("--expires", default="7d", show_default=True, help="30m, 12h, 7d, 2w.")
+@click.option("--expires", default="7d", show_default=True, callback=_checked_duration,
+              help="30m, 12h, 7d, 2w.")
 @click.option("--url", "urls", multiple=True, help="Broker address in the invite; repeat it "
               "for a mesh served by several brokers (daemons fail over in this order). "
               "Default broker.public_url, else the address the broker serves (recorded when "

@@ -15,7 +15,7 @@ from tidemesh.cli import send_wait
 from tidemesh.cli.commands.common import client_for, json_option, mesh_option, paths_for
 from tidemesh.cli.output import emit_json, fail
 from tidemesh.client import DaemonNotAnswering, DaemonNotRunning, SendResult
-from tidemesh.core.errors import InvalidRequest, TidemeshError
+from tidemesh.core.errors import TidemeshError
 from tidemesh.core.exitcodes import Exit
 from tidemesh.core.ids import client_message_id_problem
 from tidemesh.core.send import Destination
@@ -60,17 +60,25 @@ def _checked_id(_ctx: click.Context, _param: click.Parameter, value: str | None)
     return value
 
 
-def build_request(to: str, body: str, encoding: str, priority: str, meta: str | None,
+def _json_meta(_ctx: click.Context, _param: click.Parameter, value: str | None) -> Any:
+    """--meta parsed here: a flag that is not JSON is a usage error (exit 2), not a send
+    the daemon refused."""
+    if value is None:
+        return None
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"not valid JSON: {exc}") from None
+
+
+def build_request(to: str, body: str, encoding: str, priority: str, meta: Any,
                   reply_to: str | None) -> dict[str, Any]:
     dest = Destination.parse(to)
     req: dict[str, Any] = {"to": dest.to_dict(), "body": body, "priority": priority}
     if encoding != "utf8":
         req["body_encoding"] = encoding
     if meta is not None:
-        try:
-            req["meta"] = json.loads(meta)
-        except json.JSONDecodeError as exc:
-            raise InvalidRequest(f"--meta is not valid JSON: {exc}", field="meta") from exc
+        req["meta"] = meta
     if reply_to:
         req["reply_to"] = reply_to
     return req
@@ -84,7 +92,8 @@ def build_request(to: str, body: str, encoding: str, priority: str, meta: str | 
               type=click.Path(exists=True, dir_okay=False, allow_dash=True, path_type=Path),
               help="Read the body from a file ('-' for stdin).")
 @click.option("--base64", "as_base64", is_flag=True, help="Send the bytes as a binary body.")
-@click.option("--meta", default=None, help="A JSON object carried with the message.")
+@click.option("--meta", default=None, callback=_json_meta,
+              help="A JSON object carried with the message.")
 @click.option("--priority", type=click.Choice(["now", "next", "low"]), default="next",
               show_default=True)
 @click.option("--reply-to", default=None, help="broker_message_id this replies to.")
@@ -97,7 +106,7 @@ def build_request(to: str, body: str, encoding: str, priority: str, meta: str | 
               show_default=True, help="Longest --wait, in seconds.")
 @json_option
 def send_cmd(mesh: str, message: str | None, to: str, file: Path | None, as_base64: bool,
-             meta: str | None, priority: str, reply_to: str | None, client_id: str | None,
+             meta: Any, priority: str, reply_to: str | None, client_id: str | None,
              wait: bool, wait_timeout: float, as_json: bool) -> None:
     """Send a message through the local daemon (or, when no daemon runs for the mesh,
     straight to the broker as the same member: the cold path, which runs the mesh's pre-send
