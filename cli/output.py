@@ -13,6 +13,7 @@ import click
 from tidemesh.client import DaemonNotAnswering, DaemonNotRunning
 from tidemesh.core.errors import Conflict, MemberRevoked, TidemeshError, UsageError
 from tidemesh.core.exitcodes import Exit
+from tidemesh.core.settings import ConfigError
 
 
 def emit_json(data: Any) -> None:
@@ -79,7 +80,7 @@ def exit_code_for(err: TidemeshError) -> Exit:
         return Exit.CONFLICT
     if isinstance(err, MemberRevoked):
         return Exit.REVOKED
-    if isinstance(err, UsageError):
+    if isinstance(err, UsageError | ConfigError):
         return Exit.USAGE
     if 400 <= err.http_status < 500:
         return Exit.REJECTED

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 EXPECTED_EXIT = {
     "internal": Exit.FAILURE, "invalid_request": Exit.REJECTED,
     "idempotency_key_mismatch": Exit.REJECTED, "token_in_query": Exit.REJECTED,
-    "invalid_config": Exit.REJECTED, "mesh_not_chosen": Exit.REJECTED,
+    "invalid_config": Exit.USAGE, "mesh_not_chosen": Exit.REJECTED,
     "invalid_frame": Exit.REJECTED, "unauthorized": Exit.REJECTED,
     "forbidden": Exit.REJECTED, "send_vetoed": Exit.REJECTED, "member_revoked": Exit.REVOKED,
     "not_found": Exit.REJECTED, "unknown_destination": Exit.REJECTED,
