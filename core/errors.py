@@ -14,7 +14,8 @@
     │   └── UnknownDestination (404)    broker B2: no such topic, DM recipient or queue
     ├── MethodNotAllowed (405)
     ├── Conflict (409)                  generic state conflict (requeue of a done row, ...)
-    │   └── IdempotencyConflict (409)   the accept table's 409 rows; final for that id
+    │   ├── IdempotencyConflict (409)   the accept table's 409 rows; final for that id
+    │   └── NotJoined (409)             the daemon has joined no mesh: no broker to ask
     ├── PayloadTooLarge (413)
     ├── Busy (429)
     ├── RateLimited (429)               broker: the member's send budget is spent; retryable
@@ -112,6 +113,13 @@ class Conflict(TidemeshError):
 
 class IdempotencyConflict(Conflict):
     code = "idempotency_key_reused"
+
+
+class NotJoined(Conflict):
+    """A route that asks the broker, on a daemon that has joined no mesh: unlike 503, no
+    wait makes it true; a join (and a restart) does."""
+
+    code = "not_joined"
 
 
 class PayloadTooLarge(TidemeshError):

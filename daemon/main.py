@@ -49,6 +49,7 @@ from tidemesh.daemon.api.keys import (
 from tidemesh.daemon.hooks.service import HookService, load_plan
 from tidemesh.daemon.join import MeshConfig
 from tidemesh.daemon.lifecycle import Drain, Reloader
+from tidemesh.daemon.live_link import not_joined
 from tidemesh.daemon.relay import Relay, RelayFatal, RelayMetrics, RelaySettings
 from tidemesh.daemon.server import IpcServer, build_app
 from tidemesh.daemon.service.disk import DiskMonitor
@@ -279,7 +280,7 @@ class Daemon:
         app[INBOX] = InboxService(inbox_db, bus, self.clock, hooks.plan)
         app[BUS] = bus
         relay = self._relay(app[OUTBOX], app[INBOX], app[STATE])
-        live = relay.live.if_open if relay is not None else lambda: None
+        live = relay.live.if_open if relay is not None else not_joined
         app[MEMBERSHIP] = MembershipService(inbox_db, live)
         app[PRESENCE] = PresenceService(inbox_db, live, self.keypair.public_hex)
         reloader = Reloader(s, self._read_settings, app[STATE], bus)
