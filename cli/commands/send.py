@@ -6,6 +6,7 @@ import base64
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -22,8 +23,10 @@ from tidemesh.core.send import Destination
 from tidemesh.daemon.admin import AlreadyRunning, coldpath
 
 PROBE_TIMEOUT_S = 0.5
-# The longer look at a daemon that holds the lock but missed the quick probe.
-HOLDER_PROBE_TIMEOUT_S = 5.0
+# How long a send waits for the holder of the mesh's lock: a daemon to answer, or another
+# cold send to finish.
+HOLDER_WAIT_S = 10.0
+HOLDER_POLL_S = 0.1
 
 
 def _payload(message: str | None, file: Path | None, as_base64: bool) -> tuple[str, str]:
@@ -161,23 +164,33 @@ def _deliver(mesh: str, req: dict[str, Any], client_id: str | None) -> tuple[Any
         if not paths.mesh_file.exists():
             raise DaemonNotRunning(f"{exc.reason}; this host has not joined mesh {mesh} "
                                    "either, so there is no cold path", hint=exc.hint) from exc
-        try:
-            return coldpath.send(mesh, req, client_id, os.environ), "cold"
-        except AlreadyRunning as held:
-            _slow_holder(mesh, held.pid)
+        return _cold(mesh, req, client_id)
     result: SendResult = client_for(mesh).send(req, idempotency_key=client_id)
     return result, "daemon"
 
 
-def _slow_holder(mesh: str, pid: int | None) -> None:
-    """A daemon holds the lock but missed the quick probe: give it a longer look (it may
-    only be busy or starting), and if it still says nothing, say so and send nothing."""
-    try:
-        client_for(mesh, timeout=HOLDER_PROBE_TIMEOUT_S).version()
-    except DaemonNotRunning as exc:
-        raise DaemonNotAnswering(
-            f"the daemon for mesh {mesh} (pid {pid}) holds its lock but did not answer in "
-            f"{HOLDER_PROBE_TIMEOUT_S:g} s ({exc.reason}); it may be stopped (SIGSTOP), stuck "
-            "or still starting. Nothing was sent, and the cold path is not taken while a "
-            "daemon runs: check `tidemesh daemon status`, or `kill -CONT` it, and retry",
-            pid=pid) from exc
+def _cold(mesh: str, req: dict[str, Any], client_id: str | None) -> tuple[Any, str]:
+    """The cold path, once the mesh's lock is free. Its holder may be a daemon that is
+    busy or starting (used as soon as it answers), another cold send (waited for: each holds
+    the lock only for its own send), or a daemon that does not answer: after HOLDER_WAIT_S,
+    exit 15 and nothing sent, so that daemon keeps its broker session."""
+    deadline = time.monotonic() + HOLDER_WAIT_S
+    while True:
+        try:
+            return coldpath.send(mesh, req, client_id, os.environ), "cold"
+        except AlreadyRunning as held:
+            pid = held.pid
+        try:
+            client_for(mesh, timeout=PROBE_TIMEOUT_S).version()
+        except DaemonNotRunning as exc:
+            if time.monotonic() >= deadline:
+                raise DaemonNotAnswering(
+                    f"pid {pid} holds the lock of mesh {mesh}, but no daemon answered in "
+                    f"{HOLDER_WAIT_S:g} s ({exc.reason}): a daemon stopped (SIGSTOP), stuck "
+                    "or still starting, or a cold send that takes that long. Nothing was "
+                    "sent, and the cold path is not taken around a running daemon: check "
+                    "`tidemesh daemon status`, or `kill -CONT` it, and retry", pid=pid) from exc
+            time.sleep(HOLDER_POLL_S)
+            continue
+        result: SendResult = client_for(mesh).send(req, idempotency_key=client_id)
+        return result, "daemon"

@@ -8,11 +8,13 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from tests.daemon.harness import RunningDaemon, run_cli
+from tests.daemon.harness import RunningDaemon, daemon_env, run_cli
 from tests.e2e.harness import Mesh, connected, inbox, two_on_topic, wait_for
 from tidemesh.core.exitcodes import Exit
 
@@ -87,7 +89,7 @@ async def test_a_stopped_daemon_gets_its_own_error_and_keeps_its_session(
     finally:
         os.kill(a.proc.pid, signal.SIGCONT)
     assert res.returncode == Exit.NOT_ANSWERING, res.stdout + res.stderr
-    assert "daemon_not_answering" in res.stderr and f"pid {a.proc.pid}" in res.stderr
+    assert "daemon_not_answering" in res.stderr and f"pid {a.proc.pid} holds" in res.stderr
     assert "Nothing was sent" in res.stderr
     assert await connected(a)
     sent = run_cli(a.home, "send", "--mesh", "m", "--to", "topic:ops", "after", "--json")
@@ -95,6 +97,27 @@ async def test_a_stopped_daemon_gets_its_own_error_and_keeps_its_session(
     await wait_for(lambda: _bodies(b, ["after"]))
     log = a.log.read_text()
     assert "broker_link_lost" not in log, "the daemon's broker session was left alone"
+
+
+async def test_cold_sends_at_once_wait_for_each_other(mesh: Mesh, short_tmp: Path) -> None:
+    a, b = await two_on_topic(mesh, short_tmp)
+    started = short_tmp / "started"
+    # The first cold send holds the mesh's lock while its hook runs.
+    _hooks(a, {"pre-send": f"#!/bin/sh\ntouch {started}\nsleep 2\n"}, "[pre-send]\n")
+    assert a.stop() == 0
+    first = subprocess.Popen(
+        [sys.executable, "-m", "tidemesh", "send", "--mesh", "m", "--to", "topic:ops", "one",
+         "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=daemon_env(a.home))
+    await wait_for(started.exists)
+    code, out, err = _send(a, "two")
+    assert code == 0 and out["path"] == "cold", (out, err)
+    assert first.wait(60) == 0, first.communicate()
+    await wait_for(lambda: _sorted_bodies(b, ["one", "two"]))
+
+
+async def _sorted_bodies(d: RunningDaemon, want: list[str]) -> bool:
+    return sorted(e["body"] for e in await inbox(d)) == want
 
 
 async def _bodies(d: RunningDaemon, want: list[str]) -> bool:
