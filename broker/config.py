@@ -66,7 +66,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("watchdog.stall_s", float, 5.0, "An event loop that does not turn for this long is "
             "a stall: every thread's stack is logged once, and /healthz answers 503 stalled."),
     Setting("watchdog.exit_after_s", float, 60.0, "A stall this long ends the broker with exit "
-            "code 15, for its service manager to restart it; 0 never does."),
+            "code 16, for its service manager to restart it; 0 never does."),
     Setting("shutdown.grace_s", float, 10.0, "Longest stop on SIGTERM: connections still "
             "closing then are dropped; past it by 5 s the process exits whatever it waits for."),
     Setting("log.level", str, "info", "debug, info, warning or error."),

@@ -28,6 +28,7 @@ from tidemesh.broker.server import BrokerServer
 from tidemesh.broker.service import BrokerService
 from tidemesh.broker.store import open_cluster, open_store, sqlite_file
 from tidemesh.broker.store.base import Store
+from tidemesh.core.errors import InvalidRequest, TidemeshError
 from tidemesh.core.exitcodes import Exit
 from tidemesh.core.ids import new_ulid
 from tidemesh.core.ratelimit import Rate
@@ -237,6 +238,11 @@ def up(settings: BrokerSettings) -> None:
         runner(main())
     except WriterStopped:  # logged as broker_store_writer_stopped; let the manager restart us
         sys.exit(Exit.FAILURE)
+    except TidemeshError as exc:
+        # The store could not be opened: one line, 2 for a URL to fix (no such database or
+        # role), else 1, which the service manager retries (a server starting up).
+        print(f"error: {exc.code}: {exc.message}", file=sys.stderr)
+        sys.exit(Exit.USAGE if isinstance(exc, InvalidRequest) else Exit.FAILURE)
     except AlreadyRunning as exc:
         print(f"error: {exc}; the SQLite store serves one broker, so run several brokers "
               "on one PostgreSQL store (broker.store = postgresql://…)", file=sys.stderr)

@@ -10,9 +10,10 @@ from typing import Any, NoReturn
 
 import click
 
-from tidemesh.client import DaemonNotRunning
-from tidemesh.core.errors import Conflict, MemberRevoked, TidemeshError
+from tidemesh.client import DaemonNotAnswering, DaemonNotRunning
+from tidemesh.core.errors import Conflict, MemberRevoked, TidemeshError, UsageError
 from tidemesh.core.exitcodes import Exit
+from tidemesh.core.settings import ConfigError
 
 
 def emit_json(data: Any) -> None:
@@ -73,21 +74,26 @@ def fields(data: Mapping[str, Any]) -> None:
 def exit_code_for(err: TidemeshError) -> Exit:
     if isinstance(err, DaemonNotRunning):
         return Exit.NOT_RUNNING
+    if isinstance(err, DaemonNotAnswering):
+        return Exit.NOT_ANSWERING
     if isinstance(err, Conflict):
         return Exit.CONFLICT
     if isinstance(err, MemberRevoked):
         return Exit.REVOKED
+    if isinstance(err, UsageError | ConfigError):
+        return Exit.USAGE
     if 400 <= err.http_status < 500:
         return Exit.REJECTED
     return Exit.FAILURE
 
 
-def fail(err: TidemeshError, as_json: bool = False) -> NoReturn:
-    """Print the error (one line, or the wire body with --json) and exit with its code."""
+def fail(err: TidemeshError, as_json: bool = False, code: Exit | None = None) -> NoReturn:
+    """Print the error (one line, or the wire body with --json) and exit with its code
+    (``code`` when the command knows better, e.g. 5 for a daemon in the way)."""
     if as_json:
         emit_json(err.to_body())
     else:
         extra = {k: v for k, v in err.details.items() if v is not None}
         tail = "".join(f"\n  {k}: {v}" for k, v in extra.items())
         click.echo(f"error: {err.code}: {err.message}{tail}", err=True)
-    sys.exit(int(exit_code_for(err)))
+    sys.exit(int(code if code is not None else exit_code_for(err)))

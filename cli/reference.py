@@ -11,14 +11,16 @@ from collections.abc import Iterator
 
 import click
 
+from tidemesh.core.exitcodes import MEANING, Exit
+
 WIDTH = 96
 HELP_OPTIONS = ["-h", "--help"]   # as cli.main's context_settings
 
 HEADER = """# Command reference
 
-Generated from the commands' own `--help` (`python -m tidemesh.cli.reference > docs/cli.md`;
-a test keeps this file current). Exit codes are listed in
-[daemon.md](daemon.md#exit-codes-cli-and-daemon); operating guides are
+Generated from the commands' own `--help` and `core/exitcodes.py`
+(`python -m tidemesh.cli.reference > docs/cli.md`; a test keeps this file current). Exit
+codes are [below](#exit-codes-cli-and-daemon); operating guides are
 [install.md](install.md) and [operations.md](operations.md).
 """
 
@@ -45,12 +47,18 @@ def _help(cmd: click.Command, path: tuple[str, ...]) -> str:
     return cmd.get_help(ctx)
 
 
+def exit_table() -> str:
+    rows = "".join(f"| {int(code)} | {MEANING[code]} |\n" for code in Exit)
+    return f"\n## Exit codes (CLI and daemon)\n\n| code | meaning |\n|---|---|\n{rows}"
+
+
 def render(root: click.Command, name: str = "tidemesh") -> str:
     parts = [HEADER]
     for path, cmd in _walk(root, (name,)):
         if cmd.hidden:
             continue
         parts.append(f"\n## `{' '.join(path)}`\n\n```text\n{_help(cmd, path)}\n```\n")
+    parts.append(exit_table())
     return "".join(parts)
 
 

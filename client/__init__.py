@@ -22,7 +22,7 @@ socket; ``endpoint`` finds the daemon; ``wire`` types the JSON bodies.
 from typing import TYPE_CHECKING, Any
 
 from tidemesh.client.calls import Response
-from tidemesh.client.errors import DaemonNotRunning
+from tidemesh.client.errors import DaemonNotAnswering, DaemonNotRunning
 from tidemesh.client.stream import Event, Notice
 from tidemesh.client.sync import Client
 from tidemesh.client.wire import (
@@ -56,6 +56,7 @@ __all__ = [
     "AsyncClient",
     "BatchResult",
     "Client",
+    "DaemonNotAnswering",
     "DaemonNotRunning",
     "Event",
     "InboxEntry",

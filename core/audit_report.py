@@ -27,6 +27,10 @@ def render(report: Mapping[str, Any], rows: Sequence[Mapping[str, Any]], *,
     totals = {k: v for k, v in dict(report.get("totals", {})).items() if v}
     if totals:
         lines.append("  " + ", ".join(f"{k} {v}" for k, v in sorted(totals.items())))
+    if "rows_checked" in report:   # reports of older runs lack it
+        young = int(report.get("rows_too_young", 0))
+        lines.append(f"  checked {report['rows_checked']} rows; {young} newer than the "
+                     "watermark (inside the grace window) wait for the next run")
     shown = list(rows[:shown_limit])
     if shown:
         lines.append("")

@@ -3,7 +3,9 @@
     TidemeshError (500 internal)
     ├── InvalidRequest (400)            field named in details
     │   ├── IdempotencyKeyMismatch (400)
-    │   └── TokenInQuery (400)
+    │   ├── TokenInQuery (400)
+    │   └── UsageError (400)            a command asked for what cannot be done as asked
+    │       └── MeshNameBound (400)     a local mesh name is bound to another mesh id
     ├── Unauthorized (401)
     ├── Forbidden (403)
     │   ├── SendVetoed (403)            the pre-send hook refused; its reason in details
@@ -12,7 +14,8 @@
     │   └── UnknownDestination (404)    broker B2: no such topic, DM recipient or queue
     ├── MethodNotAllowed (405)
     ├── Conflict (409)                  generic state conflict (requeue of a done row, ...)
-    │   └── IdempotencyConflict (409)   the accept table's 409 rows; final for that id
+    │   ├── IdempotencyConflict (409)   the accept table's 409 rows; final for that id
+    │   └── NotJoined (409)             the daemon has joined no mesh: no broker to ask
     ├── PayloadTooLarge (413)
     ├── Busy (429)
     ├── RateLimited (429)               broker: the member's send budget is spent; retryable
@@ -20,6 +23,10 @@
     └── InsufficientStorage (507)
 
 The wire shape is ``{"error": {"code": ..., "message": ..., **details}}``; ``to_body`` makes it.
+Classes of other modules join the tree by subclassing (``settings.ConfigError``,
+``paths.MeshNotChosen``, ``wire.InvalidFrame``, the SDK's ``DaemonNotRunning`` and
+``DaemonNotAnswering``, the CLI's ``ServiceError``); ``from_body`` finds any of them by its
+code, walking the classes themselves (tests/core/test_errors.py walks every one).
 """
 
 from __future__ import annotations
@@ -51,6 +58,20 @@ class IdempotencyKeyMismatch(InvalidRequest):
 
 class TokenInQuery(InvalidRequest):
     code = "token_in_query"
+
+
+class UsageError(InvalidRequest):
+    """What a command line asked for cannot be done as asked; nothing was sent or changed
+    (the CLI exits 2, as for bad flags)."""
+
+    code = "usage_error"
+
+
+class MeshNameBound(UsageError):
+    """``daemon join`` under a local mesh name already bound to another mesh id: re-binding
+    it is an explicit act (DESIGN §11)."""
+
+    code = "mesh_name_bound"
 
 
 class Unauthorized(TidemeshError):
@@ -94,6 +115,13 @@ class IdempotencyConflict(Conflict):
     code = "idempotency_key_reused"
 
 
+class NotJoined(Conflict):
+    """A route that asks the broker, on a daemon that has joined no mesh: unlike 503, no
+    wait makes it true; a join (and a restart) does."""
+
+    code = "not_joined"
+
+
 class PayloadTooLarge(TidemeshError):
     code = "payload_too_large"
     http_status = 413
@@ -110,8 +138,8 @@ class RateLimited(TidemeshError):
     code = "rate_limited"
     http_status = 429
 
-    def __init__(self, message: str, retry_after_ms: int) -> None:
-        super().__init__(message)
+    def __init__(self, message: str, retry_after_ms: int = 0, **details: Any) -> None:
+        super().__init__(message, retry_after_ms=retry_after_ms, **details)
         self.retry_after_ms = retry_after_ms
 
 
@@ -125,14 +153,23 @@ class InsufficientStorage(TidemeshError):
     http_status = 507
 
 
-_BY_CODE: dict[str, type[TidemeshError]] = {
-    cls.code: cls
-    for cls in (
-        TidemeshError, InvalidRequest, IdempotencyKeyMismatch, TokenInQuery, Unauthorized,
-        Forbidden, MemberRevoked, NotFound, UnknownDestination, MethodNotAllowed, Conflict,
-        IdempotencyConflict, PayloadTooLarge, Busy, Unavailable, InsufficientStorage,
-    )
-}
+def error_classes() -> list[type[TidemeshError]]:
+    """Every class of the tree, walked from the classes themselves: one defined anywhere
+    (``client``'s ``DaemonNotRunning``, ``settings``' ``ConfigError``, ...) is known once its
+    module is imported, and no list can fall behind a new class."""
+    found: list[type[TidemeshError]] = []
+    todo: list[type[TidemeshError]] = [TidemeshError]
+    while todo:
+        cls = todo.pop()
+        if cls not in found:
+            found.append(cls)
+            todo.extend(cls.__subclasses__())
+    return found
+
+
+def class_of(code: str) -> type[TidemeshError]:
+    """The class whose wire ``code`` this is; ``TidemeshError`` for a code none has."""
+    return next((c for c in error_classes() if c.code == code), TidemeshError)
 
 
 def from_body(status: int, body: Any) -> TidemeshError:
@@ -141,9 +178,9 @@ def from_body(status: int, body: Any) -> TidemeshError:
     if not isinstance(err, dict):
         return TidemeshError(f"HTTP {status} with no error body", status=status)
     details = {k: v for k, v in err.items() if k not in ("code", "message")}
-    cls = _BY_CODE.get(str(err.get("code")), TidemeshError)
+    cls = class_of(str(err.get("code")))
     exc = cls(str(err.get("message", "")), **details)
-    if cls is TidemeshError:
+    if cls is TidemeshError and err.get("code") != TidemeshError.code:
         exc.details.setdefault("code", err.get("code"))
         exc.details.setdefault("status", status)
     return exc

@@ -1,4 +1,5 @@
-"""Process exit codes, shared by the daemon and the CLI (documented in docs/daemon.md)."""
+"""Process exit codes, shared by the daemon and the CLI. ``MEANING`` is the table of
+docs/cli.md (rendered by ``cli.reference``, so the two cannot drift)."""
 
 from __future__ import annotations
 
@@ -20,4 +21,33 @@ class Exit(IntEnum):
     REVOKED = 12              # this member was removed from the mesh; restarting cannot help
     UNDELIVERED = 13          # `send --wait`: the broker refused it; the outbox row is dead
     STILL_QUEUED = 14         # `send --wait`: no outcome before the timeout; still in the outbox
-    STALLED = 15              # the event loop stalled past watchdog.exit_after_s; restart it
+    NOT_ANSWERING = 15        # a daemon holds this mesh's lock but does not answer (stopped, stuck)
+    STALLED = 16              # the event loop stalled past watchdog.exit_after_s; restart it
+
+
+MEANING: dict[Exit, str] = {
+    Exit.OK: "success",
+    Exit.FAILURE: "failure not listed below",
+    Exit.USAGE: "bad flags or configuration (also: socket path too long; `daemon join` of "
+                "another mesh under a name bound to one)",
+    Exit.NOT_RUNNING: "no daemon answers for this mesh",
+    Exit.HOST_MISMATCH: "host fingerprint mismatch: run `tidemesh daemon accept-host`",
+    Exit.ALREADY_RUNNING: "a daemon already runs for this mesh",
+    Exit.UNHEALTHY: "unhealthy, or the outbox is damaged or newer than this tidemesh",
+    Exit.CONFLICT: "a 409: the id is bound to another request or state",
+    Exit.REJECTED: "any other 4xx: the request was refused (a pre-send veto too), nothing "
+                   "stored",
+    Exit.FEATURE_UNAVAILABLE: "the broker lacks a required feature, or its dedupe window "
+                              "cannot cover the outbox max age",
+    Exit.ORPHANS_FOUND: "`tidemesh audit orphans` found orphans (see `audit.md`)",
+    Exit.REVOKED: "this member was revoked from the mesh (daemon.md, \"Revoked members\"); "
+                  "never restarted by systemd",
+    Exit.UNDELIVERED: "`tidemesh send --wait`: the broker refused the send; its outbox row is "
+                      "dead (the reason is printed)",
+    Exit.STILL_QUEUED: "`tidemesh send --wait`: still queued when `--timeout` passed",
+    Exit.NOT_ANSWERING: "`tidemesh send`: a daemon holds this mesh's lock but does not answer "
+                        "(stopped with SIGSTOP, stuck, or still starting); nothing was sent",
+    Exit.STALLED: "the daemon's or the broker's event loop stalled past "
+                  "`watchdog.exit_after_s` (daemon.md, \"Loop watchdog\"); a service manager "
+                  "restarts it",
+}

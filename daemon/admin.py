@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from tidemesh.storage.lock import holder_pid, is_held
+from tidemesh.storage.lock import AlreadyRunning, holder_pid, is_held
 
 if TYPE_CHECKING:
     from tidemesh.daemon import coldpath, offline, revocation
@@ -50,6 +50,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "AlreadyRunning",
     "LinkError",
     "accept_host",
     "coldpath",

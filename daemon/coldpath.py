@@ -5,37 +5,68 @@ the daemon's idempotency keys at the broker: a send made here and retried later 
 daemon with the same id and content is recognised as the same send. Nothing is queued: if
 the broker cannot be reached the caller is told, with the id to retry with. A composition
 root of its own, used by the CLI.
+
+What the daemon enforces holds here too (DESIGN §11): the mesh's pre-send hook runs as the
+daemon runs it, or the send is refused. And it runs only while it holds the daemon's
+instance lock itself: a daemon that holds it, however slow, keeps its broker session, and
+no daemon can start halfway through a cold send.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Mapping
 from typing import Any
 
 from tidemesh.core.errors import InvalidRequest, NotFound, TidemeshError, Unavailable, from_body
 from tidemesh.core.failover import BrokerRotation
 from tidemesh.core.ids import new_ulid
-from tidemesh.core.paths import DaemonPaths
+from tidemesh.core.paths import DaemonPaths, daemon_paths
 from tidemesh.core.sealing import seal_request
 from tidemesh.core.send import DestinationKind, parse_send_request
-from tidemesh.daemon import revocation
+from tidemesh.daemon import config, revocation
 from tidemesh.daemon.api.validation import checked
 from tidemesh.daemon.dial import dial_first
+from tidemesh.daemon.hooks.presend import gate_without_daemon
 from tidemesh.daemon.identity import load_or_create_keypair
 from tidemesh.daemon.join import MeshConfig
 from tidemesh.daemon.link import HandshakeRejected, LinkError
+from tidemesh.storage.lock import InstanceLock
+
+HOLDER = "a daemon (or a cold-path send) for this mesh"
 
 
-def send(paths: DaemonPaths, request: dict[str, Any], client_message_id: str | None,
-         timeout: float = 15.0) -> dict[str, Any]:
-    """Send one message directly; returns the broker's answer as the CLI shows it."""
+def send(mesh: str, request: dict[str, Any], client_message_id: str | None,
+         environ: Mapping[str, str], timeout: float = 15.0) -> dict[str, Any]:
+    """Send one message directly; returns the broker's answer as the CLI shows it. Raises
+    ``storage.lock.AlreadyRunning`` when a daemon holds the mesh's instance lock."""
+    paths = daemon_paths(mesh, environ)
     if not paths.mesh_file.exists() or not paths.keypair.exists():
         raise NotFound("no daemon is running and this host has not joined the mesh; run "
                        "`tidemesh daemon join INVITE` then `tidemesh daemon up`")
+    # The runtime folder may be gone since the daemon last ran (a reboot empties it).
+    paths.runtime_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    lock = InstanceLock(paths.lock_file, HOLDER)
+    lock.acquire()
+    try:
+        return _send_locked(mesh, paths, request, client_message_id, environ, timeout)
+    finally:
+        lock.release()
+
+
+def _send_locked(name: str, paths: DaemonPaths, request: dict[str, Any],
+                 client_message_id: str | None, environ: Mapping[str, str],
+                 timeout: float) -> dict[str, Any]:
     revoked = revocation.load(paths.revoked_file)
     if revoked is not None:
         raise revoked.error()
     req = parse_send_request(checked("send_request.schema.json", request), client_message_id)
+    settings, _ = config.load(config.read_file(paths.config_file), environ,
+                              {"daemon.mesh": name})
+    asyncio.run(gate_without_daemon(paths.hooks_dir, settings.hooks_enabled,
+                                    settings.daemon_mesh, paths.socket, req,
+                                    int(time.time() * 1000)))
     cmid = req.client_message_id or new_ulid()
     keypair, _ = load_or_create_keypair(paths.keypair)
     if req.to.kind is DestinationKind.DM:

@@ -72,7 +72,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("watchdog.stall_s", float, 5.0, "An event loop that does not turn for this long is "
             "a stall: every thread's stack is logged once, and /v1/health says stalled."),
     Setting("watchdog.exit_after_s", float, 60.0, "A stall this long ends the daemon with exit "
-            "code 15, for its service manager to restart it; 0 never does."),
+            "code 16, for its service manager to restart it; 0 never does."),
     Setting("shutdown.grace_s", float, 10.0, "Longest drain on SIGTERM or `daemon down`; "
             "work still running then is cut off and the exit code is 1.", reloadable=True),
 )

@@ -53,12 +53,16 @@ def load_or_create_keypair(path: Path) -> tuple[Keypair, bool]:
         data = json.loads(path.read_text(encoding="utf-8"))
         return Keypair(SigningKey(bytes.fromhex(data["ed25519_seed"]))), False
     key = SigningKey.generate()
+    save_keypair(path, key)
+    return Keypair(key), True
+
+
+def save_keypair(path: Path, key: SigningKey) -> None:
     write_private(path, {
         "version": 1,
         "ed25519_seed": bytes(key).hex(),
         "ed25519_public": bytes(key.verify_key).hex(),
     })
-    return Keypair(key), True
 
 
 def _machine_id() -> str:

@@ -1,6 +1,7 @@
 """``tidemesh daemon join INVITE``: make (or reuse) the member keypair, register it with the
 broker by redeeming the invite over the WebSocket (a signed ``join`` frame), and save the
-mesh config to ``mesh.json`` so that ``daemon up`` can connect.
+mesh config to ``mesh.json`` so that ``daemon up`` can connect. A local mesh name stays
+bound to the mesh id it was joined to (DESIGN §11): re-binding it is ``--move-aside``.
 
 Imports ``core`` and the daemon's identity and link; never ``broker``.
 """
@@ -8,16 +9,22 @@ Imports ``core`` and the daemon's identity and link; never ``broker``.
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from nacl.signing import SigningKey
+
 from tidemesh.core import invite as invites
+from tidemesh.core.errors import MemberRevoked, MeshNameBound
 from tidemesh.core.failover import BrokerRotation
 from tidemesh.core.paths import DaemonPaths
 from tidemesh.daemon import revocation
 from tidemesh.daemon.dial import dial_first
-from tidemesh.daemon.identity import load_or_create_keypair, write_private
+from tidemesh.daemon.identity import load_or_create_keypair, save_keypair, write_private
+from tidemesh.daemon.link import HandshakeRejected
+from tidemesh.storage.lock import InstanceLock
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,25 +48,115 @@ class MeshConfig:
                    int(data["joined_at"]), tuple(data.get("fallback_urls", ())))
 
 
-async def join(invite_text: str, paths: DaemonPaths, display_name: str | None = None,
-               broker_urls: tuple[str, ...] = ()) -> MeshConfig:
+# What binds a local mesh name to one mesh: its identity, its config and its message state.
+# daemon.toml and hooks/ are the operator's and stay; so do the log and the runtime files.
+_BOUND = ("mesh.json", "keypair.json", "host_fingerprint.json", "revoked.json")
+_BOUND_DBS = ("outbox.db", "inbox.db")
+
+
+@dataclass(frozen=True, slots=True)
+class Joined:
+    config: MeshConfig
+    moved_aside: Path | None     # where --move-aside put the old binding's files
+
+
+def bound_to(paths: DaemonPaths) -> MeshConfig | None:
+    """The mesh this local name is bound to, if it was joined."""
+    return MeshConfig.load(paths.mesh_file) if paths.mesh_file.exists() else None
+
+
+def rebind_refused(local: str, bound: MeshConfig, inv: invites.Invite) -> MeshNameBound:
+    return MeshNameBound(
+        f"the local mesh name {local!r} is bound to mesh {bound.mesh} (id {bound.mesh_id}), "
+        f"and this invite is for mesh {inv.mesh} (id {inv.mesh_id}); join it under another "
+        f"name (--mesh {inv.mesh} or any free name), or re-bind {local!r} with --move-aside, "
+        "which moves its key, outbox and inbox aside first",
+        local_mesh=local, bound_mesh=bound.mesh, bound_mesh_id=bound.mesh_id,
+        invite_mesh=inv.mesh, invite_mesh_id=inv.mesh_id)
+
+
+def _revoked(local: str, inv: invites.Invite, pubkey: str) -> MemberRevoked:
+    return MemberRevoked(
+        f"this host's key {pubkey} was revoked from mesh {inv.mesh}, and the broker never "
+        "takes a revoked key back, even with a new invite. To join again with a new key, run "
+        f"`tidemesh daemon join INVITE --mesh {local} --move-aside`: it moves the old key, "
+        "outbox and inbox aside (unsent rows go with them) and says where",
+        mesh=inv.mesh, member_pubkey=pubkey)
+
+
+async def join(invite_text: str, paths: DaemonPaths, local: str,
+               display_name: str | None = None, broker_urls: tuple[str, ...] = (),
+               move_aside: bool = False) -> Joined:
     """Redeem ``invite_text`` at the first of its brokers that answers; ``broker_urls``
-    replace the addresses inside the invite."""
+    replace the addresses inside the invite. ``local`` (the name ``--mesh`` takes) stays
+    bound to one mesh id: an invite for another is refused unless ``move_aside``, which
+    joins with a new key and moves the old binding's files into ``aside-<time>/`` once the
+    broker has accepted it. Nothing is moved if the join fails."""
     inv = invites.decode(invite_text)
     urls = broker_urls or inv.urls
     invites.check_broker_urls(urls, "broker_url")
+    bound = bound_to(paths)
+    if bound is not None and bound.mesh_id != inv.mesh_id and not move_aside:
+        raise rebind_refused(local, bound, inv)
     for d in paths.folders:
         d.mkdir(parents=True, exist_ok=True, mode=0o700)
-    keypair, _ = load_or_create_keypair(paths.keypair)
+    if not move_aside:
+        keypair, _ = load_or_create_keypair(paths.keypair)
+        config = await _redeem(inv, urls, local, keypair.signing_key, display_name)
+        _save(paths, config)
+        return Joined(config, None)
+    # The old files must not move under a running daemon, nor one start meanwhile.
+    lock = InstanceLock(paths.lock_file, "a daemon for this mesh")
+    lock.acquire()
+    try:
+        key = SigningKey.generate()
+        config = await _redeem(inv, urls, local, key, display_name)
+        moved = _move_aside(paths)
+        save_keypair(paths.keypair, key)
+        _save(paths, config)
+        return Joined(config, moved)
+    finally:
+        lock.release()
+
+
+async def _redeem(inv: invites.Invite, urls: tuple[str, ...], local: str, key: SigningKey,
+                  display_name: str | None) -> MeshConfig:
     rotation = BrokerRotation.of(urls)
-    link = await dial_first(rotation, inv.mesh_id, keypair.signing_key,
-                            invite_token=inv.token, display_name=display_name)
+    try:
+        link = await dial_first(rotation, inv.mesh_id, key, invite_token=inv.token,
+                                display_name=display_name)
+    except HandshakeRejected as exc:
+        if exc.reason == revocation.REASON:
+            raise _revoked(local, inv, bytes(key.verify_key).hex()) from exc
+        raise
     await link.close()
-    config = MeshConfig(rotation.urls[0], inv.mesh_id, link.hello_ack["mesh_name"],
-                        keypair.public_hex, int(time.time() * 1000), rotation.urls[1:])
+    return MeshConfig(rotation.urls[0], inv.mesh_id, link.hello_ack["mesh_name"],
+                      bytes(key.verify_key).hex(), int(time.time() * 1000), rotation.urls[1:])
+
+
+def _save(paths: DaemonPaths, config: MeshConfig) -> None:
     saved = asdict(config)
     if not config.fallback_urls:  # one broker: mesh.json stays as hosts before failover read it
         del saved["fallback_urls"]
     write_private(paths.mesh_file, {"version": 1, **saved})
     revocation.clear(paths.revoked_file)   # accepted again: an old revocation no longer holds
-    return config
+
+
+def _move_aside(paths: DaemonPaths) -> Path | None:
+    """Move the files of the old binding into a new ``aside-<UTC time>/`` of the data
+    folder (kept, never deleted); None when there was nothing to move."""
+    names = [n for n in _BOUND if (paths.data_dir / n).exists()]
+    names += sorted(p.name for p in paths.data_dir.iterdir()
+                    if p.is_file() and p.name.startswith(_BOUND_DBS))
+    if not names:
+        return None
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    target = paths.data_dir / f"aside-{stamp}"
+    n = 1
+    while target.exists():
+        n += 1
+        target = paths.data_dir / f"aside-{stamp}-{n}"
+    target.mkdir(mode=0o700)
+    for name in names:
+        os.replace(paths.data_dir / name, target / name)
+    return target

@@ -1,6 +1,7 @@
 """The broker link as the services see it: whichever link the relay has open now, with its
-failures turned into the ``core.errors`` tree (503 while there is none, a broker refusal
-as the caller's 4xx). Membership and presence ask the broker through this.
+failures turned into the ``core.errors`` tree (503 while there is none, 409 ``not_joined``
+on a daemon that joined no mesh, a broker refusal as the caller's 4xx). Membership and
+presence ask the broker through this.
 
 Imports the link and ``core``; no SQL and no HTTP here.
 """
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tidemesh.core.errors import InvalidRequest, TidemeshError, Unavailable, from_body
+from tidemesh.core.errors import InvalidRequest, NotJoined, TidemeshError, Unavailable, from_body
 from tidemesh.daemon.link import BrokerLink, LinkError
 
 
@@ -19,6 +20,14 @@ def _disconnected() -> Unavailable:
 
 def _failed(exc: LinkError) -> Unavailable:
     return Unavailable(f"the broker link failed: {exc}", reason="broker_disconnected")
+
+
+def not_joined() -> LiveLink | None:
+    """What the services ask in place of ``LiveLink.if_open`` while no mesh is joined: a
+    link that will not come by waiting, so its own error instead of 503."""
+    raise NotJoined("this daemon has joined no mesh, so there is no broker to ask; run "
+                    "`tidemesh daemon join INVITE`, then restart the daemon",
+                    reason="not_joined")
 
 
 class LiveLink:

@@ -51,6 +51,7 @@ from tidemesh.daemon.api.keys import (
 from tidemesh.daemon.hooks.service import HookService, load_plan
 from tidemesh.daemon.join import MeshConfig
 from tidemesh.daemon.lifecycle import Drain, Reloader, StopBudget, finish, kept_running
+from tidemesh.daemon.live_link import not_joined
 from tidemesh.daemon.private import ensure_dirs, ensure_token
 from tidemesh.daemon.relay import Relay, RelayFatal, RelayMetrics, RelaySettings
 from tidemesh.daemon.server import IpcServer, build_app
@@ -282,7 +283,7 @@ class Daemon:
         app[INBOX] = InboxService(inbox_db, bus, self.clock, hooks.plan)
         app[BUS] = bus
         relay = self._relay(app[OUTBOX], app[INBOX], app[STATE])
-        live = relay.live.if_open if relay is not None else lambda: None
+        live = relay.live.if_open if relay is not None else not_joined
         app[MEMBERSHIP] = MembershipService(inbox_db, live)
         app[PRESENCE] = PresenceService(inbox_db, live, self.keypair.public_hex)
         reloader = Reloader(s, self._read_settings, app[STATE], bus)

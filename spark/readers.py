@@ -39,6 +39,7 @@ class TableStats:
     rows: int
     lo: int | None
     hi: int | None
+    young: int = 0      # rows stamped at or after the watermark: not judged by this run
 
 
 def partition_column(target: JdbcTarget, table: Table) -> str:
@@ -46,18 +47,25 @@ def partition_column(target: JdbcTarget, table: Table) -> str:
 
 
 def table_stats(
-    spark: SparkSession, target: JdbcTarget, tables: Sequence[Table], fetch_size: int
+    spark: SparkSession, target: JdbcTarget, tables: Sequence[Table], fetch_size: int,
+    watermark_ms: int | None = None,
 ) -> dict[str, TableStats]:
-    """Count and min/max of the partition column for every table, in one round trip."""
+    """Count and min/max of the partition column for every table, and how many rows are
+    too young for ``watermark_ms``, in one round trip."""
     parts: list[str] = []
     names: list[str] = []
+    cut = int(watermark_ms) if watermark_ms is not None else None
     for i, table in enumerate(tables):
         name, col = target.table(table.name), partition_column(target, table)
-        # Names come from schemas.Table constants, never from input.
+        # Names come from schemas.Table constants, never from input; the cut is an int.
         parts += [f"(SELECT count(*) FROM {name}) AS n{i}",  # noqa: S608
                   f"(SELECT min({col}) FROM {name}) AS lo{i}",  # noqa: S608
                   f"(SELECT max({col}) FROM {name}) AS hi{i}"]  # noqa: S608
         names += [f"n{i}", f"lo{i}", f"hi{i}"]
+        if cut is not None:
+            parts.append(f"(SELECT count(*) FROM {name} "  # noqa: S608
+                         f"WHERE {table.time_column} >= {cut}) AS y{i}")
+            names.append(f"y{i}")
     row = (_reader(spark, target, fetch_size)
            .option("query", "SELECT " + ", ".join(parts))
            # Computed columns come back as decimal(38,18) without it (gotcha 3).
@@ -65,7 +73,8 @@ def table_stats(
            .load().first())
     if row is None:
         raise RuntimeError("the table statistics query returned no row")
-    return {t.name: TableStats(int(row[f"n{i}"]), row[f"lo{i}"], row[f"hi{i}"])
+    return {t.name: TableStats(int(row[f"n{i}"]), row[f"lo{i}"], row[f"hi{i}"],
+                               int(row[f"y{i}"] or 0) if cut is not None else 0)
             for i, t in enumerate(tables)}
 
 

@@ -22,6 +22,26 @@ class Dialect(StrEnum):
 
 
 DRIVERS = {Dialect.SQLITE: "org.sqlite.JDBC", Dialect.POSTGRES: "org.postgresql.Driver"}
+# Where each driver comes from on Debian and Ubuntu, for the message when it is missing.
+DRIVER_PACKAGES = {Dialect.SQLITE: "libxerial-sqlite-jdbc-java",
+                   Dialect.POSTGRES: "libpostgresql-jdbc-java"}
+
+
+def missing_driver(dialect: Dialect, jar: str) -> str:
+    """One line saying how to get the JDBC driver of ``dialect`` that is not at ``jar``."""
+    package = DRIVER_PACKAGES[dialect]
+    setting = "audit.sqlite_jar" if dialect is Dialect.SQLITE else "audit.pg_jar"
+    return (f"the {dialect.value} JDBC driver ({DRIVERS[dialect]}) is not at {jar}: install "
+            f"the Debian package {package} (apt-get install {package}), or set {setting} to "
+            "its jar, or audit.jar_packages to Maven coordinates")
+
+
+def driver_named(causes: list[str]) -> Dialect | None:
+    """The dialect whose driver class a failed run could not load, from its error text."""
+    for dialect, cls in DRIVERS.items():
+        if any("ClassNotFoundException" in c and cls in c for c in causes):
+            return dialect
+    return None
 
 
 @dataclass(frozen=True, slots=True)

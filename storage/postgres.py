@@ -20,11 +20,13 @@ import time
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
+from urllib.parse import urlsplit
 
 import asyncpg
 import structlog
 
 from tidemesh.core.errors import InsufficientStorage, TidemeshError, Unavailable
+from tidemesh.core.settings import ConfigError
 from tidemesh.storage.pending import Pending, answer, fail_all, take
 from tidemesh.storage.stats import BatchCounters
 
@@ -38,6 +40,37 @@ DB_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClie
 # Errors of the server or the connection, not of one arg: a savepoint retry cannot help.
 _CONNECTION_ERRORS = (asyncpg.exceptions.OperatorInterventionError,
                       asyncpg.exceptions.PostgresConnectionError)
+
+
+# The server refuses what the URL names (database, role, password) or what the role may do:
+# a configuration to fix, which no retry heals.
+_MISCONFIGURED = (asyncpg.exceptions.InvalidCatalogNameError,
+                  asyncpg.exceptions.InvalidAuthorizationSpecificationError,
+                  asyncpg.exceptions.InvalidPasswordError,
+                  asyncpg.exceptions.InsufficientPrivilegeError)
+
+
+def where(dsn: str) -> str:
+    """The server and database of a URL, for messages: never its password."""
+    try:
+        url = urlsplit(dsn)
+        host = f"{url.hostname or 'localhost'}:{url.port or 5432}"
+    except ValueError:
+        return "the configured server"
+    user = f"{url.username}@" if url.username else ""
+    return f"{user}{host}{url.path or '/'}"
+
+
+def open_error(exc: BaseException, name: str, dsn: str) -> TidemeshError:
+    """Why the ``name`` database could not be opened, as one line: a ConfigError for what
+    the URL gets wrong, else Unavailable (refused, reset, the server starting up)."""
+    said = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if isinstance(exc, _MISCONFIGURED):
+        return ConfigError(f"the {name} database postgresql://{where(dsn)} cannot be used: "
+                           f"{said}; check the store URL (and that the database and role "
+                           "exist: createdb, createuser)")
+    return Unavailable(f"the {name} database postgresql://{where(dsn)} cannot be reached: "
+                       f"{said}")
 
 
 def storage_error(exc: BaseException, name: str, doing: str) -> TidemeshError:
@@ -91,10 +124,16 @@ class Database(BatchCounters):
                    writers: int = 2) -> Database:
         """Create the pool, run ``setup`` (migrations, checks) on one connection, then start
         the writers."""
-        pool = await asyncpg.create_pool(dsn, min_size=1, max_size=pool_size)
+        try:
+            pool = await asyncpg.create_pool(dsn, min_size=1, max_size=pool_size)
+        except DB_ERRORS as exc:
+            raise open_error(exc, name, dsn) from exc
         try:
             async with pool.acquire() as conn:
                 await setup(conn)
+        except DB_ERRORS as exc:
+            await pool.close()
+            raise open_error(exc, name, dsn) from exc
         except BaseException:
             await pool.close()
             raise

@@ -24,9 +24,9 @@ from tidemesh.cli.commands.common import json_option, paths_for
 from tidemesh.cli.lazy import LazyGroup
 from tidemesh.cli.output import emit_json, fail, table
 from tidemesh.core import invite as invites
-from tidemesh.core.errors import InvalidRequest, NotFound, TidemeshError
+from tidemesh.core.errors import Conflict, InvalidRequest, NotFound, TidemeshError
 from tidemesh.core.exitcodes import Exit
-from tidemesh.daemon.admin import LinkError, join
+from tidemesh.daemon.admin import AlreadyRunning, LinkError, join
 
 T = TypeVar("T")
 
@@ -56,6 +56,15 @@ def _run(store: str | None, fn: Callable[[Store], Awaitable[T]]) -> T:
         fail(exc)
     except (OSError, store_migrate.SchemaTooNew, store_migrate.SchemaBehind) as exc:
         fail(TidemeshError(f"the broker store is unavailable: {exc}"))
+
+
+def _checked_duration(_ctx: click.Context, _param: click.Parameter, value: str) -> str:
+    """A malformed duration is a usage error (exit 2), found before any store is opened."""
+    try:
+        invites.parse_duration_ms(value)
+    except InvalidRequest as exc:
+        raise click.BadParameter(exc.message) from None
+    return value
 
 
 store_option = click.option("--store", default=None, metavar="URL",
@@ -144,7 +153,8 @@ def invite_group() -> None:
 @store_option
 @click.option("--mesh", required=True, help="Mesh name.")
 @click.option("--uses", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option("--expires", default="7d", show_default=True, help="30m, 12h, 7d, 2w.")
+@click.option("--expires", default="7d", show_default=True, callback=_checked_duration,
+              help="30m, 12h, 7d, 2w.")
 @click.option("--url", "urls", multiple=True, help="Broker address in the invite; repeat it "
               "for a mesh served by several brokers (daemons fail over in this order). "
               "Default broker.public_url, else the address the broker serves (recorded when "
@@ -234,19 +244,31 @@ def topic_create(store: str | None, mesh: str, name: str, as_json: bool) -> None
 @click.option("--name", "display_name", default=None, help="How other members see this host.")
 @click.option("--broker-url", "broker_urls", multiple=True,
               help="Override the broker addresses in the invite (repeat for several).")
+@click.option("--move-aside", is_flag=True,
+              help="Join with a new key, first moving this local name's key, outbox and inbox "
+                   "into aside-TIME/ of its data folder: to re-bind a name joined to another "
+                   "mesh, or to come back after this key was revoked. Says where.")
 @json_option
 def join_cmd(invite: str, mesh: str | None, display_name: str | None,
-             broker_urls: tuple[str, ...], as_json: bool) -> None:
+             broker_urls: tuple[str, ...], move_aside: bool, as_json: bool) -> None:
     """Join a mesh: create this host's key, register it with the broker, save the config.
 
+    A local mesh name stays bound to the mesh it was joined to: an invite for another mesh
+    under that name is refused (exit 2) unless --move-aside. A revoked key exits 12.
+
     With --json, prints {mesh, broker_mesh, mesh_id, member_pubkey, broker_urls, joined_at,
-    config}: mesh is the local name that --mesh takes."""
+    config, moved_aside}: mesh is the local name that --mesh takes."""
     try:
         parsed = invites.decode(invite)
-        paths = paths_for(mesh or parsed.mesh)
-        config = asyncio.run(join(invite, paths, display_name, broker_urls))
+        local = mesh or parsed.mesh
+        paths = paths_for(local)
+        joined = asyncio.run(join(invite, paths, local, display_name, broker_urls, move_aside))
     except TidemeshError as exc:
         fail(exc, as_json)
+    except AlreadyRunning as exc:
+        fail(Conflict(f"{exc}; stop it first (`tidemesh daemon down --mesh {local}`): "
+                      "--move-aside does not move files from under a running daemon"),
+             as_json, Exit.ALREADY_RUNNING)
     except LinkError as exc:
         code = Exit.REJECTED if not exc.retryable else Exit.FAILURE
         if as_json:
@@ -256,13 +278,18 @@ def join_cmd(invite: str, mesh: str | None, display_name: str | None,
         else:
             click.echo(f"error: {exc}", err=True)
         sys.exit(int(code))
+    config = joined.config
     if as_json:
         # "mesh" is the local name later commands take with --mesh; the broker's may differ.
-        emit_json({"mesh": mesh or parsed.mesh, "broker_mesh": config.mesh,
+        emit_json({"mesh": local, "broker_mesh": config.mesh,
                    "mesh_id": config.mesh_id, "member_pubkey": config.member_pubkey,
                    "broker_urls": list(config.broker_urls),
-                   "joined_at": config.joined_at, "config": str(paths.mesh_file)})
+                   "joined_at": config.joined_at, "config": str(paths.mesh_file),
+                   "moved_aside": None if joined.moved_aside is None
+                   else str(joined.moved_aside)})
         return
+    if joined.moved_aside is not None:
+        click.echo(f"moved the old key, outbox and inbox of {local!r} to {joined.moved_aside}")
     click.echo(f"joined mesh {config.mesh} as {config.member_pubkey}\n"
                f"config saved to {paths.mesh_file}")
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import sys
+import time
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -13,14 +15,18 @@ import click
 from tidemesh.cli import send_wait
 from tidemesh.cli.commands.common import client_for, json_option, mesh_option, paths_for
 from tidemesh.cli.output import emit_json, fail
-from tidemesh.client import DaemonNotRunning, SendResult
-from tidemesh.core.errors import InvalidRequest, TidemeshError
+from tidemesh.client import DaemonNotAnswering, DaemonNotRunning, SendResult
+from tidemesh.core.errors import TidemeshError
 from tidemesh.core.exitcodes import Exit
 from tidemesh.core.ids import client_message_id_problem
 from tidemesh.core.send import Destination
-from tidemesh.daemon.admin import coldpath
+from tidemesh.daemon.admin import AlreadyRunning, coldpath
 
 PROBE_TIMEOUT_S = 0.5
+# How long a send waits for the holder of the mesh's lock: a daemon to answer, or another
+# cold send to finish.
+HOLDER_WAIT_S = 10.0
+HOLDER_POLL_S = 0.1
 
 
 def _payload(message: str | None, file: Path | None, as_base64: bool) -> tuple[str, str]:
@@ -57,17 +63,25 @@ def _checked_id(_ctx: click.Context, _param: click.Parameter, value: str | None)
     return value
 
 
-def build_request(to: str, body: str, encoding: str, priority: str, meta: str | None,
+def _json_meta(_ctx: click.Context, _param: click.Parameter, value: str | None) -> Any:
+    """--meta parsed here: a flag that is not JSON is a usage error (exit 2), not a send
+    the daemon refused."""
+    if value is None:
+        return None
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"not valid JSON: {exc}") from None
+
+
+def build_request(to: str, body: str, encoding: str, priority: str, meta: Any,
                   reply_to: str | None) -> dict[str, Any]:
     dest = Destination.parse(to)
     req: dict[str, Any] = {"to": dest.to_dict(), "body": body, "priority": priority}
     if encoding != "utf8":
         req["body_encoding"] = encoding
     if meta is not None:
-        try:
-            req["meta"] = json.loads(meta)
-        except json.JSONDecodeError as exc:
-            raise InvalidRequest(f"--meta is not valid JSON: {exc}", field="meta") from exc
+        req["meta"] = meta
     if reply_to:
         req["reply_to"] = reply_to
     return req
@@ -81,7 +95,8 @@ def build_request(to: str, body: str, encoding: str, priority: str, meta: str | 
               type=click.Path(exists=True, dir_okay=False, allow_dash=True, path_type=Path),
               help="Read the body from a file ('-' for stdin).")
 @click.option("--base64", "as_base64", is_flag=True, help="Send the bytes as a binary body.")
-@click.option("--meta", default=None, help="A JSON object carried with the message.")
+@click.option("--meta", default=None, callback=_json_meta,
+              help="A JSON object carried with the message.")
 @click.option("--priority", type=click.Choice(["now", "next", "low"]), default="next",
               show_default=True)
 @click.option("--reply-to", default=None, help="broker_message_id this replies to.")
@@ -94,10 +109,12 @@ def build_request(to: str, body: str, encoding: str, priority: str, meta: str | 
               show_default=True, help="Longest --wait, in seconds.")
 @json_option
 def send_cmd(mesh: str, message: str | None, to: str, file: Path | None, as_base64: bool,
-             meta: str | None, priority: str, reply_to: str | None, client_id: str | None,
+             meta: Any, priority: str, reply_to: str | None, client_id: str | None,
              wait: bool, wait_timeout: float, as_json: bool) -> None:
-    """Send a message through the local daemon (or, when none answers, straight to the
-    broker as the same member: the cold path); prints the outcome and the path taken."""
+    """Send a message through the local daemon (or, when no daemon runs for the mesh,
+    straight to the broker as the same member: the cold path, which runs the mesh's pre-send
+    hook as the daemon would); prints the outcome and the path taken. A daemon that runs but
+    does not answer is not bypassed: exit 15, nothing sent."""
     body, encoding = _payload(message, file, as_base64)
     try:
         req = build_request(to, body, encoding, priority, meta, reply_to)
@@ -138,7 +155,8 @@ def _wait_then_exit(mesh: str, result: SendResult, timeout_s: float, as_json: bo
 
 
 def _deliver(mesh: str, req: dict[str, Any], client_id: str | None) -> tuple[Any, str]:
-    """The daemon if one answers a quick version probe, else the cold path."""
+    """The daemon if one answers a quick version probe; else the cold path, which runs only
+    while no daemon holds the mesh's instance lock."""
     try:
         client_for(mesh, timeout=PROBE_TIMEOUT_S).version()
     except DaemonNotRunning as exc:
@@ -146,6 +164,33 @@ def _deliver(mesh: str, req: dict[str, Any], client_id: str | None) -> tuple[Any
         if not paths.mesh_file.exists():
             raise DaemonNotRunning(f"{exc.reason}; this host has not joined mesh {mesh} "
                                    "either, so there is no cold path", hint=exc.hint) from exc
-        return coldpath.send(paths, req, client_id), "cold"
+        return _cold(mesh, req, client_id)
     result: SendResult = client_for(mesh).send(req, idempotency_key=client_id)
     return result, "daemon"
+
+
+def _cold(mesh: str, req: dict[str, Any], client_id: str | None) -> tuple[Any, str]:
+    """The cold path, once the mesh's lock is free. Its holder may be a daemon that is
+    busy or starting (used as soon as it answers), another cold send (waited for: each holds
+    the lock only for its own send), or a daemon that does not answer: after HOLDER_WAIT_S,
+    exit 15 and nothing sent, so that daemon keeps its broker session."""
+    deadline = time.monotonic() + HOLDER_WAIT_S
+    while True:
+        try:
+            return coldpath.send(mesh, req, client_id, os.environ), "cold"
+        except AlreadyRunning as held:
+            pid = held.pid
+        try:
+            client_for(mesh, timeout=PROBE_TIMEOUT_S).version()
+        except DaemonNotRunning as exc:
+            if time.monotonic() >= deadline:
+                raise DaemonNotAnswering(
+                    f"pid {pid} holds the lock of mesh {mesh}, but no daemon answered in "
+                    f"{HOLDER_WAIT_S:g} s ({exc.reason}): a daemon stopped (SIGSTOP), stuck "
+                    "or still starting, or a cold send that takes that long. Nothing was "
+                    "sent, and the cold path is not taken around a running daemon: check "
+                    "`tidemesh daemon status`, or `kill -CONT` it, and retry", pid=pid) from exc
+            time.sleep(HOLDER_POLL_S)
+            continue
+        result: SendResult = client_for(mesh).send(req, idempotency_key=client_id)
+        return result, "daemon"

@@ -84,7 +84,7 @@ TABLE: tuple[Route, ...] = (
     *(Route("POST", f"/v1/{group}/{action}", handlers.post_membership, summary,
             request="membership_request.schema.json",
             responses={200: "membership_response.schema.json", 400: ERROR, 404: ERROR,
-                       503: ERROR})
+                       409: ERROR, 503: ERROR})
       for group, action, summary in (
           ("topics", "create", "Create a topic on the broker"),
           ("topics", "subscribe", "Subscribe this member to a topic (create: true to make it)"),
@@ -97,7 +97,7 @@ TABLE: tuple[Route, ...] = (
           responses={200: "membership_list.schema.json"}),
     Route("GET", "/v1/peers", handlers.get_peers,
           "Members connected to the broker now, with their profiles (passed through)",
-          responses={200: "peers_response.schema.json", 503: ERROR}),
+          responses={200: "peers_response.schema.json", 409: ERROR, 503: ERROR}),
     Route("GET", "/v1/profile", handlers.get_profile, "This member's profile",
           responses={200: "profile_response.schema.json"}),
     Route("POST", "/v1/profile", handlers.post_profile,

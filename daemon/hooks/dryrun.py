@@ -8,7 +8,8 @@ from typing import Any
 
 from tidemesh.core import hooks as rules
 from tidemesh.daemon.hooks.files import read_config
-from tidemesh.daemon.hooks.runner import RunResult, Sandbox, hook_env, run_hook
+from tidemesh.daemon.hooks.launch import run_for_event
+from tidemesh.daemon.hooks.runner import RunResult, Sandbox
 
 
 async def dry_run(folder: Path, name: str, mesh: str, socket: Path,
@@ -18,5 +19,6 @@ async def dry_run(folder: Path, name: str, mesh: str, socket: Path,
     cfg = read_config(folder).get(name, rules.HookConfig(name))
     doc = event if event is not None else rules.sample_event(name, int(time.time() * 1000))
     stdin = rules.encode_capped(rules.redact(doc, cfg.redact_payload))
-    env = hook_env(mesh, name, str(doc.get("event_id", "dry-run")), socket)
-    return stdin, await run_hook(folder / name, cfg, stdin, env, await Sandbox.probe())
+    return stdin, await run_for_event(folder, mesh, socket, cfg,
+                                      str(doc.get("event_id", "dry-run")), doc,
+                                      await Sandbox.probe())

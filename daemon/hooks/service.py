@@ -25,15 +25,17 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from tidemesh.core import hooks as rules
 from tidemesh.core.backoff import Backoff
-from tidemesh.core.errors import Busy, SendVetoed
+from tidemesh.core.errors import Busy
 from tidemesh.core.hooks import HookConfig, HookPlan, NetworkPolicy, ReplyScope
 from tidemesh.core.ids import new_ulid
 from tidemesh.core.paths import DaemonPaths
 from tidemesh.core.send import SendRequest
 from tidemesh.daemon.config import DaemonSettings
+from tidemesh.daemon.hooks import presend
 from tidemesh.daemon.hooks.capability import Capabilities
 from tidemesh.daemon.hooks.files import load_plan
-from tidemesh.daemon.hooks.runner import RunResult, Sandbox, hook_env, run_hook
+from tidemesh.daemon.hooks.launch import run_for_event
+from tidemesh.daemon.hooks.runner import RunResult, Sandbox
 from tidemesh.daemon.records import Event
 from tidemesh.daemon.service.events import EventBus
 from tidemesh.daemon.store import hooks as ledger
@@ -46,7 +48,6 @@ log = structlog.get_logger(__name__)
 
 # Longest sleep between looks at the ledger when nothing wakes the service.
 POLL_S = 2.0
-_VETO_REASON_MAX = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,10 +239,9 @@ class HookService:
             self.sandbox = await Sandbox.probe()
         token = (self.capabilities.issue(scope, cfg.name)
                  if cfg.allow_reply and scope is not None else None)
-        stdin = rules.encode_capped(rules.redact(dict(doc), cfg.redact_payload))
-        env = hook_env(self.site.mesh, cfg.name, key, self.site.socket, token)
         try:
-            result = await run_hook(self.site.folder / cfg.name, cfg, stdin, env, self.sandbox)
+            result = await run_for_event(self.site.folder, self.site.mesh, self.site.socket,
+                                         cfg, key, doc, self.sandbox, token)
         except Exception as exc:   # the runner's own bug must not stop every other hook
             log.exception("hook_run_crashed", hook=cfg.name, event_id=key)
             result = RunResult(None, False, b"", 0, b"", 0.0, False, error=repr(exc))
@@ -272,12 +272,5 @@ class HookService:
         cfg = self.plan.runnable(rules.PRE_SEND)
         if cfg is None:
             return
-        key = req.client_message_id or new_ulid()
-        data = {**req.to_payload(), "client_message_id": req.client_message_id}
-        doc = rules.stdin_doc(key, cfg.name, "pre_send", data, self._now_ms())
-        result = await self.execute(cfg, key, doc, None)
-        if result.ok:
-            return
-        said = result.stdout.decode(errors="replace").strip()[:_VETO_REASON_MAX]
-        raise SendVetoed(f"the pre-send hook refused this send: {said or result.describe()}",
-                         reason=said, hook_exit=result.exit_code, timed_out=result.timed_out)
+        key, doc = presend.event(cfg, req, self._now_ms())
+        presend.verdict(await self.execute(cfg, key, doc, None))

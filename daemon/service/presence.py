@@ -11,7 +11,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any, Protocol
 
-from tidemesh.core.errors import Unavailable
+from tidemesh.core.errors import NotJoined, Unavailable
 from tidemesh.daemon.store import inbox
 from tidemesh.daemon.store.db import Database
 
@@ -35,7 +35,10 @@ class PresenceService:
         """Store the change, then tell the broker if connected (else on the next connect)."""
         now = int(time.time() * 1000)
         merged = await self.db.write(partial(inbox.profile_merge, patch=patch, now=now))
-        link = self.link()
+        try:
+            link = self.link()
+        except NotJoined:   # kept here, and sent on the first connect after a join
+            link = None
         if link is not None:
             await link.set_profile(merged)
         return {"profile": merged, "published": link is not None}

@@ -5,8 +5,9 @@ Entry point for ``tidemesh audit orphans`` (which runs this module in its own pr
 (watermark and expiry floor), the reads, the writes and the exit code. The checks themselves
 are the pure transforms of ``tidemesh.spark.transforms.orphans``.
 
-Exit codes (``tidemesh.core.exitcodes.Exit``): 0 clean, 11 orphans found, 2 bad configuration,
-1 the audit could not run; after a failure the previous good report stays in place.
+Exit codes (``tidemesh.core.exitcodes.Exit``): 0 clean, 11 orphans found, 2 bad configuration
+(a missing JDBC driver jar or PySpark too), 1 the audit could not run; after a failure the
+previous good report stays in place.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
@@ -22,7 +24,15 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-from pyspark.sql import DataFrame, SparkSession
+
+try:
+    from pyspark.sql import DataFrame, SparkSession
+except ModuleNotFoundError as exc:  # run directly (python -m, a timer) without the extra
+    if __name__ != "__main__" or exc.name != "pyspark":
+        raise
+    print("orphan_audit: the audit needs PySpark: pip install 'tidemesh[spark]' (exit 2)",
+          file=sys.stderr)
+    raise SystemExit(2) from None
 
 from tidemesh.core.audit_report import render
 from tidemesh.core.exitcodes import Exit
@@ -53,8 +63,8 @@ from tidemesh.spark.schemas import (
     TOPIC_MESSAGE,
     Table,
 )
-from tidemesh.spark.session import build_session
-from tidemesh.spark.store import JdbcTarget, parse_store
+from tidemesh.spark.session import build_session, under_spark_submit
+from tidemesh.spark.store import Dialect, JdbcTarget, driver_named, missing_driver, parse_store
 from tidemesh.spark.transforms.orphans import (
     AuditWindow,
     OrphanKind,
@@ -94,10 +104,11 @@ def window_for(cfg: AuditConfig, started_ms: int) -> AuditWindow:
 
 
 def read_store(
-    spark: SparkSession, target: JdbcTarget, cfg: AuditConfig
-) -> tuple[StoreFrames, dict[str, int]]:
-    """The five audited tables, partitioned, and their row counts at the start."""
-    stats = table_stats(spark, target, AUDITED_TABLES, cfg.fetch_size)
+    spark: SparkSession, target: JdbcTarget, cfg: AuditConfig, watermark_ms: int
+) -> tuple[StoreFrames, dict[str, int], dict[str, int]]:
+    """The five audited tables, partitioned, their row counts at the start, and how many
+    of those rows are too young for the watermark."""
+    stats = table_stats(spark, target, AUDITED_TABLES, cfg.fetch_size, watermark_ms)
 
     def read(table: Table) -> DataFrame:
         return read_table(spark, target, table, partitions=cfg.partitions,
@@ -106,7 +117,8 @@ def read_store(
     # No caching: find_orphans reads each table exactly once (one shuffle of everything).
     frames = StoreFrames(read(DEDUPE), read(TOPIC_MESSAGE), read(MESSAGE_QUEUE), read(HISTORY),
                          read(DELIVERY))
-    return frames, {name: s.rows for name, s in stats.items()}
+    return (frames, {name: s.rows for name, s in stats.items()},
+            {name: s.young for name, s in stats.items()})
 
 
 def _mesh_ids(spark: SparkSession, target: JdbcTarget, cfg: AuditConfig) -> list[str]:
@@ -129,7 +141,7 @@ def audit(spark: SparkSession, cfg: AuditConfig, paths: OutputPaths, run_id: str
     window = window_for(cfg, started_ms)
     log.info("audit_started", store=target.display, watermark_ms=window.watermark_ms,
              expiry_floor_ms=window.expiry_floor_ms, dedupe_ttl_ms=window.dedupe_ttl_ms)
-    frames, table_rows = read_store(spark, target, cfg)
+    frames, table_rows, young = read_store(spark, target, cfg, window.watermark_ms)
     staged = paths.staging(run_id) / "orphans.parquet"
     find_orphans(frames, window).repartition(1).write.mode("overwrite").parquet(str(staged))
     # Counted from the written files, so the report and the Parquet rows can never disagree.
@@ -146,6 +158,8 @@ def audit(spark: SparkSession, cfg: AuditConfig, paths: OutputPaths, run_id: str
         "dedupe_mode": cfg.dedupe_mode, "dedupe_ttl_ms": window.dedupe_ttl_ms,
         "started_at_ms": started_ms, "finished_at_ms": clock(),
         "table_rows": table_rows, "found": found, "totals": totals, "meshes": counts,
+        "rows_checked": sum(table_rows.values()) - sum(young.values()),
+        "rows_too_young": sum(young.values()),
         "orphans": f"runs/{run_id}/orphans.parquet",
         "orphans_jsonl": f"runs/{run_id}/{FINDINGS_JSONL}",
         "sample": sample,
@@ -173,6 +187,26 @@ def _java_causes(exc: BaseException) -> list[str]:
     return causes
 
 
+def failure_reason(cfg: AuditConfig, exc: BaseException, causes: list[str]) -> str:
+    """One line for why a run failed: the missing JDBC driver and how to get it (Spark
+    otherwise buries it in a JSON stack trace), else the error's first line."""
+    dialect = driver_named([str(exc), *causes])
+    if dialect is not None:
+        return missing_driver(dialect, cfg.sqlite_jar if dialect is Dialect.SQLITE
+                              else cfg.pg_jar)
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else repr(exc)
+
+
+def driver_problem(cfg: AuditConfig, target: JdbcTarget) -> str | None:
+    """The store's JDBC jar is missing: said before Spark starts (and its warnings with it).
+    Under spark-submit, or with audit.jar_packages, the jars are not ours to check."""
+    if cfg.jar_packages or under_spark_submit():
+        return None
+    jar = cfg.sqlite_jar if target.dialect is Dialect.SQLITE else cfg.pg_jar
+    return None if Path(jar).is_file() else missing_driver(target.dialect, jar)
+
+
 def run_audit(spark: SparkSession, cfg: AuditConfig, clock: Clock = _now_ms) -> AuditOutcome:
     """One run from read to published outputs, with the exit code it should end with."""
     paths = OutputPaths.under(cfg.out, cfg.textfile)
@@ -186,9 +220,10 @@ def run_audit(spark: SparkSession, cfg: AuditConfig, clock: Clock = _now_ms) -> 
         counts, watermark = _previous_counts(paths)
         totals = bump_check_total(paths, "failed")
         write_atomic(paths.textfile, render_textfile(totals, counts, KINDS, clock(), watermark))
-        log.error("audit_failed", error=str(exc).splitlines()[0] if str(exc) else repr(exc),
-                  java_causes=_java_causes(exc), exc_info=True)
-        return AuditOutcome(Exit.FAILURE, error=str(exc))
+        causes = _java_causes(exc)
+        reason = failure_reason(cfg, exc, causes)
+        log.error("audit_failed", error=reason, java_causes=causes, exc_info=True)
+        return AuditOutcome(Exit.FAILURE, error=reason)
     finally:
         structlog.contextvars.unbind_contextvars("run_id")
     totals = bump_check_total(paths, report["status"])
@@ -221,8 +256,13 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def print_outcome(outcome: AuditOutcome, paths: OutputPaths, as_json: bool) -> None:
-    """What the operator reads on stdout when a run ends (logs go to stderr)."""
+    """What the operator reads on stdout when a run ends (logs go to stderr); a run that
+    failed says why there too."""
     if outcome.report is None:
+        if as_json:
+            print(json.dumps({"status": "failed", "error": outcome.error}, sort_keys=True))
+        else:
+            print(f"audit failed: {outcome.error}; the previous report stays in place")
         return
     if not as_json:
         print(render(outcome.report, outcome.report["sample"], shown_limit=SAMPLE_ROWS))
@@ -239,12 +279,16 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     try:
         file_data = tomllib.loads(args.config.read_text(encoding="utf-8")) if args.config else {}
         cfg = load(file_data, os.environ if environ is None else environ, flags)
-        parse_store(cfg.store)
+        problem = driver_problem(cfg, parse_store(cfg.store))
     except (ConfigError, OSError, tomllib.TOMLDecodeError) as exc:
         configure_logging("auto")
         log.error("audit_config_rejected", error=str(exc))
         return int(Exit.USAGE)
     configure_logging(cfg.log_format)
+    if problem is not None:
+        log.error("audit_driver_missing", error=problem)
+        print(f"audit could not run: {problem}")
+        return int(Exit.USAGE)
     spark = build_session(cfg)
     spark.sparkContext.setLogLevel("WARN")
     try:

@@ -351,7 +351,7 @@ async def test_join_registers_the_key_and_saves_mesh_config(
 ) -> None:
     inv = await admin.create_invite(broker.store, "team", [broker.url], 1, "1h")
     paths = daemon_paths("team", {"TIDEMESH_HOME": str(tmp_path / "home")})
-    config = await join(inv.text, paths, display_name="laptop")
+    config = (await join(inv.text, paths, "team", display_name="laptop")).config
     assert MeshConfig.load(paths.mesh_file) == config
     assert (paths.mesh_file.stat().st_mode & 0o777) == 0o600
     assert config.mesh_id == broker.mesh_id and config.broker_url == broker.url
@@ -365,7 +365,7 @@ async def test_join_registers_the_key_and_saves_mesh_config(
         assert link.hello_ack["pubkey"] == config.member_pubkey
     other = daemon_paths("team", {"TIDEMESH_HOME": str(tmp_path / "home2")})
     with pytest.raises(HandshakeRejected) as info:
-        await join(inv.text, other)  # single-use invite
+        await join(inv.text, other, "team")  # single-use invite
     assert info.value.reason == "invite_invalid:used_up"
 
 

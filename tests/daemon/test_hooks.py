@@ -7,8 +7,12 @@ import json
 import stat
 from pathlib import Path
 
+import pytest
+
 from tests.daemon.harness import run_cli, spawn, start_daemon
 from tests.e2e.harness import wait_for
+from tidemesh.core.errors import SendVetoed, from_body
+from tidemesh.core.exitcodes import Exit
 from tidemesh.core.paths import daemon_paths
 
 PRE_SEND = """#!/bin/sh
@@ -61,6 +65,24 @@ async def test_pre_send_veto_is_403_and_stores_nothing(short_tmp: Path) -> None:
                                                        ("on-startup", "0")}
     assert all({"event_id", "duration_ms", "stdout_bytes", "replied"} <= a.keys()
                for a in audit)
+
+
+def test_a_veto_is_send_vetoed_to_the_cli_and_the_sdk(short_tmp: Path) -> None:
+    hooks_folder(short_tmp, {"pre-send": PRE_SEND}, "[pre-send]\n")
+    d = start_daemon(short_tmp)
+    try:
+        cli = run_cli(short_tmp, "send", "--mesh", "t", "--to", "topic:ops", "forbidden")
+        assert cli.returncode == Exit.REJECTED, cli.stderr
+        assert cli.stderr.startswith("error: send_vetoed: the pre-send hook refused"), cli.stderr
+        with pytest.raises(SendVetoed) as vetoed:
+            d.client.send({"to": "topic:ops", "body": "forbidden"}, "sdk-veto")
+        assert vetoed.value.details["reason"] == "no forbidden words, please"
+        [result] = d.client.send_many([{"to": "topic:ops", "body": "forbidden"}])
+        assert result["status"] == 403
+        assert isinstance(from_body(result["status"], result["body"]), SendVetoed)
+        assert d.outbox_rows() == []
+    finally:
+        assert d.stop() == 0
 
 
 def test_bad_hooks_toml_stops_the_start(short_tmp: Path) -> None:

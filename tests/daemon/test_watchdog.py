@@ -51,7 +51,7 @@ async def test_a_loop_stalled_past_the_limit_ends_the_daemon_with_its_code(
             with contextlib.suppress(aiohttp.ClientError):
                 async with s.get("/v1/test/block", params={"s": "30"}) as r:
                     await r.read()
-        assert d.proc.wait(20) == 15
+        assert d.proc.wait(20) == 16
         assert '"loop_stall_limit_passed"' in d.log.read_text()
     finally:
         d.kill()

@@ -105,3 +105,59 @@ def test_audit_orphans_cli_failure_exits_1_without_leaking_password(tmp_path: Pa
     assert not (tmp_path / "report.json").exists()
     assert 'cm_broker_dedupe_orphan_check_total{result="failed"} 1.0' in (
         tmp_path / "tidemesh_orphan_audit.prom").read_text()
+
+
+def _audit(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*TIDEMESH, "audit", "orphans", *args], capture_output=True,
+                          text=True, timeout=100, check=False, env={**os.environ, **(env or {})})
+
+
+def test_a_missing_jdbc_driver_is_one_line_naming_the_package(tmp_path: Path) -> None:
+    url = f"sqlite://{tmp_path / 'broker.db'}"
+    fill(url, PLAN)
+    proc = _audit("--store", url, "--out", str(tmp_path / "out"), "--master", "local[1]",
+                  env={"TIDEMESH_AUDIT_SQLITE_JAR": str(tmp_path / "no-such.jar")})
+    assert proc.returncode == 2, proc.stdout + proc.stderr[-3000:]
+    said = proc.stdout.strip().splitlines()
+    assert len(said) == 1 and "apt-get install libxerial-sqlite-jdbc-java" in said[0], said
+    assert "ClassNotFoundException" not in proc.stderr and "WARN" not in proc.stderr, (
+        "Spark was never started")
+    assert not (tmp_path / "out" / "report.json").exists()
+
+
+def test_a_missing_pyspark_gives_the_install_command_and_exit_2(tmp_path: Path) -> None:
+    # A pyspark that cannot be imported, first on the path: what a plain install looks like.
+    fake = tmp_path / "site" / "pyspark"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'pyspark'\", name='pyspark')\n")
+    env = {"PYTHONPATH": str(tmp_path / "site")}
+    store = ("--store", f"sqlite://{tmp_path / 'broker.db'}", "--out", str(tmp_path / "out"))
+    for argv in ([*TIDEMESH, "audit", "orphans", *store],
+                 [sys.executable, "-m", "tidemesh.spark.jobs.orphan_audit", *store]):
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False,
+                              env={**os.environ, **env})
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert "pip install 'tidemesh[spark]'" in proc.stderr
+        assert "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_a_clean_run_says_what_it_checked_and_a_failed_one_why(tmp_path: Path) -> None:
+    url = f"sqlite://{tmp_path / 'broker.db'}"
+    fill(url, PLAN)
+    between = WATERMARK - int(2.5 * DAY)    # b1 (3 days old) is judged, a3 (2 days) too young
+    clean = _audit("--store", url, "--out", str(tmp_path / "out"), "--master", "local[1]",
+                   "--watermark-ms", str(between), "--dedupe-retention-days", str(TTL_DAYS))
+    assert clean.returncode == 0, clean.stderr[-3000:]
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["rows_too_young"] > 0 and report["rows_checked"] > 0
+    assert (report["rows_checked"] + report["rows_too_young"]
+            == sum(report["table_rows"].values()))
+    assert (f"checked {report['rows_checked']} rows; {report['rows_too_young']} newer than "
+            "the watermark") in clean.stdout
+    failed = _audit("--store", f"sqlite://{tmp_path / 'missing.db'}", "--out",
+                    str(tmp_path / "out"), "--master", "local[1]")
+    assert failed.returncode == 1, failed.stderr[-3000:]
+    line = failed.stdout.strip().splitlines()
+    assert len(line) == 1 and line[0].startswith("audit failed: "), failed.stdout
+    assert line[0].endswith("the previous report stays in place")

@@ -1,0 +1,19 @@
+"""One hook run for one event, as every caller makes it (the ledger's runs, pre-send in the
+daemon and on the cold path, ``hooks test``): the event redacted and capped on stdin, the
+hook's own environment, the hooks folder as its working directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tidemesh.core import hooks as rules
+from tidemesh.core.hooks import HookConfig
+from tidemesh.daemon.hooks.runner import RunResult, Sandbox, hook_env, run_hook
+
+
+async def run_for_event(folder: Path, mesh: str, socket: Path, cfg: HookConfig, key: str,
+                        doc: dict[str, object], sandbox: Sandbox,
+                        token: str | None = None) -> RunResult:
+    stdin = rules.encode_capped(rules.redact(dict(doc), cfg.redact_payload))
+    env = hook_env(mesh, cfg.name, key, socket, token)
+    return await run_hook(folder / cfg.name, cfg, stdin, env, sandbox)
