@@ -13,6 +13,7 @@ import click
 from tidemesh.client import DaemonNotAnswering, DaemonNotRunning
 from tidemesh.core.errors import Conflict, MemberRevoked, TidemeshError, UsageError
 from tidemesh.core.exitcodes import Exit
+from tidemesh.core.ownership import NotPrivate
 from tidemesh.core.settings import ConfigError
 
 
@@ -80,8 +81,8 @@ def exit_code_for(err: TidemeshError) -> Exit:
         return Exit.CONFLICT
     if isinstance(err, MemberRevoked):
         return Exit.REVOKED
-    if isinstance(err, UsageError | ConfigError):
-        return Exit.USAGE
+    if isinstance(err, UsageError | ConfigError | NotPrivate):
+        return Exit.USAGE   # a runtime folder another user could have made: as the daemon says
     if 400 <= err.http_status < 500:
         return Exit.REJECTED
     return Exit.FAILURE

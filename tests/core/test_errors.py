@@ -34,7 +34,7 @@ EXPECTED_EXIT = {
     "unavailable": Exit.FAILURE, "insufficient_storage": Exit.FAILURE,
     "daemon_not_running": Exit.NOT_RUNNING, "daemon_not_answering": Exit.NOT_ANSWERING,
     "service_install_failed": Exit.FAILURE, "usage_error": Exit.USAGE,
-    "mesh_name_bound": Exit.USAGE, "not_joined": Exit.CONFLICT,
+    "mesh_name_bound": Exit.USAGE, "not_joined": Exit.CONFLICT, "not_private": Exit.USAGE,
 }
 
 
