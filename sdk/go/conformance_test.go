@@ -335,6 +335,12 @@ func take(st *stream, messages int) (any, error) {
 		}
 		if it.IsNotice {
 			notices = append(notices, it.Type)
+			key := "oldest_available" // where the replay starts (docs/ipc.md, "Events")
+			if it.Type == "cursor_ahead" {
+				key = "replay_from"
+			}
+			from, _ := it.Data[key].(float64)
+			st.lastID = int64(from) - 1
 			continue
 		}
 		gapless = gapless && it.ID == st.lastID+1

@@ -73,8 +73,15 @@ def resolve(value: Any, saved: dict[str, Any]) -> Any:
 
 
 def pick(result: Any, path: str) -> Any:
+    """The value at a dotted path; None when it is not there (the step's expect then says
+    what came back)."""
     for part in path.split("."):
-        result = result[int(part)] if isinstance(result, list) else result[part]
+        if isinstance(result, list) and part.isdigit() and int(part) < len(result):
+            result = result[int(part)]
+        elif isinstance(result, dict):
+            result = result.get(part)
+        else:
+            return None
     return result
 
 
@@ -153,6 +160,7 @@ class Runner:
             item = next(stream.items)
             if isinstance(item, Notice):
                 notices.append(item.type)
+                stream.last_id = _replay_from(item) - 1
                 continue
             gapless = gapless and item.id == stream.last_id + 1
             stream.last_id = item.id
@@ -191,6 +199,12 @@ _CALLS: dict[str, Callable[[Client, Arg], Any]] = {
     "inbox": lambda c, arg: c.inbox(consumer=arg("consumer")),
     "inbox_wait": _inbox_wait,
 }
+
+
+def _replay_from(notice: Notice) -> int:
+    """Where the replay after a notice starts (docs/ipc.md, "Events")."""
+    key = "replay_from" if notice.type == "cursor_ahead" else "oldest_available"
+    return int(notice.data[key])
 
 
 def _batch_item(r: Any) -> dict[str, Any]:
