@@ -114,6 +114,27 @@ func TestLoneDaemon(t *testing.T) {
 		}
 	})
 
+	t.Run("a client found by mesh over TCP follows the daemon to its new port", func(t *testing.T) {
+		tcp, err := tidemesh.ForMesh("t", tidemesh.MeshOptions{TCP: true,
+			Env: tidemesh.Env{"TIDEMESH_HOME": d.home}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tcp.Version(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if code := d.stop(false); code != 0 {
+			t.Fatalf("daemon exited %d: %s", code, d.tail())
+		}
+		if _, err := tcp.Version(ctx); !errors.Is(err, tidemesh.ErrDaemonNotRunning) {
+			t.Fatalf("%v", err)
+		}
+		d.start(t)
+		if v, err := tcp.Version(ctx); err != nil || v["mesh"] != "t" {
+			t.Fatalf("%v %v", v, err)
+		}
+	})
+
 	t.Run("events end after the idle timeout, or when the context ends", func(t *testing.T) {
 		err := c.EachEvent(ctx, tidemesh.EventsOptions{Since: tidemesh.From(0), IdleTimeout: 300 * time.Millisecond},
 			func(it tidemesh.Item) error {

@@ -66,6 +66,17 @@ describe("a lone daemon", () => {
                          Unauthorized);
   });
 
+  test("a client found by mesh over TCP follows the daemon to its new port", async () => {
+    const tcp = Client.forMesh("t", { tcp: true, env: { TIDEMESH_HOME: home } });
+    const before = tcp.endpoint.target();
+    assert.equal((await tcp.version())["mesh"], "t");
+    assert.equal(await daemon.stop(), 0, daemon.tail());
+    await assert.rejects(tcp.version(), DaemonNotRunning);
+    await daemon.start();
+    assert.equal((await tcp.version())["mesh"], "t");
+    assert.ok("port" in before, "the port is read from http.port at each connection");
+  });
+
   test("events end after the idle timeout, or when aborted", async () => {
     const items: StreamItem[] = [];
     for await (const item of c.events({ since: 0, idleTimeoutMs: 300 })) items.push(item);
