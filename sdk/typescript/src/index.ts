@@ -17,4 +17,7 @@ export {
 } from "./endpoint.js";
 export * from "./errors.js";
 export { Cursor, Parser, Quiet, Reconnect, type Event, type Notice, type StreamItem } from "./stream.js";
-export type * from "./wire.js";
+export type {
+  AckResult, BatchResult, Destination, InboxEntry, InboxPage, Json, Kind, Memberships,
+  OutboxPage, OutboxRow, Priority, PruneResult, RequeueResult, SendRequest, SendResult,
+} from "./wire.js";
