@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 
-.PHONY: setup setup-full system-deps demo test check lint typecheck importcheck bench-accept bench-retention fuzz clean
+.PHONY: setup setup-full system-deps demo test sdk-test check lint typecheck importcheck bench-accept bench-retention fuzz clean
 
 $(VENV)/.base: pyproject.toml
 	python3 -m venv $(VENV)
@@ -25,8 +25,15 @@ system-deps:
 demo: setup
 	$(VENV)/bin/tidemesh demo
 
+# pytest (the Python SDK and its conformance run included), then the TypeScript and Go SDKs'
+# suites: each is its own toolchain's test runner, so scripts/sdk-tests runs them as they are
+# run by hand (docs/testing.md, "The SDKs").
 test: setup-full
 	$(VENV)/bin/pytest
+	bash scripts/sdk-tests
+
+sdk-test: setup
+	bash scripts/sdk-tests
 
 lint: setup
 	$(VENV)/bin/ruff check .

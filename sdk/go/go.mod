@@ -1,0 +1,3 @@
+module github.com/tidemesh/tidemesh/sdk/go
+
+go 1.19

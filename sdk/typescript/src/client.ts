@@ -1,0 +1,362 @@
+/**
+ * `Client`: a daemon's IPC surface (docs/ipc.md) as typed calls over `node:http`, on the
+ * daemon's Unix socket or loopback TCP. One connection per call (no pooling, so a daemon
+ * restart never leaves a stale one behind); `events()` and `consume()` are async iterators
+ * that hold theirs while they run. Failures are the error classes of `./errors.js`.
+ */
+
+import { request as httpRequest, type ClientRequest, type IncomingMessage } from "node:http";
+
+import { Endpoint, type EndpointOptions, type Environment } from "./endpoint.js";
+import { DaemonNotRunning, fromBody } from "./errors.js";
+import { Cursor, Parser, Quiet, Reconnect, type StreamItem } from "./stream.js";
+import type {
+  AckResult, BatchResult, InboxEntry, InboxPage, Json, Kind, Memberships, OutboxPage,
+  PruneResult, RequeueResult, SendRequest, SendResult,
+} from "./wire.js";
+
+export interface ClientOptions extends EndpointOptions {
+  /** Bounds each call (not `events()` or `consume()`, which wait as long as told). */
+  timeoutMs?: number;
+}
+
+export interface Response {
+  status: number;
+  body: unknown;
+}
+
+interface Exchange {
+  req: ClientRequest;
+  res: IncomingMessage;
+}
+
+export class Client {
+  readonly endpoint: Endpoint;
+  readonly timeoutMs: number;
+
+  constructor(opts: ClientOptions) {
+    const { timeoutMs, ...where } = opts;
+    this.endpoint = new Endpoint(where);
+    this.timeoutMs = timeoutMs ?? 10_000;
+  }
+
+  /**
+   * The daemon of `mesh` on this host, found as the CLI finds it (`TIDEMESH_HOME`, else the
+   * XDG folders); without a name, the mesh the CLI would choose. With `tcp`, loopback TCP
+   * with the port from `http.port` and the token from `local_token`, both read per request.
+   */
+  static forMesh(mesh?: string,
+                 opts: { tcp?: boolean; timeoutMs?: number; env?: Environment } = {}): Client {
+    const e = Endpoint.forMesh(mesh, { tcp: opts.tcp, env: opts.env });
+    return new Client({
+      socketPath: e.socketPath, portFile: e.portFile, tokenFile: e.tokenFile, mesh: e.mesh,
+      timeoutMs: opts.timeoutMs,
+    });
+  }
+
+  // -- transport ----------------------------------------------------------------------------
+
+  /** Send a request; resolve once the answer's headers are in (within `limitMs`). */
+  private open(method: string, path: string, body: unknown, headers: Record<string, string>,
+               limitMs: number): Promise<Exchange> {
+    const payload = body === undefined ? undefined : Buffer.from(JSON.stringify(body));
+    let target: ReturnType<Endpoint["target"]>;
+    let auth: Record<string, string>;
+    try {
+      target = this.endpoint.target();
+      auth = this.endpoint.headers();
+    } catch (exc) {
+      return Promise.reject(exc);
+    }
+    return new Promise((resolve, reject) => {
+      const req = httpRequest({
+        ...target, method, path, agent: false,
+        headers: {
+          "Content-Type": "application/json",
+          ...(payload ? { "Content-Length": String(payload.length) } : {}),
+          ...auth, ...headers,
+        },
+      });
+      const timer = setTimeout(() => req.destroy(timedOut(limitMs)), limitMs);
+      req.once("response", (res) => {
+        clearTimeout(timer);
+        resolve({ req, res });
+      });
+      req.once("error", (exc) => {
+        clearTimeout(timer);
+        reject(this.endpoint.notRunning(exc));
+      });
+      req.end(payload);
+    });
+  }
+
+  private async call<T>(method: string, path: string, body?: unknown,
+                        headers: Record<string, string> = {}): Promise<T> {
+    const started = performance.now();
+    const { req, res } = await this.open(method, path, body, headers, this.timeoutMs);
+    const left = Math.max(1, this.timeoutMs - (performance.now() - started));
+    const timer = setTimeout(() => req.destroy(timedOut(this.timeoutMs)), left);
+    let raw: Buffer;
+    try {
+      raw = await readAll(res);
+    } catch (exc) {
+      throw this.endpoint.notRunning(exc);
+    } finally {
+      clearTimeout(timer);
+    }
+    return answer(res, raw) as T;
+  }
+
+  /** Any route, for what has no method here; returns a 2xx, throws the error tree. */
+  async request(method: string, path: string, body?: unknown,
+                headers: Record<string, string> = {}): Promise<Response> {
+    const { res } = await this.open(method, path, body, headers, this.timeoutMs);
+    const raw = await readAll(res).catch((exc) => { throw this.endpoint.notRunning(exc); });
+    return { status: res.statusCode ?? 0, body: answer(res, raw) };
+  }
+
+  // -- the daemon ---------------------------------------------------------------------------
+
+  version(): Promise<Json> {
+    return this.call("GET", "/v1/version");
+  }
+
+  health(): Promise<Json> {
+    return this.call("GET", "/v1/health");
+  }
+
+  /** Prometheus text. */
+  metrics(): Promise<string> {
+    return this.call("GET", "/v1/metrics");
+  }
+
+  // -- send side ----------------------------------------------------------------------------
+
+  /**
+   * Hand one message to the daemon; it is on disk when this resolves. A retry with the same
+   * `idempotencyKey` (or `client_message_id`) and body is sent once.
+   */
+  send(message: SendRequest, idempotencyKey?: string): Promise<SendResult> {
+    const headers: Record<string, string> = idempotencyKey
+      ? { "Idempotency-Key": idempotencyKey } : {};
+    return this.call("POST", "/v1/send", message, headers);
+  }
+
+  /**
+   * Hand 1-1000 messages over in one request and one outbox transaction. One result per
+   * message, in order, each what `send` would have got: a refused one fails no other.
+   */
+  async sendMany(messages: Iterable<SendRequest>): Promise<BatchResult[]> {
+    const answer = await this.call<{ results: BatchResult[] }>(
+      "POST", "/v1/send_batch", { sends: [...messages] });
+    return answer.results.map((r) => r.status >= 400
+      ? { ...r, error: fromBody(r.status, r.body) } : r);
+  }
+
+  outboxList(opts: { status?: string; limit?: number; before?: string } = {}
+  ): Promise<OutboxPage> {
+    return this.call("GET", "/v1/outbox" + query({ limit: opts.limit ?? 50, status: opts.status,
+                                                   before: opts.before }));
+  }
+
+  /** One row and its requeue `chain`. */
+  outboxInspect(rowId: string): Promise<Json> {
+    return this.call("GET", `/v1/outbox/${encodeURIComponent(rowId)}`);
+  }
+
+  outboxRequeue(rowId: string, opts: { newClientMessageId?: string; patchPayload?: Json } = {}
+  ): Promise<RequeueResult> {
+    const body: Json = { id: rowId };
+    if (opts.newClientMessageId) body["new_client_message_id"] = opts.newClientMessageId;
+    if (opts.patchPayload !== undefined) body["patch_payload"] = opts.patchPayload;
+    return this.call("POST", "/v1/outbox/requeue", body);
+  }
+
+  /** Run retention now on the `outbox`, or the `inbox` and its events. */
+  prune(which: "outbox" | "inbox", opts: { dryRun?: boolean } = {}): Promise<PruneResult> {
+    return this.call("POST", `/v1/${which}/prune`, { dry_run: opts.dryRun ?? false });
+  }
+
+  // -- receive side -------------------------------------------------------------------------
+
+  inbox(opts: { after?: number; limit?: number; topic?: string; sender?: string;
+                consumer?: string } = {}): Promise<InboxPage> {
+    return this.call("GET", "/v1/inbox" + query({
+      after: opts.after, limit: opts.limit ?? 100, topic: opts.topic, from: opts.sender,
+      consumer: opts.consumer,
+    }));
+  }
+
+  ack(consumer: string, upTo: number): Promise<AckResult> {
+    return this.call("POST", "/v1/inbox/ack", { consumer, up_to: upTo });
+  }
+
+  /**
+   * The named consumer's entries, in order. An entry is acked when the loop asks for the
+   * next one, so one the program was holding when it stopped (a throw, a `break`, a crash)
+   * comes again next time. Ends after `idleTimeoutMs` with nothing new (default: never).
+   */
+  async *consume(name: string, opts: { limit?: number; idleTimeoutMs?: number;
+                                       pollMs?: number; signal?: AbortSignal } = {}
+  ): AsyncGenerator<InboxEntry, void, undefined> {
+    const quiet = new Quiet(opts.idleTimeoutMs);
+    while (!opts.signal?.aborted) {
+      const { items } = await this.inbox({ limit: opts.limit ?? 100, consumer: name });
+      if (items.length === 0) {
+        if (quiet.over()) return;
+        await sleep(quiet.waitMs(opts.pollMs ?? 500), opts.signal);
+        continue;
+      }
+      for (const entry of items) {
+        yield entry;
+        await this.ack(name, entry.seq);
+      }
+      quiet.touch();
+    }
+  }
+
+  /**
+   * Follow `/v1/events` from after `since` (default: only new events), reconnecting on its
+   * own (across daemon restarts) and resuming by `Last-Event-ID`: no event is missed or
+   * given twice. Notices (no id) say something about the stream itself. Ends after
+   * `idleTimeoutMs` quiet (default: never) or on `signal`; throws `DaemonNotRunning` only
+   * if the first connection fails.
+   */
+  async *events(opts: { since?: number; idleTimeoutMs?: number; signal?: AbortSignal } = {}
+  ): AsyncGenerator<StreamItem, void, undefined> {
+    const cursor = new Cursor(opts.since);
+    const quiet = new Quiet(opts.idleTimeoutMs);
+    const again = new Reconnect();
+    while (!quiet.over() && !opts.signal?.aborted) {
+      let exchange: Exchange;
+      try {
+        exchange = await this.open("GET", "/v1/events", undefined, cursor.headers(),
+                                   this.timeoutMs);
+      } catch (exc) {
+        const delay = exc instanceof DaemonNotRunning ? again.delayMs() : undefined;
+        if (delay === undefined) throw exc;
+        await sleep(quiet.waitMs(delay), opts.signal);
+        continue;
+      }
+      again.succeeded();
+      const { req, res } = exchange;
+      try {
+        if (res.statusCode !== 200) answer(res, await readAll(res));
+        for await (const item of streamItems(req, res, quiet, opts.signal)) {
+          if (cursor.admit(item)) {
+            quiet.touch();
+            yield item;
+          }
+        }
+      } finally {
+        req.destroy();
+      }
+    }
+  }
+
+  // -- membership and presence --------------------------------------------------------------
+
+  /** `topic`: subscribe, unsubscribe, create; `queue`: consume, leave. */
+  membership(kind: Kind, action: string, name: string, opts: { create?: boolean } = {}
+  ): Promise<Json> {
+    const body: Json = { name, ...(opts.create ? { create: true } : {}) };
+    return this.call("POST", `/v1/${kind}s/${action}`, body);
+  }
+
+  memberships(kind: Kind): Promise<Memberships> {
+    return this.call("GET", `/v1/${kind}s`);
+  }
+
+  peers(): Promise<Json> {
+    return this.call("GET", "/v1/peers");
+  }
+
+  /** This member's profile; with `patch`, change those fields first. */
+  profile(patch?: Json): Promise<Json> {
+    if (patch && Object.keys(patch).length > 0) return this.call("POST", "/v1/profile", patch);
+    return this.call("GET", "/v1/profile");
+  }
+}
+
+/** Parsed items until the stream ends, breaks, stays quiet too long, or is aborted. */
+async function* streamItems(req: ClientRequest, res: IncomingMessage, quiet: Quiet,
+                            signal?: AbortSignal): AsyncGenerator<StreamItem> {
+  const parser = new Parser();
+  let timer: NodeJS.Timeout | undefined;
+  const arm = (): void => {
+    const left = quiet.remainingMs();
+    if (left === undefined) return;
+    timer = setTimeout(() => (quiet.over() ? req.destroy() : arm()), left + 1);
+  };
+  const onAbort = (): void => void req.destroy();
+  signal?.addEventListener("abort", onAbort);
+  arm();
+  res.setEncoding("utf8");
+  let buffer = "";
+  try {
+    for await (const chunk of res as AsyncIterable<string>) {
+      buffer += chunk;
+      for (let nl = buffer.indexOf("\n"); nl >= 0; nl = buffer.indexOf("\n")) {
+        const item = parser.feed(buffer.slice(0, nl + 1));
+        buffer = buffer.slice(nl + 1);
+        if (item !== undefined) yield item;
+      }
+    }
+  } catch {
+    // A timeout (quiet too long), an abort, or a dropped daemon: the caller decides.
+  } finally {
+    clearTimeout(timer);
+    signal?.removeEventListener("abort", onAbort);
+  }
+}
+
+/** The body of a 2xx; the error class of any other answer. */
+function answer(res: IncomingMessage, raw: Buffer): unknown {
+  const status = res.statusCode ?? 0;
+  const type = String(res.headers["content-type"] ?? "");
+  const text = raw.toString("utf8");
+  let body: unknown = text;
+  if (type.includes("json") && raw.length > 0) {
+    try {
+      body = JSON.parse(text);
+    } catch {
+      body = text;
+    }
+  }
+  if (status >= 400) throw fromBody(status, body);
+  return body;
+}
+
+function readAll(res: IncomingMessage): Promise<Buffer> {
+  return new Promise((resolve, reject) => {
+    const chunks: Buffer[] = [];
+    res.on("data", (c: Buffer) => chunks.push(c));
+    res.once("end", () => resolve(Buffer.concat(chunks)));
+    res.once("error", reject);
+    res.once("aborted", () => reject(new Error("the answer was cut off")));
+  });
+}
+
+function query(params: Record<string, string | number | undefined>): string {
+  const kept = Object.entries(params).filter(([, v]) => v !== undefined);
+  if (kept.length === 0) return "";
+  return "?" + kept.map(([k, v]) => `${k}=${encodeURIComponent(String(v))}`).join("&");
+}
+
+function timedOut(ms: number): Error {
+  return Object.assign(new Error(`no answer in ${ms} ms`), { code: "ETIMEDOUT" });
+}
+
+function sleep(ms: number, signal?: AbortSignal): Promise<void> {
+  return new Promise((resolve) => {
+    if (signal?.aborted) return resolve();
+    const done = (): void => {
+      clearTimeout(timer);
+      signal?.removeEventListener("abort", done);
+      resolve();
+    };
+    const timer = setTimeout(done, ms);
+    signal?.addEventListener("abort", done);
+  });
+}
+
