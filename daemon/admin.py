@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from tidemesh.storage.lock import holder_pid, is_held
 
 if TYPE_CHECKING:
-    from tidemesh.daemon import coldpath, offline, revocation
+    from tidemesh.daemon import backup, coldpath, offline, revocation, token_rotation
     from tidemesh.daemon import config as settings
     from tidemesh.daemon.hooks.dryrun import dry_run as dry_run_hook
     from tidemesh.daemon.hooks.files import describe as describe_hooks
@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 # Loaded on first use: a command that only checks the lock (status, ps, down) should not
 # import the WebSocket link, the cold path and the stores (about 0.4 s) to do it.
 _LAZY = {
+    "backup": ("tidemesh.daemon.backup", None),
+    "token_rotation": ("tidemesh.daemon.token_rotation", None),
     "coldpath": ("tidemesh.daemon.coldpath", None),
     "offline": ("tidemesh.daemon.offline", None),
     "revocation": ("tidemesh.daemon.revocation", None),
@@ -52,6 +54,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "LinkError",
     "accept_host",
+    "backup",
     "coldpath",
     "configure_logging",
     "current_host_fingerprint",
@@ -63,5 +66,6 @@ __all__ = [
     "offline",
     "revocation",
     "settings",
+    "token_rotation",
     "under_service_manager",
 ]

@@ -27,6 +27,8 @@ SETTINGS: tuple[Setting, ...] = (
             reloadable=True),
     Setting("ipc.sse_write_timeout_s", float, 10.0, "A stream whose writes stall this long "
             "is closed.", reloadable=True),
+    Setting("ipc.token_grace_s", float, 60.0, "After `daemon rotate-token`, how long the "
+            "previous local token is still accepted on TCP."),
     Setting("outbox.max_age_hours", int, 168, "Max age of an unsent row (permanent dedupe mode)."),
     Setting("outbox.max_age_hours_override", int, None,
             "Shorter max age; refused above the broker's dedupe window.", optional=True),
@@ -82,6 +84,7 @@ class DaemonSettings:
     ipc_sse_buffer: int
     ipc_sse_keepalive_s: float
     ipc_sse_write_timeout_s: float
+    ipc_token_grace_s: float
     outbox_max_age_hours: int
     outbox_max_age_hours_override: int | None
     outbox_group_commit_max: int

@@ -34,6 +34,7 @@ from tidemesh.daemon import config as config_mod
 from tidemesh.daemon import identity, revocation, storage_gauges
 from tidemesh.daemon import log as log_mod
 from tidemesh.daemon.api.keys import (
+    BACKUP,
     BUS,
     CAPABILITIES,
     DISK,
@@ -52,6 +53,7 @@ from tidemesh.daemon.join import MeshConfig
 from tidemesh.daemon.lifecycle import Drain, Reloader, StopBudget, finish
 from tidemesh.daemon.relay import Relay, RelayFatal, RelayMetrics, RelaySettings
 from tidemesh.daemon.server import IpcServer, build_app
+from tidemesh.daemon.service.backup import BackupService
 from tidemesh.daemon.service.disk import DiskMonitor
 from tidemesh.daemon.service.events import EventBus
 from tidemesh.daemon.service.inbox import InboxService
@@ -251,6 +253,11 @@ class Daemon:
                             len(load_migrations("outbox")), time.monotonic()),
             registry=registry,
             metrics=IpcMetrics.register(registry),
+            token_file=self.start.paths.token_file,
+            token_grace_s=s.ipc_token_grace_s,
+            rotations=Counter("cm_daemon_local_token_rotations_total",
+                              "Local bearer token rotations (daemon rotate-token)",
+                              registry=registry),
         )
         mesh = s.daemon_mesh
         CallbackGauge(
@@ -279,6 +286,7 @@ class Daemon:
         app[STATE] = self._state()
         hooks = HookService.build(inbox_db, bus, paths, s, app[STATE].registry, self.clock)
         app[CAPABILITIES] = hooks.capabilities
+        app[BACKUP] = BackupService(paths, s.daemon_mesh)
         app[OUTBOX] = OutboxService(
             outbox_db, clock=self.clock, admit=disk.check_send, gate=hooks.pre_send,
             sealer=lambda to, cmid, body, enc: seal(key, to, cmid, body, enc))

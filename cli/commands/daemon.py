@@ -47,6 +47,9 @@ SUBCOMMANDS = {
     "logs": C + "fleet:logs",
     "join": C + "broker:join_cmd",
     "install-service": C + "service:daemon_install",
+    "backup": C + "backup:backup",
+    "restore": C + "backup:restore",
+    "rotate-token": C + "backup:rotate_token",
     "uninstall-service": C + "service:daemon_uninstall",
 }
 

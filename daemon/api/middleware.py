@@ -9,7 +9,6 @@ Host must be loopback and no Origin may be present (403), and a bearer token is 
 
 from __future__ import annotations
 
-import hmac
 import time
 
 import orjson
@@ -183,7 +182,8 @@ def _check_tcp(request: web.Request, capability: bool = False) -> None:
     auth = request.headers.get("Authorization", "")
     if not auth.startswith("Bearer "):
         raise Unauthorized("missing bearer token; send Authorization: Bearer <local_token>")
-    if not hmac.compare_digest(auth.removeprefix("Bearer ").strip().encode(), state.token.encode()):
-        raise Unauthorized("invalid bearer token")
+    if not state.accepts(auth.removeprefix("Bearer ").strip(), time.monotonic()):
+        raise Unauthorized("invalid bearer token; after `daemon rotate-token` read the token "
+                           "file again")
 
 
