@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from tidemesh.storage.lock import holder_pid, is_held
 
 if TYPE_CHECKING:
-    from tidemesh.daemon import backup, coldpath, offline, revocation, token_rotation
+    from tidemesh.daemon import backup, coldpath, fleet, offline, revocation, token_rotation
     from tidemesh.daemon import config as settings
     from tidemesh.daemon.hooks.dryrun import dry_run as dry_run_hook
     from tidemesh.daemon.hooks.files import describe as describe_hooks
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 # import the WebSocket link, the cold path and the stores (about 0.4 s) to do it.
 _LAZY = {
     "backup": ("tidemesh.daemon.backup", None),
+    "fleet": ("tidemesh.daemon.fleet", None),
     "token_rotation": ("tidemesh.daemon.token_rotation", None),
     "coldpath": ("tidemesh.daemon.coldpath", None),
     "offline": ("tidemesh.daemon.offline", None),
@@ -60,6 +61,7 @@ __all__ = [
     "current_host_fingerprint",
     "describe_hooks",
     "dry_run_hook",
+    "fleet",
     "holder_pid",
     "is_held",
     "join",

@@ -31,6 +31,7 @@ from tidemesh.core.sealing import seal
 from tidemesh.core.settings import ConfigError
 from tidemesh.core.watchdog import LoopWatchdog, StallPolicy
 from tidemesh.daemon import config as config_mod
+from tidemesh.daemon import fleet as fleet_mod
 from tidemesh.daemon import identity, revocation, storage_gauges
 from tidemesh.daemon import log as log_mod
 from tidemesh.daemon.api.keys import (
@@ -174,6 +175,10 @@ def run(mesh: str | None, environ: Mapping[str, str], flags: Mapping[str, Any]) 
         log.error("daemon_start_refused", reason=str(exc), pid=exc.pid)
         return Exit.ALREADY_RUNNING
     try:
+        refused = fleet_mod.refusal(s.daemon_mesh, start.environ)
+        if refused is not None:
+            log.error("daemon_start_refused", reason="fleet_max_daemons", hint=refused)
+            return Exit.USAGE
         return _run_locked(start)
     finally:
         lock.release()
@@ -280,8 +285,12 @@ class Daemon:
         bus = EventBus(s.ipc_max_streams, s.ipc_sse_buffer)
         app = build_app(s.ipc_max_body_bytes)
         key = self.keypair.signing_key
+        fleet_settings, _ = fleet_mod.settings(self.start.environ)
+        fleet_disk = fleet_mod.FleetDisk(self.start.environ,
+                                         fleet_settings.fleet_total_disk_budget)
         disk = DiskMonitor(paths.data_dir, {"outbox": outbox_db.path, "inbox": inbox_db.path},
-                           s.disk_reserved_bytes)
+                           s.disk_reserved_bytes,
+                           budget=fleet_disk if fleet_disk.budget is not None else None)
         app[DISK] = disk
         app[STATE] = self._state()
         hooks = HookService.build(inbox_db, bus, paths, s, app[STATE].registry, self.clock)
@@ -323,7 +332,10 @@ class Daemon:
                  tcp_port=server.bound_port, data_dir=str(paths.data_dir),
                  pubkey=self.keypair.public_hex)
         relay_task = asyncio.create_task(relay.run(), name="relay") if relay else None
-        others = {asyncio.create_task(app[RETENTION].run(s.retention_sweep_interval_s),
+        urgent = ((lambda: fleet_disk.over) if fleet_disk.budget is not None
+                  else (lambda: False))
+        others = {asyncio.create_task(app[RETENTION].run(s.retention_sweep_interval_s,
+                                                         urgent=urgent),
                                       name="retention"): "retention",
                   asyncio.create_task(hooks.run(), name="hooks"): "hooks",
                   asyncio.create_task(SocketWatch(server).run(), name="ipc-socket"): "ipc-socket"}

@@ -128,6 +128,10 @@ def _start_detached(mesh: str, no_tcp: bool, http_port: int | None, log_file: st
         return Exit.ALREADY_RUNNING
     if _revoked(paths):
         return Exit.REVOKED
+    refused = admin.fleet.refusal(mesh, os.environ)
+    if refused is not None:
+        click.echo(f"error: not starting the daemon of mesh {mesh}: {refused}", err=True)
+        return Exit.USAGE
     for d in paths.folders:
         d.mkdir(parents=True, exist_ok=True, mode=0o700)
     argv = [sys.executable, "-m", "tidemesh", "daemon", "up", "--foreground", "--mesh", mesh]
