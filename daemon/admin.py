@@ -12,7 +12,16 @@ from typing import TYPE_CHECKING, Any
 from tidemesh.storage.lock import holder_pid, is_held
 
 if TYPE_CHECKING:
-    from tidemesh.daemon import backup, coldpath, fleet, offline, revocation, token_rotation
+    from tidemesh.daemon import (
+        backup,
+        coldpath,
+        departure,
+        fleet,
+        offline,
+        recovery,
+        revocation,
+        token_rotation,
+    )
     from tidemesh.daemon import config as settings
     from tidemesh.daemon.hooks.dryrun import dry_run as dry_run_hook
     from tidemesh.daemon.hooks.files import describe as describe_hooks
@@ -27,6 +36,8 @@ if TYPE_CHECKING:
 _LAZY = {
     "backup": ("tidemesh.daemon.backup", None),
     "fleet": ("tidemesh.daemon.fleet", None),
+    "departure": ("tidemesh.daemon.departure", None),
+    "recovery": ("tidemesh.daemon.recovery", None),
     "token_rotation": ("tidemesh.daemon.token_rotation", None),
     "coldpath": ("tidemesh.daemon.coldpath", None),
     "offline": ("tidemesh.daemon.offline", None),
@@ -59,6 +70,7 @@ __all__ = [
     "coldpath",
     "configure_logging",
     "current_host_fingerprint",
+    "departure",
     "describe_hooks",
     "dry_run_hook",
     "fleet",
@@ -66,6 +78,7 @@ __all__ = [
     "is_held",
     "join",
     "offline",
+    "recovery",
     "revocation",
     "settings",
     "token_rotation",

@@ -50,6 +50,9 @@ SUBCOMMANDS = {
     "backup": C + "backup:backup",
     "restore": C + "backup:restore",
     "rotate-token": C + "backup:rotate_token",
+    "leave": C + "departure:leave",
+    "reset": C + "departure:reset",
+    "recover": C + "departure:recover",
     "uninstall-service": C + "service:daemon_uninstall",
 }
 
