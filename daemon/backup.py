@@ -116,7 +116,10 @@ def unseal(data: bytes, passphrase: bytes) -> dict[str, Any]:
         raise BackupTooNew(f"this backup has schema version {schema} (format {fmt}); this "
                            f"tidemesh ({tidemesh.__version__}) reads up to {SCHEMA_VERSION}: "
                            "restore it with a newer tidemesh", schema_version=schema)
-    if not (ops <= nacl.pwhash.argon2id.OPSLIMIT_MAX and mem <= nacl.pwhash.argon2id.MEMLIMIT_MAX
+    # A file from elsewhere must not make restore spend more than the strongest setting
+    # libsodium names (1 GiB, 4 passes) before the passphrase is even tried.
+    if not (ops <= nacl.pwhash.argon2id.OPSLIMIT_SENSITIVE
+            and mem <= nacl.pwhash.argon2id.MEMLIMIT_SENSITIVE
             and ops >= nacl.pwhash.argon2id.OPSLIMIT_MIN
             and mem >= nacl.pwhash.argon2id.MEMLIMIT_MIN
             and len(salt) == nacl.pwhash.argon2id.SALTBYTES):
@@ -280,16 +283,26 @@ def write_private_bytes(path: Path, data: bytes) -> None:
 
 
 def _write_memberships(db: Path, subs: list[dict[str, Any]]) -> None:
-    conn = sqlite3.connect(db, isolation_level=None)
+    """A new inbox holding only the memberships, built beside and renamed into place (a
+    rollback journal, so the database is the one file renamed)."""
+    tmp = db.with_name(db.name + f".tmp-{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    os.close(fd)
     try:
-        migrate.apply(conn, "inbox")
-        conn.execute("BEGIN IMMEDIATE")
-        for s in subs:
-            inbox_sql.membership_add(conn, s["kind"], s["name"], int(s.get("since") or 0))
-        conn.execute("COMMIT")
-    finally:
-        conn.close()
-    os.chmod(db, 0o600)
+        conn = sqlite3.connect(tmp, isolation_level=None)
+        try:
+            migrate.apply(conn, "inbox")
+            conn.execute("BEGIN IMMEDIATE")
+            for s in subs:
+                inbox_sql.membership_add(conn, s["kind"], s["name"], int(s.get("since") or 0))
+            conn.execute("COMMIT")
+        finally:
+            conn.close()
+        os.replace(tmp, db)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def make(paths: DaemonPaths, mesh: str, passphrase: bytes) -> tuple[bytes, dict[str, Any]]:
