@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import shutil
 import sqlite3
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,24 +16,6 @@ from tidemesh.core.exitcodes import Exit
 from tidemesh.core.paths import daemon_paths
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def any_mesh(request: pytest.FixtureRequest, short_tmp: Path) -> Iterator[Mesh]:
-    home = short_tmp / "broker"
-    home.mkdir()
-    store = (f"sqlite://{home}/broker.db" if request.param == "sqlite"
-             else request.getfixturevalue("pg_database"))
-    broker = Broker(home, store)
-    broker.cli("mesh", "create", "team")
-    broker.start()
-    m = Mesh(broker, "team")
-    try:
-        yield m
-    finally:
-        for d in m.daemons.values():
-            d.stop()
-        broker.stop()
 
 
 async def _post(d: RunningDaemon, path: str, body: dict[str, object]) -> None:
