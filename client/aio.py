@@ -58,10 +58,10 @@ class AsyncClient(Located):
                                                connector=connector)
         return self._http
 
-    async def _open(self, call: Call[Any], limits: aiohttp.ClientTimeout
+    async def _open(self, call: Call[Any], limits: aiohttp.ClientTimeout, fresh: bool = False
                     ) -> aiohttp.ClientResponse:
         self.endpoint.check_socket()
-        headers = {"Content-Type": "application/json", **self.endpoint.headers(), **call.headers}
+        headers = {"Content-Type": "application/json", **self.auth_headers(fresh), **call.headers}
         try:
             return await self._session().request(call.method, call.path, data=call.payload(),
                                                  headers=headers, timeout=limits)
@@ -69,14 +69,22 @@ class AsyncClient(Located):
             raise self.endpoint.not_running(_os_error(exc)) from exc
 
     async def _call(self, call: Call[T]) -> T:
-        resp = await self._open(call, aiohttp.ClientTimeout(total=self.timeout))
+        status, content_type, raw = await self._exchange(call)
+        if status == 401 and self.endpoint.token_file is not None:
+            # The token may have been rotated since the file was read: read it once more.
+            status, content_type, raw = await self._exchange(call, fresh=True)
+        return call.answer(status, content_type, raw)
+
+    async def _exchange(self, call: Call[Any], fresh: bool = False
+                        ) -> tuple[int, str, bytes]:
+        resp = await self._open(call, aiohttp.ClientTimeout(total=self.timeout), fresh)
         try:
             raw = await resp.read()
         except _UNREACHABLE as exc:
             raise self.endpoint.not_running(_os_error(exc)) from exc
         finally:
             resp.release()
-        return call.answer(resp.status, resp.headers.get("Content-Type", ""), raw)
+        return resp.status, resp.headers.get("Content-Type", ""), raw
 
     async def request(self, method: str, path: str, body: Any = None,
                       headers: Mapping[str, str] | None = None) -> Response:
@@ -93,6 +101,12 @@ class AsyncClient(Located):
 
     async def metrics(self) -> str:
         return await self._call(calls.metrics())
+
+    async def backup(self, passphrase: str) -> bytes:
+        return await self._call(calls.backup(passphrase))
+
+    async def rotate_token(self) -> dict[str, Any]:
+        return await self._call(calls.rotate_token())
 
     # -- send side -------------------------------------------------------------------------
 
@@ -151,10 +165,11 @@ class AsyncClient(Located):
         restarts, never missing or repeating an event."""
         cursor, quiet, again = Cursor(since), Quiet(idle_timeout), Reconnect()
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.timeout)
+        fresh = retried = False
         while not quiet.over():
             call = calls.events(cursor)
             try:
-                resp = await self._open(call, timeout)
+                resp = await self._open(call, timeout, fresh)
             except DaemonNotRunning:
                 if (delay := again.delay()) is None:
                     raise
@@ -162,9 +177,13 @@ class AsyncClient(Located):
                 continue
             again.succeeded()
             try:
+                if resp.status == 401 and not retried and self.endpoint.token_file is not None:
+                    fresh = retried = True      # a rotated token: read the file once more
+                    continue
                 if resp.status != 200:
                     call.answer(resp.status, resp.headers.get("Content-Type", ""),
                                 await resp.read())
+                fresh = retried = False
                 async for item in _lines(resp, quiet):
                     if cursor.admit(item):
                         quiet.touch()

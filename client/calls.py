@@ -6,6 +6,7 @@ is asked and how the answer is read lives here, once.
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -131,6 +132,15 @@ def profile(patch: Mapping[str, Any] | None) -> Call[dict[str, Any]]:
     if patch:
         return Call("POST", "/v1/profile", _body, dict(patch))
     return Call("GET", "/v1/profile", _body)
+
+
+def backup(passphrase: str) -> Call[bytes]:
+    return Call("POST", "/v1/backup", lambda r: base64.b64decode(r.body["bundle"]),
+                {"passphrase": passphrase})
+
+
+def rotate_token() -> Call[dict[str, Any]]:
+    return Call("POST", "/v1/token/rotate", _body, {})
 
 
 def events(cursor: Cursor) -> Call[Response]:

@@ -1,9 +1,9 @@
 """Where a daemon listens and how to authenticate to it (pure: no connection is opened).
 
 A daemon has two listeners (docs/ipc.md): its Unix socket, gated by the socket's mode and
-needing no token, and loopback TCP, needing ``Authorization: Bearer <local_token>``. The
-token is read from its file at each request, so a client made before the daemon first
-started (which writes the file) still works.
+needing no token, and loopback TCP, needing ``Authorization: Bearer <local_token>``. A
+client reads the token from its file when it first needs it (so one made before the daemon
+first started still works) and again after a 401: `daemon rotate-token` replaced it.
 
 Before a request is sent, the socket (or the token and port files) and the folders they are
 in must belong to this user (``core.ownership``): another user who made the runtime folder
@@ -85,10 +85,15 @@ class Endpoint:
             raise NotPrivate(f"refusing to talk to {path}: {problem}", socket=str(path))
 
     def headers(self) -> dict[str, str]:
-        """Authentication for this listener: none on the socket, the bearer token on TCP (a
-        token file that is not this user's with mode 0600 is refused: ``NotPrivate``)."""
+        """Authentication for this listener, the token read from its file now."""
+        token = self.read_token()
+        return {} if token is None else {"Authorization": f"Bearer {token}"}
+
+    def read_token(self) -> str | None:
+        """The bearer token from its file; None on the socket, which needs none. A token
+        file that is not this user's with mode 0600 is refused (``NotPrivate``)."""
         if self.token_file is None:
-            return {}
+            return None
         _check_folders(self.private_from or self.token_file.parent, self.token_file.parent)
         try:
             fd = os.open(self.token_file, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
@@ -99,8 +104,7 @@ class Endpoint:
             if problem := token_problem(self.token_file, os.fstat(fd), os.geteuid()):
                 raise NotPrivate(f"refusing the daemon's token: {problem}",
                                  token_file=str(self.token_file))
-            token = f.read(4096).decode("ascii", "replace").strip()
-        return {"Authorization": f"Bearer {token}"}
+            return f.read(4096).decode("ascii", "replace").strip()
 
     def not_running(self, exc: BaseException) -> DaemonNotRunning:
         """The one error for "nothing answers here", with how to start a daemon."""
@@ -127,6 +131,16 @@ class Located:
         self.endpoint = Endpoint(Path(socket_path) if socket_path is not None else None, port,
                                  Path(token_file) if token_file is not None else None, mesh)
         self.timeout = timeout
+        self._token: str | None = None
+
+    def auth_headers(self, fresh: bool = False) -> dict[str, str]:
+        """Authentication for this listener: none on the socket, the bearer token on TCP,
+        read from its file on first use and again when ``fresh`` (after a 401)."""
+        if self.endpoint.token_file is None:
+            return {}
+        if fresh or self._token is None:
+            self._token = self.endpoint.read_token()
+        return {"Authorization": f"Bearer {self._token}"}
 
     @classmethod
     def for_mesh(cls, mesh: str | None = None, *, tcp: bool = False, timeout: float = 10.0,

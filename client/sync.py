@@ -50,11 +50,11 @@ class Client(Located):
             return _UnixConnection(str(self.endpoint.socket_path), timeout)
         return http.client.HTTPConnection(LOOPBACK, self.endpoint.port, timeout=timeout)
 
-    def _open(self, call: Call[Any], timeout: float | None
+    def _open(self, call: Call[Any], timeout: float | None, fresh: bool = False
               ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
         self.endpoint.check_socket()
         conn = self._connect(timeout)
-        headers = {"Content-Type": "application/json", **self.endpoint.headers(), **call.headers}
+        headers = {"Content-Type": "application/json", **self.auth_headers(fresh), **call.headers}
         try:
             conn.request(call.method, call.path, body=call.payload(), headers=headers)
             return conn, conn.getresponse()
@@ -63,14 +63,21 @@ class Client(Located):
             raise self.endpoint.not_running(exc) from exc
 
     def _call(self, call: Call[T]) -> T:
-        conn, resp = self._open(call, self.timeout)
+        status, content_type, raw = self._exchange(call)
+        if status == 401 and self.endpoint.token_file is not None:
+            # The token may have been rotated since the file was read: read it once more.
+            status, content_type, raw = self._exchange(call, fresh=True)
+        return call.answer(status, content_type, raw)
+
+    def _exchange(self, call: Call[Any], fresh: bool = False) -> tuple[int, str, bytes]:
+        conn, resp = self._open(call, self.timeout, fresh)
         try:
             raw = resp.read()
         except _UNREACHABLE as exc:
             raise self.endpoint.not_running(exc) from exc
         finally:
             conn.close()
-        return call.answer(resp.status, resp.getheader("Content-Type", ""), raw)
+        return resp.status, resp.getheader("Content-Type", ""), raw
 
     def request(self, method: str, path: str, body: Any = None,
                 headers: Mapping[str, str] | None = None) -> Response:
@@ -88,6 +95,16 @@ class Client(Located):
     def metrics(self) -> str:
         """Prometheus text."""
         return self._call(calls.metrics())
+
+    def backup(self, passphrase: str) -> bytes:
+        """A sealed backup of this member's identity and configuration: the bytes of the file
+        `tidemesh daemon restore` reads (never the outbox or inbox)."""
+        return self._call(calls.backup(passphrase))
+
+    def rotate_token(self) -> dict[str, Any]:
+        """A new local bearer token in the token file; the old one works for
+        ``ipc.token_grace_s`` more (60 s by default)."""
+        return self._call(calls.rotate_token())
 
     # -- send side -------------------------------------------------------------------------
 
@@ -153,10 +170,11 @@ class Client(Located):
         quiet seconds (``None``: never); raises ``DaemonNotRunning`` only if the first
         connection fails."""
         cursor, quiet, again = Cursor(since), Quiet(idle_timeout), Reconnect()
+        fresh = retried = False
         while not quiet.over():
             call = calls.events(cursor)
             try:
-                conn, resp = self._open(call, quiet.remaining())
+                conn, resp = self._open(call, quiet.remaining(), fresh)
             except DaemonNotRunning:
                 if (delay := again.delay()) is None:
                     raise
@@ -164,8 +182,12 @@ class Client(Located):
                 continue
             again.succeeded()
             try:
+                if resp.status == 401 and not retried and self.endpoint.token_file is not None:
+                    fresh = retried = True      # a rotated token: read the file once more
+                    continue
                 if resp.status != 200:
                     call.answer(resp.status, resp.getheader("Content-Type", ""), resp.read())
+                fresh = retried = False
                 for item in _lines(conn, resp, quiet):
                     if cursor.admit(item):
                         quiet.touch()

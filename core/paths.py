@@ -132,6 +132,20 @@ def meshes_dir(environ: Mapping[str, str]) -> Path:
     return daemon_paths(DEFAULT_MESH, environ).data_dir.parent
 
 
+def fleet_config_file(environ: Mapping[str, str]) -> Path:
+    """The user's fleet settings (core.fleet): one file for all meshes, beside their
+    folders: ``$TIDEMESH_HOME/fleet.toml``, else ``$XDG_CONFIG_HOME/tidemesh/fleet.toml``."""
+    home = environ.get("TIDEMESH_HOME")
+    if home:
+        return Path(home).expanduser() / "fleet.toml"
+    return daemon_paths(DEFAULT_MESH, environ).config_dir.parent.parent / "fleet.toml"
+
+
+def runtimes_dir(environ: Mapping[str, str]) -> Path:
+    """The folder holding one runtime folder (socket, lock) per mesh."""
+    return daemon_paths(DEFAULT_MESH, environ).runtime_dir.parent
+
+
 class MeshNotChosen(InvalidRequest):
     code = "mesh_not_chosen"
 

@@ -12,7 +12,16 @@ from typing import TYPE_CHECKING, Any
 from tidemesh.storage.lock import AlreadyRunning, holder_pid, is_held
 
 if TYPE_CHECKING:
-    from tidemesh.daemon import coldpath, offline, revocation
+    from tidemesh.daemon import (
+        backup,
+        coldpath,
+        departure,
+        fleet,
+        offline,
+        recovery,
+        revocation,
+        token_rotation,
+    )
     from tidemesh.daemon import config as settings
     from tidemesh.daemon.hooks.dryrun import dry_run as dry_run_hook
     from tidemesh.daemon.hooks.files import describe as describe_hooks
@@ -25,6 +34,11 @@ if TYPE_CHECKING:
 # Loaded on first use: a command that only checks the lock (status, ps, down) should not
 # import the WebSocket link, the cold path and the stores (about 0.4 s) to do it.
 _LAZY = {
+    "backup": ("tidemesh.daemon.backup", None),
+    "fleet": ("tidemesh.daemon.fleet", None),
+    "departure": ("tidemesh.daemon.departure", None),
+    "recovery": ("tidemesh.daemon.recovery", None),
+    "token_rotation": ("tidemesh.daemon.token_rotation", None),
     "coldpath": ("tidemesh.daemon.coldpath", None),
     "offline": ("tidemesh.daemon.offline", None),
     "revocation": ("tidemesh.daemon.revocation", None),
@@ -53,16 +67,21 @@ __all__ = [
     "AlreadyRunning",
     "LinkError",
     "accept_host",
+    "backup",
     "coldpath",
     "configure_logging",
     "current_host_fingerprint",
+    "departure",
     "describe_hooks",
     "dry_run_hook",
+    "fleet",
     "holder_pid",
     "is_held",
     "join",
     "offline",
+    "recovery",
     "revocation",
     "settings",
+    "token_rotation",
     "under_service_manager",
 ]

@@ -35,6 +35,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("ipc.max_unauthenticated", int, 64, "TCP connections that have not sent a request "
             "head yet; one more closes the one waiting longest. After its head a connection "
             "without the token is closed with its answer."),
+    Setting("ipc.token_grace_s", float, 60.0, "After `daemon rotate-token`, how long the "
+            "previous local token is still accepted on TCP."),
     Setting("outbox.max_age_hours", int, 168, "Max age of an unsent row (permanent dedupe mode)."),
     Setting("outbox.max_age_hours_override", int, None,
             "Shorter max age; refused above the broker's dedupe window.", optional=True),
@@ -93,6 +95,7 @@ class DaemonSettings:
     ipc_header_timeout_s: float
     ipc_idle_timeout_s: float
     ipc_max_unauthenticated: int
+    ipc_token_grace_s: float
     outbox_max_age_hours: int
     outbox_max_age_hours_override: int | None
     outbox_group_commit_max: int

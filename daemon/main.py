@@ -31,10 +31,12 @@ from tidemesh.core.sealing import seal_request
 from tidemesh.core.settings import ConfigError
 from tidemesh.core.watchdog import LoopWatchdog, StallPolicy
 from tidemesh.daemon import config as config_mod
+from tidemesh.daemon import fleet as fleet_mod
 from tidemesh.daemon import identity, revocation, storage_gauges
 from tidemesh.daemon import log as log_mod
 from tidemesh.daemon.api.connections import ConnectionLimits
 from tidemesh.daemon.api.keys import (
+    BACKUP,
     BUS,
     CAPABILITIES,
     DISK,
@@ -55,6 +57,7 @@ from tidemesh.daemon.live_link import not_joined
 from tidemesh.daemon.private import ensure_dirs, ensure_token
 from tidemesh.daemon.relay import Relay, RelayFatal, RelayMetrics, RelaySettings
 from tidemesh.daemon.server import IpcServer, build_app
+from tidemesh.daemon.service.backup import BackupService
 from tidemesh.daemon.service.disk import DiskMonitor
 from tidemesh.daemon.service.events import EventBus
 from tidemesh.daemon.service.inbox import InboxService
@@ -162,6 +165,10 @@ def run(mesh: str | None, environ: Mapping[str, str], flags: Mapping[str, Any]) 
         log.error("daemon_start_refused", reason=str(exc), pid=exc.pid)
         return Exit.ALREADY_RUNNING
     try:
+        refused = fleet_mod.refusal(s.daemon_mesh, start.environ)
+        if refused is not None:
+            log.error("daemon_start_refused", reason="fleet_max_daemons", hint=refused)
+            return Exit.USAGE
         return _run_locked(start)
     finally:
         lock.release()
@@ -241,6 +248,11 @@ class Daemon:
                             len(load_migrations("outbox")), time.monotonic()),
             registry=registry,
             metrics=IpcMetrics.register(registry),
+            token_file=self.start.paths.token_file,
+            token_grace_s=s.ipc_token_grace_s,
+            rotations=Counter("cm_daemon_local_token_rotations_total",
+                              "Local bearer token rotations (daemon rotate-token)",
+                              registry=registry),
         )
         logfilters.redact.add_secret(state.token)  # never written to a log, whatever holds it
         mesh = s.daemon_mesh
@@ -264,12 +276,17 @@ class Daemon:
         bus = EventBus(s.ipc_max_streams, s.ipc_sse_buffer)
         app = build_app(s.ipc_max_body_bytes)
         key = self.keypair.signing_key
+        fleet_settings, _ = fleet_mod.settings(self.start.environ)
+        fleet_disk = fleet_mod.FleetDisk(self.start.environ,
+                                         fleet_settings.fleet_total_disk_budget)
         disk = DiskMonitor(paths.data_dir, {"outbox": outbox_db.path, "inbox": inbox_db.path},
-                           s.disk_reserved_bytes)
+                           s.disk_reserved_bytes,
+                           budget=fleet_disk if fleet_disk.budget is not None else None)
         app[DISK] = disk
         app[STATE] = self._state()
         hooks = HookService.build(inbox_db, bus, paths, s, app[STATE].registry, self.clock)
         app[CAPABILITIES] = hooks.capabilities
+        app[BACKUP] = BackupService(paths, s.daemon_mesh)
         app[OUTBOX] = OutboxService(
             outbox_db, clock=self.clock, admit=disk.check_send, gate=hooks.pre_send,
             sealer=lambda req, cmid: seal_request(key, req, cmid))
@@ -311,8 +328,10 @@ class Daemon:
         restarts = Counter("cm_daemon_background_restarts_total", "Background tasks started "
                            "again after a failure (logged as background_task_failed)", ["task"],
                            registry=app[STATE].registry)
+        urgent = ((lambda: fleet_disk.over) if fleet_disk.budget is not None
+                  else (lambda: False))
         jobs: dict[str, Callable[[], Awaitable[Any]]] = {
-            "retention": lambda: app[RETENTION].run(s.retention_sweep_interval_s),
+            "retention": lambda: app[RETENTION].run(s.retention_sweep_interval_s, urgent=urgent),
             "hooks": hooks.run,
             "ipc-socket": SocketWatch(server).run,
         }

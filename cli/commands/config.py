@@ -18,6 +18,7 @@ import click
 from tidemesh.broker.admin import settings as broker_config
 from tidemesh.cli.output import emit_json, table
 from tidemesh.core.exitcodes import Exit
+from tidemesh.core.fleet import SETTINGS as FLEET_SETTINGS
 from tidemesh.core.paths import daemon_paths
 from tidemesh.core.settings import (
     ConfigError,
@@ -32,6 +33,7 @@ from tidemesh.daemon.main import resolve_mesh
 
 TABLES: dict[str, tuple[Setting, ...]] = {
     "daemon": daemon_config.SETTINGS,
+    "fleet": FLEET_SETTINGS,
     "broker": broker_config.SETTINGS,
 }
 _BLOCK = re.compile(r"(<!-- BEGIN settings:(?P<name>\w+) -->\n)(?P<body>.*?)"

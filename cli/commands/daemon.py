@@ -47,6 +47,12 @@ SUBCOMMANDS = {
     "logs": C + "fleet:logs",
     "join": C + "broker:join_cmd",
     "install-service": C + "service:daemon_install",
+    "backup": C + "backup:backup",
+    "restore": C + "backup:restore",
+    "rotate-token": C + "backup:rotate_token",
+    "leave": C + "departure:leave",
+    "reset": C + "departure:reset",
+    "recover": C + "departure:recover",
     "uninstall-service": C + "service:daemon_uninstall",
 }
 
@@ -125,6 +131,10 @@ def _start_detached(mesh: str, no_tcp: bool, http_port: int | None, log_file: st
         return Exit.ALREADY_RUNNING
     if _revoked(paths):
         return Exit.REVOKED
+    refused = admin.fleet.refusal(mesh, os.environ)
+    if refused is not None:
+        click.echo(f"error: not starting the daemon of mesh {mesh}: {refused}", err=True)
+        return Exit.USAGE
     for d in paths.folders:
         d.mkdir(parents=True, exist_ok=True, mode=0o700)
     argv = [sys.executable, "-m", "tidemesh", "daemon", "up", "--foreground", "--mesh", mesh]

@@ -54,17 +54,45 @@ def _row(mesh: str) -> dict[str, Any]:
 @click.command("ps")
 @json_option
 def ps(as_json: bool) -> None:
-    """List every joined mesh's daemon: mesh, pid, state, connected, outbox depth, socket."""
+    """List every joined mesh's daemon: mesh, pid, state, connected, outbox depth, socket;
+    then the fleet: daemons running of fleet.max_daemons, data bytes of
+    fleet.total_disk_budget."""
     rows = [_row(m) for m in joined_meshes()]
+    budgets = _fleet()
     if as_json:
-        emit_json({"items": rows})
+        emit_json({"items": rows, "fleet": budgets})
         return
     if not rows:
         click.echo("no mesh is joined on this host (tidemesh daemon join INVITE)")
+    else:
+        table([{**r, "pid": r["pid"] or "-", "outbox": _depth(r["outbox"]),
+                 "connected": "-" if r["connected"] is None
+                 else ("yes" if r["connected"] else "no")}
+                for r in rows], ["mesh", "pid", "state", "connected", "outbox", "socket"])
+    if "error" in budgets:
+        click.echo(f"fleet: {budgets['error']}", err=True)
         return
-    table([{**r, "pid": r["pid"] or "-", "outbox": _depth(r["outbox"]),
-             "connected": "-" if r["connected"] is None else ("yes" if r["connected"] else "no")}
-            for r in rows], ["mesh", "pid", "state", "connected", "outbox", "socket"])
+    budget = budgets["total_disk_budget"]
+    click.echo(f"fleet: {budgets['running']} of {budgets['max_daemons']} daemons running "
+               f"(fleet.max_daemons); data {budgets['disk_used_bytes']} bytes"
+               + (f" of {budget} (fleet.total_disk_budget)" if budget is not None
+                  else ", no fleet.total_disk_budget")
+               + f"; settings in {budgets['config_file']}")
+
+
+def _fleet() -> dict[str, Any]:
+    """The user's fleet budgets and where they stand (spec §7)."""
+    try:
+        loaded, path = admin.fleet.settings(os.environ)
+    except TidemeshError as exc:
+        return {"error": exc.message}
+    used = admin.fleet.disk_used(os.environ)
+    budget = loaded.fleet_total_disk_budget
+    return {"running": len(admin.fleet.running(os.environ)),
+            "max_daemons": loaded.fleet_max_daemons, "disk_used_bytes": used,
+            "total_disk_budget": budget,
+            "over_disk_budget": budget is not None and used >= budget,
+            "config_file": str(path)}
 
 
 def _depth(counts: dict[str, int] | None) -> str:

@@ -15,7 +15,9 @@ from aiohttp import web
 from tidemesh.core import metrics, numbers
 from tidemesh.core.errors import InvalidRequest
 from tidemesh.core.send import SendRequest, parse_send_request
+from tidemesh.daemon import token_rotation
 from tidemesh.daemon.api.keys import (
+    BACKUP,
     CAPABILITIES,
     DISK,
     INBOX,
@@ -259,3 +261,21 @@ async def get_profile(request: web.Request) -> web.Response:
 async def post_profile(request: web.Request) -> web.Response:
     data = checked("profile.schema.json", parse_json(await request.read()))
     return _json(await request.app[PRESENCE].update_profile(data))
+
+
+async def post_backup(request: web.Request) -> web.Response:
+    data = checked("backup_request.schema.json", parse_json(await request.read()))
+    return _json(await request.app[BACKUP].make(data["passphrase"]))
+
+
+async def post_token_rotate(request: web.Request) -> web.Response:
+    raw = await request.read()
+    if raw:
+        checked("token_rotate_request.schema.json", parse_json(raw))
+    state = request.app[STATE]
+    if state.token_file is None:
+        raise InvalidRequest("this daemon has no token file to rotate")
+    now = time.monotonic()
+    until = token_rotation.rotate(state, state.token_file, now)
+    return _json({"rotated": True, "token_file": str(state.token_file),
+                  "previous_valid_s": round(until - now, 3)})

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import hmac
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from tidemesh.daemon.hooks.capability import Capabilities
+from tidemesh.daemon.service.backup import BackupService
 from tidemesh.daemon.service.disk import DiskMonitor
 from tidemesh.daemon.service.events import EventBus
 from tidemesh.daemon.service.inbox import InboxService
@@ -96,9 +99,31 @@ class IpcState:
     healthy: bool = True
     link: LinkState = field(default_factory=LinkState)
     outbox: OutboxGauges = field(default_factory=OutboxGauges)
+    # After `rotate-token`: the token before it, honoured until ``previous_until``
+    # (monotonic) so programs holding it can re-read the file (daemon/token_rotation.py).
+    token_file: Path | None = None
+    token_grace_s: float = 60.0
+    previous_token: str | None = None
+    previous_until: float = 0.0
+    rotations: Any = field(default_factory=lambda: _NoCounter())
     # The loop watchdog's view (core/watchdog.py): state, stalls, last_stall_s.
     loop: Callable[[], dict[str, Any]] = lambda: {"state": "ok", "stalls": 0,
                                                   "last_stall_s": 0.0}
+
+
+    def accepts(self, presented: str, now: float) -> bool:
+        """Whether ``presented`` is the token, or the previous one within its grace; both
+        compared in constant time."""
+        ok = hmac.compare_digest(presented.encode(), self.token.encode())
+        if self.previous_token is not None:
+            old = hmac.compare_digest(presented.encode(), self.previous_token.encode())
+            ok = ok or (old and now < self.previous_until)
+        return ok
+
+
+class _NoCounter:
+    def inc(self) -> None:
+        pass
 
 
 OUTBOX = web.AppKey("outbox", OutboxService)
@@ -114,3 +139,4 @@ CAPABILITIES = web.AppKey("capabilities", Capabilities)
 # The hook reply token a request was allowed by (the middleware sets it): such a caller
 # sees only the outbox rows its own token made.
 REPLY_TOKEN = web.RequestKey("reply_token", str)
+BACKUP = web.AppKey("backup", BackupService)

@@ -12,7 +12,6 @@ without the token end with their first answer (``connections``).
 
 from __future__ import annotations
 
-import hmac
 import time
 
 import structlog
@@ -196,14 +195,15 @@ def _check_tcp(request: web.Request, capability: bool = False) -> None:
         request[_AUTHENTICATED] = True
         return
     auth = request.headers.get("Authorization", "")
-    if auth.startswith("Bearer ") and hmac.compare_digest(
-            auth.removeprefix("Bearer ").strip().encode(), state.token.encode()):
+    if auth.startswith("Bearer ") and state.accepts(auth.removeprefix("Bearer ").strip(),
+                                                    time.monotonic()):
         request[_AUTHENTICATED] = True
         return
     if state.public_health_check and request.path == "/v1/health":
         return
     if not auth.startswith("Bearer "):
         raise Unauthorized("missing bearer token; send Authorization: Bearer <local_token>")
-    raise Unauthorized("invalid bearer token")
+    raise Unauthorized("invalid bearer token; after `daemon rotate-token` read the token "
+                       "file again")
 
 

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 
@@ -46,11 +46,23 @@ def _size(path: Path) -> int:
     return total
 
 
+class Budget(Protocol):
+    """A second gate on sends: the user's fleet disk budget (daemon.fleet.FleetDisk)."""
+
+    @property
+    def over(self) -> bool: ...
+
+    def check_send(self) -> None: ...
+
+    def view(self) -> dict[str, Any]: ...
+
+
 class DiskMonitor:
     def __init__(self, data_dir: Path, databases: Mapping[str, Path], floor_bytes: int,
-                 max_age_s: float = 0.25, monotonic: Callable[[], float] = time.monotonic
-                 ) -> None:
+                 max_age_s: float = 0.25, monotonic: Callable[[], float] = time.monotonic,
+                 budget: Budget | None = None) -> None:
         self.data_dir = data_dir
+        self.budget = budget
         self.databases = dict(databases)
         self.floor_bytes = floor_bytes
         self.max_age_s = max_age_s
@@ -81,6 +93,12 @@ class DiskMonitor:
                 f"floor of {st.floor_bytes} (disk.reserved_bytes); new sends are refused until "
                 "space is freed, nothing was stored, and messages are still being received",
                 free_bytes=st.free_bytes, floor_bytes=st.floor_bytes)
+        if self.budget is not None:
+            try:
+                self.budget.check_send()
+            except InsufficientStorage:
+                self.refused_total += 1
+                raise
 
     def sizes(self) -> dict[str, int]:
         return {name: _size(path) for name, path in self.databases.items()}
@@ -90,4 +108,6 @@ class DiskMonitor:
         st = self.state()
         return {"free_bytes": st.free_bytes, "total_bytes": st.total_bytes,
                 "used_pct": st.used_pct, "floor_bytes": st.floor_bytes,
-                "sends_refused": st.low, "databases": self.sizes()}
+                "sends_refused": st.low or (self.budget is not None and self.budget.over),
+                "databases": self.sizes(),
+                **({"fleet": self.budget.view()} if self.budget is not None else {})}

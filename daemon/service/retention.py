@@ -26,7 +26,11 @@ log = structlog.get_logger(__name__)
 Clock = Callable[[], float]
 T = TypeVar("T")
 
-VACUUM_PAGES = 1024          # pages returned per transaction (4 MiB at the default page size)
+VACUUM_PAGES = 1024
+# While the fleet is past its disk budget: how often that is looked at, and the least time
+# between two sweeps it brings forward.
+URGENT_POLL_S = 1.0
+URGENT_GAP_S = 10.0          # pages returned per transaction (4 MiB at the default page size)
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,13 +135,26 @@ class RetentionService:
                  duration_s=round(time.monotonic() - started, 3))
         return {"outbox": out, "inbox": inn}
 
-    async def run(self, interval_s: float, first_after_s: float = 30.0) -> None:
+    async def run(self, interval_s: float, first_after_s: float = 30.0,
+                  urgent: Callable[[], bool] = lambda: False) -> None:
         """Sweep now and then, forever. A database that is down or full is tried again at the
-        next round; anything else ends the task, and the supervisor stops the daemon."""
-        await asyncio.sleep(min(first_after_s, interval_s))
+        next round; anything else ends the task, and the supervisor stops the daemon.
+
+        While ``urgent()`` (the fleet is past its disk budget) a sweep does not wait for the
+        interval: it runs at once, and again every ``URGENT_GAP_S`` while it stays so."""
+        due = time.monotonic() + min(first_after_s, interval_s)
+        last = float("-inf")
         while True:
+            now = time.monotonic()
+            early = urgent() and now - last >= URGENT_GAP_S
+            if now < due and not early:
+                await asyncio.sleep(min(due - now, URGENT_POLL_S))
+                continue
+            if early and now < due:
+                log.warning("retention_sweep_early", reason="fleet_disk_budget")
             try:
                 await self.sweep()
             except (Unavailable, InsufficientStorage) as exc:
                 log.warning("retention_sweep_failed", error=exc.message)
-            await asyncio.sleep(interval_s)
+            last = time.monotonic()
+            due = last + interval_s

@@ -256,6 +256,20 @@ async def test_invites_are_single_use_and_revocation_sticks(store: Store) -> Non
 
 
 
+async def test_a_member_that_leaves_is_revoked_with_its_memberships_and_deliveries_gone(
+        store: Store) -> None:
+    w = await _world(store)
+    await store.add_queue_consumer(w.mesh_id, "jobs", w.bob, now_ms())
+    await store.accept(accept_input(w.mesh_id, w.alice, "c1"))      # topic: bob, carol
+    removed = await store.leave_member(w.mesh_id, w.bob, now_ms())
+    assert removed == {"subscriptions": 1, "queues": 1, "deliveries": 1}
+    member = await store.get_member(w.mesh_id, w.bob)
+    assert member is not None and member.revoked_at is not None
+    r = await store.accept(accept_input(w.mesh_id, w.alice, "c2"))
+    assert [d.recipient_pubkey for d in r.deliveries] == [w.carol]
+    assert await store.leave_member(w.mesh_id, w.bob, now_ms()) is None   # once
+
+
 async def test_invite_refusals_say_whether_unknown_expired_or_used_up(store: Store) -> None:
     t = now_ms()
     mesh = await store.create_mesh("refusals", t)

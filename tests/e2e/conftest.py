@@ -29,3 +29,22 @@ def mesh(sqlite_broker: Broker, short_tmp: Path) -> Iterator[Mesh]:
             if code not in (None, 0, -9):
                 print(f"--- daemon {label} exited {code}:\n{d.log.read_text()[-3000:]}")
             d.stop()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def any_mesh(request: pytest.FixtureRequest, short_tmp: Path) -> Iterator[Mesh]:
+    """Mesh ``team`` on a started broker, once on each store (SQLite, PostgreSQL)."""
+    home = short_tmp / "broker"
+    home.mkdir()
+    store = (f"sqlite://{home}/broker.db" if request.param == "sqlite"
+             else request.getfixturevalue("pg_database"))
+    broker = Broker(home, store)
+    broker.cli("mesh", "create", "team")
+    broker.start()
+    m = Mesh(broker, "team")
+    try:
+        yield m
+    finally:
+        for d in m.daemons.values():
+            d.stop()
+        broker.stop()

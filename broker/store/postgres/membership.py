@@ -87,6 +87,24 @@ class Membership(PostgresBase):
             " AND revoked_at IS NULL", now_ms, mesh_id, pubkey)
         return bool(done.endswith(" 1"))
 
+    async def leave_member(self, mesh_id: str, pubkey: str, now_ms: int
+                           ) -> dict[str, int] | None:
+        """As the SQLite store's: revoked, subscriptions, queue memberships and undelivered
+        non-queue deliveries gone, in one transaction; None when not a live member."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            done = await conn.execute(
+                "UPDATE mesh.member SET revoked_at = $1 WHERE mesh_id = $2 AND pubkey = $3"
+                " AND revoked_at IS NULL", now_ms, mesh_id, pubkey)
+            if not done.endswith(" 1"):
+                return None
+            subs = await conn.execute("DELETE FROM mesh.topic_subscription WHERE mesh_id = $1"
+                                      " AND member_pubkey = $2", mesh_id, pubkey)
+            queues = await conn.execute("DELETE FROM mesh.queue_consumer WHERE mesh_id = $1"
+                                        " AND member_pubkey = $2", mesh_id, pubkey)
+            deliveries = await conn.execute(LEAVE_DELIVERIES_SQL, mesh_id, pubkey)
+            return {"subscriptions": _count(subs), "queues": _count(queues),
+                    "deliveries": _count(deliveries)}
+
     async def create_topic(self, mesh_id: str, name: str, by: str | None, now_ms: int) -> None:
         await self.pool.execute("INSERT INTO mesh.topic (mesh_id, name, created_by, created_at)"
                                 " VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
@@ -114,6 +132,19 @@ class Membership(PostgresBase):
     async def remove_queue_consumer(self, mesh_id: str, queue: str, pubkey: str) -> None:
         await self.pool.execute("DELETE FROM mesh.queue_consumer WHERE mesh_id = $1"
                                 " AND queue = $2 AND member_pubkey = $3", mesh_id, queue, pubkey)
+
+
+LEAVE_DELIVERIES_SQL = """
+DELETE FROM mesh.delivery_queue WHERE mesh_id = $1 AND recipient_pubkey = $2
+  AND acked_at IS NULL
+  AND broker_message_id NOT IN (SELECT id FROM mesh.message_queue
+                                WHERE destination_kind = 'queue')
+"""
+
+
+def _count(status: str) -> int:
+    """The row count of an asyncpg command status ("DELETE 3")."""
+    return int(status.rsplit(" ", 1)[-1])
 
 
 INVITE_STATE_SQL = ("SELECT uses, max_uses, expires_at, revoked_at FROM mesh.invite"

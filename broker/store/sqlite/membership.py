@@ -102,6 +102,26 @@ class Membership(SqliteBase):
 
         return await self._write(fn)
 
+    async def leave_member(self, mesh_id: str, pubkey: str, now_ms: int
+                           ) -> dict[str, int] | None:
+        """A member's own leave, in one transaction: revoked as `member revoke` does, and its
+        subscriptions, queue memberships and undelivered deliveries gone. None when it was
+        not a live member. Its unacked queue deliveries stay, for the lease lapse to give
+        to another consumer (deleting them would lose the message)."""
+        def fn(conn: sqlite3.Connection) -> dict[str, int] | None:
+            cur = conn.execute("UPDATE member SET revoked_at = ? WHERE mesh_id = ? AND pubkey = ?"
+                               " AND revoked_at IS NULL", (now_ms, mesh_id, pubkey))
+            if cur.rowcount == 0:
+                return None
+            subs = conn.execute("DELETE FROM topic_subscription WHERE mesh_id = ?"
+                                " AND member_pubkey = ?", (mesh_id, pubkey)).rowcount
+            queues = conn.execute("DELETE FROM queue_consumer WHERE mesh_id = ?"
+                                  " AND member_pubkey = ?", (mesh_id, pubkey)).rowcount
+            deliveries = conn.execute(LEAVE_DELIVERIES_SQL, (mesh_id, pubkey)).rowcount
+            return {"subscriptions": subs, "queues": queues, "deliveries": deliveries}
+
+        return await self._write(fn)
+
     async def create_topic(self, mesh_id: str, name: str, by: str | None, now_ms: int) -> None:
         await self._write(lambda c: c.execute(
             "INSERT INTO topic (mesh_id, name, created_by, created_at) VALUES (?, ?, ?, ?)"
@@ -140,6 +160,11 @@ def _member(conn: sqlite3.Connection, mesh_id: str, pubkey: str) -> Member | Non
                        " WHERE mesh_id = ? AND pubkey = ?", (mesh_id, pubkey)).fetchone()
     return Member(*row) if row else None
 
+
+LEAVE_DELIVERIES_SQL = """
+DELETE FROM delivery_queue WHERE mesh_id = ? AND recipient_pubkey = ? AND acked_at IS NULL
+  AND broker_message_id NOT IN (SELECT id FROM message_queue WHERE destination_kind = 'queue')
+"""
 
 INVITE_STATE_SQL = ("SELECT uses, max_uses, expires_at, revoked_at FROM invite"
                     " WHERE mesh_id = ? AND token_sha256 = ?")

@@ -1,0 +1,47 @@
+"""``daemon rotate-token``: a new local bearer token, the old one honoured for a grace period
+so that programs holding it finish what they were doing and re-read the file.
+
+The check itself lives with the middleware (``IpcState.accepts``); this writes the file and
+moves the state. The token file is replaced atomically (temp file, rename, 0600): a reader
+sees the old token or the new one, never a half-written file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+from pathlib import Path
+
+from tidemesh.daemon.api.keys import IpcState
+
+
+def write_token(path: Path, token: str) -> None:
+    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="ascii") as f:
+            f.write(token + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        raise
+
+
+def new_token() -> str:
+    return secrets.token_urlsafe(32)
+
+
+def rotate(state: IpcState, path: Path, now: float) -> float:
+    """Write a new token to ``path`` and make it the one the daemon checks; the previous one
+    stays valid until the returned monotonic time (``now`` + the grace)."""
+    token = new_token()
+    write_token(path, token)
+    until = now + state.token_grace_s
+    state.previous_token, state.previous_until = state.token, until
+    state.token = token
+    state.rotations.inc()
+    return until
