@@ -122,6 +122,28 @@ class NotJoined(Conflict):
     code = "not_joined"
 
 
+class BackupError(InvalidRequest):
+    """A backup bundle that cannot be used (docs/operations.md, backup and restore)."""
+
+    code = "backup_unusable"
+
+
+class WrongPassphrase(BackupError):
+    code = "backup_wrong_passphrase"
+
+
+class BackupDamaged(BackupError):
+    code = "backup_damaged"
+
+
+class BackupTooNew(BackupError):
+    code = "backup_schema_too_new"
+
+
+class RestoreRefused(BackupError):
+    code = "restore_refused"
+
+
 class PayloadTooLarge(TidemeshError):
     code = "payload_too_large"
     http_status = 413

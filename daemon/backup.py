@@ -32,7 +32,13 @@ import nacl.utils
 from nacl.signing import SigningKey
 
 import tidemesh
-from tidemesh.core.errors import InvalidRequest
+from tidemesh.core.errors import (
+    BackupDamaged,
+    BackupError,
+    BackupTooNew,
+    RestoreRefused,
+    WrongPassphrase,
+)
 from tidemesh.core.paths import DaemonPaths
 from tidemesh.daemon import identity
 from tidemesh.daemon.store import inbox as inbox_sql
@@ -49,26 +55,6 @@ MEMLIMIT = nacl.pwhash.argon2id.MEMLIMIT_MODERATE
 # A header longer than this is not ours: refuse before parsing it.
 _MAX_HEADER = 4096
 _MIN_PASSPHRASE = 8
-
-
-class BackupError(InvalidRequest):
-    code = "backup_unusable"
-
-
-class WrongPassphrase(BackupError):
-    code = "backup_wrong_passphrase"
-
-
-class BackupDamaged(BackupError):
-    code = "backup_damaged"
-
-
-class BackupTooNew(BackupError):
-    code = "backup_schema_too_new"
-
-
-class RestoreRefused(BackupError):
-    code = "restore_refused"
 
 
 def check_passphrase(passphrase: bytes) -> None:

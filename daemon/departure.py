@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tidemesh.core.errors import InvalidRequest, Unavailable
+from tidemesh.core.errors import NotJoined, Unavailable
 from tidemesh.core.failover import BrokerRotation
 from tidemesh.core.paths import DaemonPaths, meshes_dir
 from tidemesh.daemon import revocation
@@ -31,10 +31,6 @@ from tidemesh.daemon.link import HandshakeRejected, LinkError
 DATA_FILES = ("keypair.json", "keypair-archive.json", "host_fingerprint.json", "mesh.json",
               "revoked.json", "outbox.db", "outbox.db-wal", "outbox.db-shm", "inbox.db",
               "inbox.db-wal", "inbox.db-shm")
-
-
-class NotJoined(InvalidRequest):
-    code = "not_joined"
 
 
 @dataclass(frozen=True, slots=True)

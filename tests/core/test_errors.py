@@ -35,6 +35,9 @@ EXPECTED_EXIT = {
     "daemon_not_running": Exit.NOT_RUNNING, "daemon_not_answering": Exit.NOT_ANSWERING,
     "service_install_failed": Exit.FAILURE, "usage_error": Exit.USAGE,
     "mesh_name_bound": Exit.USAGE, "not_joined": Exit.CONFLICT, "not_private": Exit.USAGE,
+    "backup_unusable": Exit.REJECTED, "backup_wrong_passphrase": Exit.REJECTED,
+    "backup_damaged": Exit.REJECTED, "backup_schema_too_new": Exit.REJECTED,
+    "restore_refused": Exit.REJECTED,
 }
 
 
