@@ -17,11 +17,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import parse_qs, urlsplit
 
 import click
 
-from tidemesh.broker.admin import broker_home
-from tidemesh.broker.main import settings_from as broker_settings
+from tidemesh.broker.admin import broker_home, running
+from tidemesh.broker.admin import settings as broker_config
 from tidemesh.cli.commands.common import mesh_option
 from tidemesh.cli.output import fail
 from tidemesh.core.errors import TidemeshError
@@ -175,20 +176,58 @@ def daemon_spec(mesh: str, target: Target, environ: Mapping[str, str],
     return spec, ([] if state_directory else folders)
 
 
-def broker_spec(target: Target, environ: Mapping[str, str],
-                run_as: str | None) -> tuple[ServiceSpec, list[Path]]:
+def _has_password(url: str) -> bool:
+    parts = urlsplit(url)
+    return parts.password is not None or "password" in parse_qs(parts.query)
+
+
+def broker_store(flag: str | None, env: Mapping[str, str], environ: Mapping[str, str]
+                 ) -> tuple[str | None, str]:
+    """The store the service must start on: ``(url for --store or None, url)``.
+
+    None when the service finds it by itself (broker.toml, which it reads too, or the
+    embedded default). A store named only by this shell (``TIDEMESH_BROKER_STORE``) or only
+    by the running broker's command line goes into ExecStart, or the service would start on
+    an empty embedded store; two that disagree are refused rather than guessed between."""
+    merged = {**env, **({"TIDEMESH_BROKER_STORE": environ["TIDEMESH_BROKER_STORE"]}
+                        if environ.get("TIDEMESH_BROKER_STORE") else {})}
+    _, resolved = broker_config.load(
+        broker_config.read_file(broker_config.config_file(env)), merged,
+        {"broker.store": flag})
+    found, source = resolved["broker.store"].value, resolved["broker.store"].source
+    live = running.find(env)
+    if source != "flag" and live is not None and found and live.store != found:
+        where = ("TIDEMESH_BROKER_STORE" if source == "env"
+                 else str(broker_config.config_file(env)))
+        raise ServiceError(f"the broker running as pid {live.pid} uses another store than "
+                           f"{where} names; say which one the service starts on with --store")
+    if source == "file":
+        return None, str(found)
+    chosen = found or (live.store if live is not None else None)
+    if chosen is None:
+        return None, f"sqlite:///{broker_config.embedded_store(env)}"
+    if _has_password(chosen):
+        raise ServiceError("the store's URL holds a password, and a unit file is readable by "
+                           f"every user; put broker.store in {broker_config.config_file(env)} "
+                           "(mode 0600) or the password in ~/.pgpass, then install again")
+    return chosen, chosen
+
+
+def broker_spec(target: Target, environ: Mapping[str, str], run_as: str | None,
+                store: str | None = None) -> tuple[ServiceSpec, list[Path]]:
     env = _service_env(target, environ)
     home = broker_home(env)
     folders = [home]
-    store = broker_settings({}, env).broker_store or ""
-    if store.startswith("sqlite://"):
+    pinned, url = broker_store(store, env, environ)
+    if url.startswith("sqlite://"):
         # The store file's folder, which WAL and journal files are created in.
-        folders.append(Path(store.removeprefix("sqlite://")).parent)
+        folders.append(Path(url.removeprefix("sqlite://")).parent)
     folders = sorted(set(folders))
     state_directory = _system_state_dir(env, target)
+    argv = (console_script(environ), "broker", "up", *(("--store", pinned) if pinned else ()))
     spec = ServiceSpec(
         name="tidemesh-broker", label="dev.tidemesh.broker", description="tidemesh broker",
-        scope=target.scope, argv=(console_script(environ), "broker", "up"),
+        scope=target.scope, argv=argv,
         environment=_pinned(env, target),
         writable=() if state_directory else tuple(str(f) for f in folders),
         state_directory=state_directory, user=run_as if target.scope == "system" else None,
@@ -339,11 +378,15 @@ def daemon_uninstall(mesh: str, scope: str, manager: str | None, unit_dir: Path 
 @click.command("install-service")
 @target_options
 @install_options
+@click.option("--store", default=None, metavar="URL",
+              help="The store the service starts on; default: broker.toml's, else "
+                   "TIDEMESH_BROKER_STORE's, else the running broker's, else embedded SQLite.")
 def broker_install(scope: str, manager: str | None, unit_dir: Path | None, dry_run: bool,
-                   allow_ci: bool, run_as: str) -> None:
-    """Write, load and start a service that runs the broker (settings from broker.toml/env)."""
+                   allow_ci: bool, run_as: str, store: str | None) -> None:
+    """Write, load and start a service that runs the broker on the store it uses now (a
+    store named only by this shell or the running broker goes into ExecStart)."""
     target = make_target(scope, manager, unit_dir)
-    spec, folders = _spec_or_fail(lambda: broker_spec(target, os.environ, run_as))
+    spec, folders = _spec_or_fail(lambda: broker_spec(target, os.environ, run_as, store))
     install(spec, folders, target, dry_run, allow_ci)
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import unavailable
+from tests.e2e.harness import Broker
 from tests.ops.conftest import Host
 from tidemesh.core.exitcodes import Exit
 from tidemesh.core.service_unit import ServiceSpec, ci_environment, systemd_unit
@@ -213,3 +214,52 @@ def test_xdg_layout_gets_a_runtime_directory_and_writable_data_folders(host: Hos
     path = host.root / UNIT_NAMES["daemon"]
     path.write_bytes(unit)
     _verify(path, "user", host.root / "rt")
+
+
+def _exec_start(unit: bytes) -> list[str]:
+    line = next(x for x in unit.decode().splitlines() if x.startswith("ExecStart="))
+    return line.removeprefix("ExecStart=").split()
+
+
+def test_the_broker_unit_starts_on_the_store_the_running_broker_uses(host: Host) -> None:
+    elsewhere = host.root / "elsewhere"
+    elsewhere.mkdir()
+    store = f"sqlite://{elsewhere}/broker.db"
+    broker = Broker(Path(host.env["TIDEMESH_HOME"]), store)
+    Path(host.env["TIDEMESH_HOME"]).mkdir()
+    broker.start()
+    try:
+        code, unit, err = host.run(*ROLES["broker"], "--manager", "systemd", "--dry-run")
+        assert code == 0, err
+        assert _exec_start(unit)[1:] == ["broker", "up", "--store", store]
+        assert f"ReadWritePaths={elsewhere}" in unit.decode().splitlines()
+        # The same store named by this shell too: pinned, not guessed.
+        code, unit, err = host.run(*ROLES["broker"], "--dry-run",
+                                   extra={"TIDEMESH_BROKER_STORE": store})
+        assert code == 0 and _exec_start(unit)[-2:] == ["--store", store], err
+        # This shell names another store than the running broker's: which one is meant?
+        other = f"sqlite://{host.root}/other.db"
+        code, unit, err = host.run(*ROLES["broker"], "--dry-run",
+                                   extra={"TIDEMESH_BROKER_STORE": other})
+        assert code == 1 and unit == b"" and "--store" in err and "TIDEMESH_BROKER_STORE" in err
+        code, unit, err = host.run(*ROLES["broker"], "--dry-run", "--store", other)
+        assert code == 0 and _exec_start(unit)[-2:] == ["--store", other], err
+    finally:
+        broker.stop()
+
+
+def test_a_store_named_only_by_this_shell_is_pinned_unless_it_holds_a_password(
+        host: Host) -> None:
+    url = "postgresql://tm@db.example/tidemesh"
+    code, unit, err = host.run(*ROLES["broker"], "--dry-run",
+                               extra={"TIDEMESH_BROKER_STORE": url})
+    assert code == 0 and _exec_start(unit)[-2:] == ["--store", url], err
+    code, unit, err = host.run(*ROLES["broker"], "--dry-run",
+                               extra={"TIDEMESH_BROKER_STORE": "postgresql://tm:s3cret@db/x"})
+    assert code == 1 and unit == b"" and "password" in err and "s3cret" not in err
+    # Named by broker.toml, which the service reads too: nothing to pin.
+    toml = Path(host.env["TIDEMESH_HOME"]) / "broker" / "broker.toml"
+    toml.parent.mkdir(parents=True)
+    toml.write_text(f'[broker]\nstore = "{url}"\n')
+    code, unit, err = host.run(*ROLES["broker"], "--dry-run")
+    assert code == 0 and _exec_start(unit)[1:] == ["broker", "up"], err
