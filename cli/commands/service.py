@@ -195,11 +195,11 @@ def broker_store(flag: str | None, env: Mapping[str, str], environ: Mapping[str,
         broker_config.read_file(broker_config.config_file(env)), merged,
         {"broker.store": flag})
     found, source = resolved["broker.store"].value, resolved["broker.store"].source
-    live = running.find(env)
+    live = running.find(env) or running.last(env)
     if source != "flag" and live is not None and found and live.store != found:
         where = ("TIDEMESH_BROKER_STORE" if source == "env"
                  else str(broker_config.config_file(env)))
-        raise ServiceError(f"the broker running as pid {live.pid} uses another store than "
+        raise ServiceError(f"the broker (pid {live.pid}) uses another store than "
                            f"{where} names; say which one the service starts on with --store")
     if source == "file":
         return None, str(found)
@@ -380,7 +380,8 @@ def daemon_uninstall(mesh: str, scope: str, manager: str | None, unit_dir: Path 
 @install_options
 @click.option("--store", default=None, metavar="URL",
               help="The store the service starts on; default: broker.toml's, else "
-                   "TIDEMESH_BROKER_STORE's, else the running broker's, else embedded SQLite.")
+                   "TIDEMESH_BROKER_STORE's, else the running (or last run) broker's, else "
+                   "embedded SQLite.")
 def broker_install(scope: str, manager: str | None, unit_dir: Path | None, dry_run: bool,
                    allow_ci: bool, run_as: str, store: str | None) -> None:
     """Write, load and start a service that runs the broker on the store it uses now (a
