@@ -22,7 +22,7 @@ from tidemesh.broker.admin import BrokerSettings, Store
 from tidemesh.broker.admin import migrate as store_migrate
 from tidemesh.cli.commands.common import json_option, paths_for
 from tidemesh.cli.lazy import LazyGroup
-from tidemesh.cli.output import emit_json, fail, table
+from tidemesh.cli.output import emit_json, fail, readable, table
 from tidemesh.core import invite as invites
 from tidemesh.core.errors import InvalidRequest, NotFound, TidemeshError
 from tidemesh.core.exitcodes import Exit
@@ -190,14 +190,15 @@ def member_group() -> None:
 @json_option
 @click.option("--mesh", required=True, help="Mesh name.")
 def member_list(store: str | None, as_json: bool, mesh: str) -> None:
-    """List the members of a mesh."""
+    """List the members of a mesh (times in UTC; --json: epoch milliseconds)."""
     members = _run(store, lambda s: admin.list_members(s, mesh))
     rows = [{"pubkey": m.pubkey, "display_name": m.display_name, "joined_at": m.joined_at,
              "revoked_at": m.revoked_at} for m in members]
     if as_json:
         emit_json(rows)
-    else:
-        table(rows, ["pubkey", "display_name", "joined_at", "revoked_at"])
+    else:   # times a person reads (UTC); --json keeps epoch milliseconds
+        table([{k: "-" if v is None else v for k, v in readable(r).items()} for r in rows],
+              ["pubkey", "display_name", "joined_at", "revoked_at"])
 
 
 @member_group.command("revoke")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -71,6 +72,13 @@ def test_invite_then_join_then_list(tmp_path: Path) -> None:
     members = json.loads(_tm(ops, "broker", "member", "list", "--mesh", "team", "--json").stdout)
     assert [(m["pubkey"], m["display_name"]) for m in members] == [
         (config["member_pubkey"], "laptop")]
+    assert isinstance(members[0]["joined_at"], int), "--json keeps epoch milliseconds"
+    human = _tm(ops, "broker", "member", "list", "--mesh", "team").stdout.splitlines()
+    assert human[0].split() == ["PUBKEY", "DISPLAY_NAME", "JOINED_AT", "REVOKED_AT"]
+    row = human[1].split()
+    assert row[:2] == [config["member_pubkey"], "laptop"]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d", row[2]) and re.fullmatch(r"[\d:]+Z", row[3]), row
+    assert row[4] == "-", "not revoked"
 
 
 
