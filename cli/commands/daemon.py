@@ -359,7 +359,9 @@ def status(mesh: str, as_json: bool) -> None:
         report.update(running=True, pid=health["pid"], healthy=health["healthy"],
                       connected=health["connected"], outbox=health["queue_depth"],
                       member_pubkey=health["member_pubkey"], uptime_s=health["uptime_s"],
-                      daemon_version=health["daemon_version"], disk=health.get("disk"))
+                      daemon_version=health["daemon_version"], disk=health.get("disk"),
+                      broker_url=health.get("broker_url"),
+                      broker_version=health.get("broker_version"))
         code = Exit.OK if health["healthy"] else Exit.UNHEALTHY
     if as_json:
         emit_json(report)
