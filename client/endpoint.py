@@ -26,6 +26,9 @@ class Endpoint:
     port: int | None = None
     token_file: Path | None = None
     mesh: str | None = None
+    # The daemon's record that this member was revoked (core.paths); its presence changes
+    # what "nothing answers" tells the caller to do.
+    revoked_file: Path | None = None
 
     def __post_init__(self) -> None:
         if (self.socket_path is None) == (self.port is None):
@@ -42,13 +45,14 @@ class Endpoint:
         mesh = mesh or default_mesh(env)
         paths = daemon_paths(mesh, env)
         if not tcp:
-            return cls(socket_path=paths.socket, mesh=mesh)
+            return cls(socket_path=paths.socket, mesh=mesh, revoked_file=paths.revoked_file)
         try:
             port = int(paths.port_file.read_text("ascii").strip())
         except (OSError, ValueError) as exc:
-            raise DaemonNotRunning(f"no daemon publishes a TCP port in {paths.port_file}",
-                                   hint=start_hint(mesh)) from exc
-        return cls(port=port, token_file=paths.token_file, mesh=mesh)
+            raise _not_running(f"no daemon publishes a TCP port in {paths.port_file}", mesh,
+                               paths.revoked_file) from exc
+        return cls(port=port, token_file=paths.token_file, mesh=mesh,
+                   revoked_file=paths.revoked_file)
 
     @property
     def where(self) -> str:
@@ -65,8 +69,8 @@ class Endpoint:
         try:
             token = self.token_file.read_text("ascii").strip()
         except OSError as exc:
-            raise DaemonNotRunning(f"cannot read the daemon's token {self.token_file}: {exc}",
-                                   hint=start_hint(self.mesh)) from exc
+            raise _not_running(f"cannot read the daemon's token {self.token_file}: {exc}",
+                               self.mesh, self.revoked_file) from exc
         return {"Authorization": f"Bearer {token}"}
 
     def not_running(self, exc: BaseException) -> DaemonNotRunning:
@@ -75,7 +79,14 @@ class Endpoint:
             what = f"no daemon answers on {self.where}"
         else:
             what = f"the daemon on {self.where} did not answer: {str(exc) or type(exc).__name__}"
-        return DaemonNotRunning(what, hint=start_hint(self.mesh))
+        return _not_running(what, self.mesh, self.revoked_file)
+
+
+def _not_running(what: str, mesh: str | None, revoked_file: Path | None) -> DaemonNotRunning:
+    if revoked_file is not None and revoked_file.exists():
+        return DaemonNotRunning(what, revoked=True, hint="tidemesh daemon join NEW_INVITE"
+                                + (f" --mesh {mesh}" if mesh and mesh != "default" else ""))
+    return DaemonNotRunning(what, hint=start_hint(mesh))
 
 
 class Located:
@@ -94,8 +105,10 @@ class Located:
         """The daemon of ``mesh`` on this host (``TIDEMESH_HOME``, else the XDG folders);
         without a name, the mesh the CLI would choose: the only joined one (``default_mesh``)."""
         e = Endpoint.for_mesh(mesh, tcp=tcp, environ=environ)
-        return cls(e.socket_path, port=e.port, token_file=e.token_file, mesh=e.mesh,
-                   timeout=timeout)
+        located = cls(e.socket_path, port=e.port, token_file=e.token_file, mesh=e.mesh,
+                      timeout=timeout)
+        located.endpoint = e   # with the revocation record's path
+        return located
 
 
 def joined_meshes(environ: Mapping[str, str] | None = None) -> list[str]:

@@ -17,6 +17,11 @@ class DaemonNotRunning(TidemeshError):
     code = "daemon_not_running"
     http_status = 503
 
-    def __init__(self, message: str, *, hint: str = "tidemesh daemon up", **details: Any) -> None:
-        super().__init__(f"{message}; start it with `{hint}`", **details)
-        self.reason, self.hint = message, hint
+    def __init__(self, message: str, *, hint: str = "tidemesh daemon up", revoked: bool = False,
+                 **details: Any) -> None:
+        # A revoked member's daemon exits for good: starting it again cannot help.
+        advice = (f"this member was revoked from the mesh, so starting the daemon cannot "
+                  f"help; ask an operator for a new invite and run `{hint}`" if revoked
+                  else f"start it with `{hint}`")
+        super().__init__(f"{message}; {advice}", **details)
+        self.reason, self.hint, self.revoked = message, hint, revoked
