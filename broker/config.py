@@ -26,15 +26,18 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("store.pool_size", int, 4, "PostgreSQL pool for everything but accepts."),
     Setting("store.batch_max", int, 512, "Most sends group-committed in one transaction."),
     Setting("store.writers", int, 2, "PostgreSQL accept writers (batches committing at once)."),
-    Setting("dedupe.mode", str, "retention_scoped", "retention_scoped or permanent (spec §15.1)."),
+    Setting("dedupe.mode", str, "retention_scoped", "retention_scoped (keys kept "
+            "dedupe.retention_days) or permanent (kept forever); daemons refuse a broker whose "
+            "mode they cannot work with."),
     Setting("dedupe.retention_days", int, 14,
             "Dedupe window; >= 3 and longer than every daemon's outbox max age."),
     Setting("retention.message_days", int, 30, "Messages older than this are pruned."),
     Setting("retention.stall_window_hours", int, 24,
-            "Unacked deliveries younger than this are never pruned (DESIGN §6)."),
+            "Unacked deliveries younger than this are never pruned, so a member "
+            "that was away this long still gets them."),
     Setting("retention.sweep_interval_s", float, 3600.0, "How often retention sweeps run."),
     Setting("queue.lease_s", float, 300.0, "A queue delivery not acked within this goes to "
-            "another consumer (DESIGN §5.4)."),
+            "another consumer of the queue."),
     Setting("queue.lease_check_interval_s", float, 5.0, "How often lapsed queue leases are "
             "looked for."),
     Setting("limits.inline_bytes", int, 1048576, "Largest message body (max_payload)."),

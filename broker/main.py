@@ -206,8 +206,9 @@ def up(settings: BrokerSettings) -> None:
         host = settings.host_port[0]
         # Operator commands that name no store act on this broker's (broker/running.py).
         try:
-            running.write(record, running.RunningBroker(
-                os.getpid(), store_url(settings, os.environ), f"{host}:{port}"))
+            running.write_both(record, running.RunningBroker(
+                os.getpid(), store_url(settings, os.environ), f"{host}:{port}",
+                served_url(settings, port)))
         except OSError as exc:  # serving matters more; operators can still pass --store
             log.warning("broker_record_not_written", path=str(record), error=str(exc))
         print(json.dumps({"event": "broker_ready", "url": f"ws://{host}:{port}", "port": port}),

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+import tidemesh
 from tidemesh.core import handshake
 from tidemesh.core.errors import TidemeshError
 from tidemesh.core.wire import (
@@ -85,7 +86,9 @@ class Session:
     bad: deque[float] = field(default_factory=deque)
 
     def challenge(self) -> Send:
-        return Send({"type": "challenge", "nonce": self.nonce, "protocol": PROTOCOL})
+        # The version lets a daemon say which broker build it is on (its /v1/health).
+        return Send({"type": "challenge", "nonce": self.nonce, "protocol": PROTOCOL,
+                     "broker_version": tidemesh.__version__})
 
     def on_text(self, raw: str | bytes, now: float) -> list[Action]:
         if self.phase is Phase.CLOSED:

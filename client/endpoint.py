@@ -34,6 +34,9 @@ class Endpoint:
     # Where the folders that must be private start (the runtime base); None: only the
     # folder of the socket or token itself.
     private_from: Path | None = None
+    # The daemon's record that this member was revoked (core.paths); its presence changes
+    # what "nothing answers" tells the caller to do.
+    revoked_file: Path | None = None
 
     def __post_init__(self) -> None:
         if (self.socket_path is None) == (self.port is None):
@@ -51,14 +54,16 @@ class Endpoint:
         paths = daemon_paths(mesh, env)
         base = paths.runtime_chain_base
         if not tcp:
-            return cls(socket_path=paths.socket, mesh=mesh, private_from=base)
+            return cls(socket_path=paths.socket, mesh=mesh, private_from=base,
+                       revoked_file=paths.revoked_file)
         _check_folders(base, paths.runtime_dir)
         try:
             port = int(paths.port_file.read_text("ascii").strip())
         except (OSError, ValueError) as exc:
-            raise DaemonNotRunning(f"no daemon publishes a TCP port in {paths.port_file}",
-                                   hint=start_hint(mesh)) from exc
-        return cls(port=port, token_file=paths.token_file, mesh=mesh, private_from=base)
+            raise _not_running(f"no daemon publishes a TCP port in {paths.port_file}", mesh,
+                               paths.revoked_file) from exc
+        return cls(port=port, token_file=paths.token_file, mesh=mesh, private_from=base,
+                   revoked_file=paths.revoked_file)
 
     @property
     def where(self) -> str:
@@ -98,8 +103,8 @@ class Endpoint:
         try:
             fd = os.open(self.token_file, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError as exc:
-            raise DaemonNotRunning(f"cannot read the daemon's token {self.token_file}: {exc}",
-                                   hint=start_hint(self.mesh)) from exc
+            raise _not_running(f"cannot read the daemon's token {self.token_file}: {exc}",
+                               self.mesh, self.revoked_file) from exc
         with os.fdopen(fd, "rb") as f:
             if problem := token_problem(self.token_file, os.fstat(fd), os.geteuid()):
                 raise NotPrivate(f"refusing the daemon's token: {problem}",
@@ -112,7 +117,15 @@ class Endpoint:
             what = f"no daemon answers on {self.where}"
         else:
             what = f"the daemon on {self.where} did not answer: {str(exc) or type(exc).__name__}"
-        return DaemonNotRunning(what, hint=start_hint(self.mesh))
+        return _not_running(what, self.mesh, self.revoked_file)
+
+
+def _not_running(what: str, mesh: str | None, revoked_file: Path | None) -> DaemonNotRunning:
+    if revoked_file is not None and revoked_file.exists():
+        return DaemonNotRunning(what, revoked=True,
+                                hint="tidemesh daemon join NEW_INVITE --move-aside"
+                                + (f" --mesh {mesh}" if mesh and mesh != "default" else ""))
+    return DaemonNotRunning(what, hint=start_hint(mesh))
 
 
 def _check_folders(base: Path, leaf: Path) -> None:
@@ -150,7 +163,7 @@ class Located:
         e = Endpoint.for_mesh(mesh, tcp=tcp, environ=environ)
         located = cls(e.socket_path, port=e.port, token_file=e.token_file, mesh=e.mesh,
                       timeout=timeout)
-        located.endpoint = e
+        located.endpoint = e   # with the revocation record's path
         return located
 
 

@@ -7,6 +7,7 @@ from typing import Any
 from tidemesh.core.errors import TidemeshError
 
 _HINTED = "; start it with "
+_REVOKED = "; this member was revoked from the mesh, so starting the daemon cannot help; "
 
 
 class DaemonNotRunning(TidemeshError):
@@ -19,11 +20,19 @@ class DaemonNotRunning(TidemeshError):
     code = "daemon_not_running"
     http_status = 503
 
-    def __init__(self, message: str, *, hint: str = "tidemesh daemon up", **details: Any) -> None:
-        # Rebuilt from a wire body (core.errors.from_body), the message has its hint already.
-        said = message if _HINTED in message else f"{message}{_HINTED}`{hint}`"
+    def __init__(self, message: str, *, hint: str = "tidemesh daemon up", revoked: bool = False,
+                 **details: Any) -> None:
+        # A revoked member's daemon exits for good: starting it again cannot help. Rebuilt
+        # from a wire body (core.errors.from_body), the message has its advice already.
+        if _HINTED in message or _REVOKED in message:
+            said = message
+        elif revoked:
+            said = f"{message}{_REVOKED}ask an operator for a new invite and run `{hint}`"
+        else:
+            said = f"{message}{_HINTED}`{hint}`"
         super().__init__(said, **details)
-        self.reason, self.hint = message.split(_HINTED)[0], hint
+        self.reason = said.split(_HINTED)[0].split(_REVOKED)[0]
+        self.hint, self.revoked = hint, revoked
 
 
 class DaemonNotAnswering(TidemeshError):

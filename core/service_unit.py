@@ -45,6 +45,7 @@ class ServiceSpec:
     log_file: str | None = None            # launchd: stray stdout/stderr (crash output)
     reloads_on_sighup: bool = False        # systemd: `systemctl reload` sends SIGHUP
     final_exits: tuple[int, ...] = ()      # exit codes no restart can fix (systemd only)
+    private_tmp: bool = True               # systemd: off when the service's folders are in /tmp
     limits: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_LIMITS))
 
     def __post_init__(self) -> None:
@@ -83,6 +84,14 @@ def _escape(arg: str) -> str:
     return text
 
 
+# Folders a private /tmp (PrivateTmp=yes) replaces for the service.
+TMP_FOLDERS = ("/tmp", "/var/tmp")  # noqa: S108 - names them, creates nothing there
+
+
+def under_tmp(path: str) -> bool:
+    return any(path == t or path.startswith(t + "/") for t in TMP_FOLDERS)
+
+
 def systemd_unit(spec: ServiceSpec) -> str:
     """The unit file text. Restart on failure only: exit 0 means an operator stopped it."""
     wanted_by = "default.target" if spec.scope == "user" else "multi-user.target"
@@ -114,7 +123,8 @@ def systemd_unit(spec: ServiceSpec) -> str:
     lines += [f"Environment={_escape(f'{k}={v}')}" for k, v in spec.environment]
     lines += [
         "NoNewPrivileges=yes",
-        "PrivateTmp=yes",
+        # A private /tmp would hide folders the service keeps under the host's /tmp.
+        f"PrivateTmp={'yes' if spec.private_tmp else 'no'}",
         "ProtectSystem=strict",
         "ProtectHome=read-only",
     ]

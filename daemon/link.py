@@ -90,6 +90,8 @@ class BrokerLink:
         self.stall_timeout = stall_timeout
         self.hello_ack = hello_ack
         self.supported = supported
+        self.url = ""                            # the broker's address (set by connect)
+        self.broker_version: str | None = None   # as its challenge said
         # Bounded in frames, sized so that about ``delivery_buffer`` deliveries wait at most
         # whether the broker sends them one per frame or in batches.
         per_frame = features.deliver_batch_count(supported) or 1
@@ -134,7 +136,7 @@ class BrokerLink:
             raise LinkError(f"cannot reach the broker at {url}: {exc}") from exc
         try:
             async with asyncio.timeout(open_timeout):
-                ack = await _hello(ws, mesh_id, key, invite_token, display_name)
+                ack, version = await _hello(ws, mesh_id, key, invite_token, display_name)
                 supported = await _negotiate(ws, require, optional)
         except ConnectionClosed as exc:
             # Lost while sending hello or the negotiation: a broken path, not a refusal.
@@ -150,6 +152,7 @@ class BrokerLink:
             ws.transport.abort()
             raise
         link = cls(ws, ack, supported, delivery_buffer, stall_timeout)
+        link.url, link.broker_version = url, version
         link._reader = asyncio.create_task(link._read(), name="broker-link-reader")
         link._writer = asyncio.create_task(link._write(), name="broker-link-writer")
         link._watch = asyncio.create_task(link._watch_stall(), name="broker-link-watch")
@@ -420,7 +423,8 @@ async def _recv_one(ws: ClientConnection, expect: str) -> dict[str, Any]:
 
 
 async def _hello(ws: ClientConnection, mesh_id: str, key: SigningKey, invite_token: str | None,
-                 display_name: str | None) -> dict[str, Any]:
+                 display_name: str | None) -> tuple[dict[str, Any], str | None]:
+    """The hello_ack, and the broker's version when its challenge says it."""
     challenge = await _recv(ws, "challenge")
     pubkey, signature = handshake.sign(key, mesh_id, challenge["nonce"])
     frame: dict[str, Any] = {"type": "hello", "mesh_id": mesh_id, "pubkey": pubkey,
@@ -428,7 +432,7 @@ async def _hello(ws: ClientConnection, mesh_id: str, key: SigningKey, invite_tok
     if invite_token is not None:
         frame.update(type="join", invite_token=invite_token, display_name=display_name)
     await ws.send(encode(frame))
-    return await _recv(ws, "hello_ack")
+    return await _recv(ws, "hello_ack"), challenge.get("broker_version")
 
 
 async def _negotiate(ws: ClientConnection, require: tuple[str, ...],

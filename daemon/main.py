@@ -393,7 +393,11 @@ class Daemon:
             state.link.connected = connected
             state.link.broker_state = detail.get("state")
             if relay.live.current is not None:
-                state.link.broker_features = relay.live.current.supported
+                # After a failover this is the broker now served by, not the invite's first.
+                current = relay.live.current
+                state.link.broker_features = current.supported
+                state.link.broker_url = current.url
+                state.link.broker_version = current.broker_version
             if detail.get("state") == "revoked":
                 log.error("member_revoked", hint=revocation.record(paths.revoked_file,
                                                                    mesh.mesh).message)

@@ -40,8 +40,9 @@ RESUME_TRIES = 3
 
 @dataclass(frozen=True, slots=True)
 class ReceiverMetrics:
-    """The receive side's series (spec §10 names), labelled with the mesh. ``dedupe`` is the
-    family both directions share; the receiver counts its ``inbound`` half."""
+    """The receive side's series (named in docs/operations.md), labelled with the mesh.
+    ``dedupe`` is the family both directions share; the receiver counts its ``inbound``
+    half."""
 
     mesh: str
     received: Counter
@@ -51,7 +52,7 @@ class ReceiverMetrics:
     @classmethod
     def register(cls, registry: CollectorRegistry, mesh: str,
                  dedupe: Counter) -> ReceiverMetrics:
-        return cls(mesh, Counter("cm_daemon_recv_total", "Deliveries stored in the inbox, by kind",
+        return cls(mesh, Counter("cm_daemon_recv_total", "Deliveries stored in the inbox",
                                  ["mesh"], registry=registry), dedupe,
                    Histogram("cm_daemon_deliver_batch_size",
                              "Deliveries in each frame received from the broker",

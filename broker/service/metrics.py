@@ -19,13 +19,15 @@ class Metrics:
                                   "Sends answered 200 duplicate (fingerprint matched).",
                                   ["mesh_id"], registry=r)
         self.mismatch = Counter("cm_broker_dedupe_fingerprint_mismatch_total",
-                                "Sends answered 409 idempotency_key_reused (spec §4.4).",
+                                "Sends answered 409 idempotency_key_reused: a known key "
+                                "with another request fingerprint.",
                                 ["client_id", "mesh_id"], registry=r)
         self.expired = Counter("cm_broker_dedupe_expired_deleted_total",
-                               "Dedupe rows deleted after expires_at (spec §17.5).", registry=r)
+                               "Dedupe rows deleted by retention once past their expires_at.",
+                               registry=r)
         self.pruned = Counter("cm_broker_history_pruned_total",
                               "Messages pruned by retention; their dedupe rows flip "
-                              "history_available to false (spec §17.6).", registry=r)
+                              "history_available to false (a retry still dedupes).", registry=r)
         self.rejected = Counter("cm_broker_handshake_rejected_total",
                                 "Connections closed during the handshake, by reason.",
                                 ["reason"], registry=r)

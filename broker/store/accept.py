@@ -52,7 +52,8 @@ class AcceptPort(Protocol):
 
     def destinations(self, items: Sequence[AcceptInput]) -> dict[Destination, list[str]]:
         """(kind, mesh, ref) → the live members it reaches (topic subscribers, the DM target,
-        queue consumers); a destination is present iff it exists."""
+        queue consumers); a destination is present iff it exists (a revoked DM target: with
+        no members, so that the refusal can say revoked)."""
 
     def unclaim(self, broker_message_ids: Sequence[str]) -> None:
         """Delete the dedupe rows of sends refused by B2."""
@@ -161,6 +162,9 @@ def _recipients(a: AcceptInput, found: dict[Destination, list[str]]
     members = found.get((a.kind, a.mesh_id, a.ref))
     if members is None or (not members and a.kind == "queue"):  # a queue needs a consumer
         return UnknownDestination(_MISSING[a.kind].format(a.ref), field="to.ref")
+    if not members and a.kind == "dm":   # the member is known, and was revoked
+        return UnknownDestination(f"member {a.ref[:16]}… was revoked from this mesh; it "
+                                  "receives nothing any more", field="to.ref")
     return recipients_for(a.kind, a.ref, a.sender_pubkey, members, members,
                           a.broker_message_id)
 

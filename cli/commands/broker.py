@@ -2,7 +2,7 @@
 
 Operator commands talk to the broker's store directly (the cold path); they share the
 broker's settings (``--store`` > ``TIDEMESH_BROKER_STORE`` > broker.toml > the store of the
-broker running from this home > embedded SQLite).
+broker running, else last run, from this home > embedded SQLite).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from tidemesh.broker.admin import BrokerSettings, Store
 from tidemesh.broker.admin import migrate as store_migrate
 from tidemesh.cli.commands.common import json_option, paths_for
 from tidemesh.cli.lazy import LazyGroup
-from tidemesh.cli.output import emit_json, fail, table
+from tidemesh.cli.output import emit_json, fail, readable, table
 from tidemesh.core import invite as invites
 from tidemesh.core.errors import Conflict, InvalidRequest, NotFound, TidemeshError
 from tidemesh.core.exitcodes import Exit
@@ -38,18 +38,24 @@ def _settings(flags: Mapping[str, Any]) -> BrokerSettings:
         fail(exc)
 
 
-def _operator_settings(store: str | None) -> BrokerSettings:
+def _operator_settings(store: str | None, creates: bool = False
+                       ) -> tuple[BrokerSettings, admin.running.RunningBroker | None]:
     """The broker's settings, with the store a command acts on when none is named: the
-    running broker's, else the embedded one; stderr says which, so a wrong guess shows."""
+    running broker's, else the one it last ran on, else the embedded one (which only
+    ``creates`` may make); stderr says which, so a wrong guess shows. Also the broker whose
+    store it is, when chosen through one."""
     settings = _settings({"broker.store": store})
-    url, note = admin.running.operator_store(settings.broker_store, os.environ)
-    if note is not None:
-        click.echo(note, err=True)
-    return dataclasses.replace(settings, broker_store=url)
+    try:
+        chosen = admin.running.operator_store(settings.broker_store, os.environ, creates)
+    except TidemeshError as exc:
+        fail(exc)
+    if chosen.note is not None:
+        click.echo(chosen.note, err=True)
+    return dataclasses.replace(settings, broker_store=chosen.url), chosen.broker
 
 
-def _run(store: str | None, fn: Callable[[Store], Awaitable[T]]) -> T:
-    settings = _operator_settings(store)
+def _run(store: str | None, fn: Callable[[Store], Awaitable[T]], creates: bool = False) -> T:
+    settings, _ = _operator_settings(store, creates)
     try:
         return asyncio.run(broker_main.with_store(settings, fn))
     except TidemeshError as exc:
@@ -69,7 +75,8 @@ def _checked_duration(_ctx: click.Context, _param: click.Parameter, value: str) 
 
 store_option = click.option("--store", default=None, metavar="URL",
                             help="sqlite:///PATH or postgresql://…; default: the store of the "
-                                 "broker running from this home, else embedded SQLite.")
+                                 "broker running (else last run) from this home, else "
+                                 "embedded SQLite.")
 
 
 @click.group("broker", cls=LazyGroup, lazy_subcommands={
@@ -98,7 +105,7 @@ def migrate_cmd(store: str | None) -> None:
     async def fn(s: Store) -> None:
         return None  # opening the store applies them
 
-    _run(store, fn)
+    _run(store, fn, creates=True)
     click.echo(f"broker store is at schema version {len(store_migrate.load('sqlite'))}")
 
 
@@ -113,7 +120,7 @@ def mesh_group() -> None:
 @click.argument("name")
 def mesh_create(store: str | None, as_json: bool, name: str) -> None:
     """Create a mesh."""
-    mesh = _run(store, lambda s: s.create_mesh(name, admin.now_ms()))
+    mesh = _run(store, lambda s: s.create_mesh(name, admin.now_ms()), creates=True)
     if as_json:
         emit_json({"id": mesh.id, "name": mesh.name, "created_at": mesh.created_at})
     else:
@@ -165,14 +172,17 @@ def invite_create(store: str | None, mesh: str, uses: int, expires: str, urls: t
     """Print an invite string for `tidemesh daemon join`.
 
     With --json, prints {invite, invite_id, mesh, expires_at}."""
-    settings = _settings({"broker.store": store})
+    settings, broker = _operator_settings(store)
+    # The broker whose store this is serves at the address it recorded; the store's own
+    # record names whichever broker on it started last.
+    served = broker.url if broker is not None and not settings.broker_public_url else None
 
     async def make(s: Store) -> admin.CreatedInvite:
-        chosen = urls or (await admin.invite_url(s, settings.broker_public_url,
-                                                 broker_main.public_url(settings)),)
+        chosen = urls or (served or await admin.invite_url(
+            s, settings.broker_public_url, broker_main.public_url(settings)),)
         return await admin.create_invite(s, mesh, chosen, uses, expires)
 
-    created = _run(store, make)
+    created = _run(settings.broker_store, make)
     if as_json:
         emit_json({"invite": created.text, "invite_id": created.invite_id, "mesh": mesh,
                    "expires_at": created.expires_at})
@@ -190,14 +200,15 @@ def member_group() -> None:
 @json_option
 @click.option("--mesh", required=True, help="Mesh name.")
 def member_list(store: str | None, as_json: bool, mesh: str) -> None:
-    """List the members of a mesh."""
+    """List the members of a mesh (times in UTC; --json: epoch milliseconds)."""
     members = _run(store, lambda s: admin.list_members(s, mesh))
     rows = [{"pubkey": m.pubkey, "display_name": m.display_name, "joined_at": m.joined_at,
              "revoked_at": m.revoked_at} for m in members]
     if as_json:
         emit_json(rows)
-    else:
-        table(rows, ["pubkey", "display_name", "joined_at", "revoked_at"])
+    else:   # times a person reads (UTC); --json keeps epoch milliseconds
+        table([{k: "-" if v is None else v for k, v in readable(r).items()} for r in rows],
+              ["pubkey", "display_name", "joined_at", "revoked_at"])
 
 
 @member_group.command("revoke")

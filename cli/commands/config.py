@@ -17,9 +17,11 @@ import click
 
 from tidemesh.broker.admin import settings as broker_config
 from tidemesh.cli.output import emit_json, table
+from tidemesh.client.endpoint import joined_meshes
+from tidemesh.core.errors import TidemeshError
 from tidemesh.core.exitcodes import Exit
 from tidemesh.core.fleet import SETTINGS as FLEET_SETTINGS
-from tidemesh.core.paths import daemon_paths
+from tidemesh.core.paths import choose_mesh, daemon_paths
 from tidemesh.core.settings import (
     ConfigError,
     Resolved,
@@ -29,7 +31,6 @@ from tidemesh.core.settings import (
     toml_value,
 )
 from tidemesh.daemon.admin import settings as daemon_config
-from tidemesh.daemon.main import resolve_mesh
 
 TABLES: dict[str, tuple[Setting, ...]] = {
     "daemon": daemon_config.SETTINGS,
@@ -51,10 +52,13 @@ def config_group() -> None:
 
 
 def _resolve_daemon(mesh: str | None) -> tuple[str, Path, dict[str, Resolved]]:
-    name = resolve_mesh(mesh, os.environ)
+    # The mesh every other command means: the named one, else the only joined one.
+    name = choose_mesh(mesh or os.environ.get("TIDEMESH_DAEMON_MESH"), joined_meshes())
     path = daemon_paths(name, os.environ).config_file
     _, resolved = daemon_config.load(daemon_config.read_file(path), os.environ,
                                      {"daemon.mesh": mesh})
+    if resolved["daemon.mesh"].value != name:   # chosen as the only joined mesh
+        resolved["daemon.mesh"] = Resolved(name, "joined")
     return name, path, resolved
 
 
@@ -75,8 +79,8 @@ def _rows(settings: tuple[Setting, ...], resolved: dict[str, Resolved]) -> list[
 @click.option("--daemon", "process", flag_value="daemon", default=True,
               help="The daemon's settings (the default).")
 @click.option("--broker", "process", flag_value="broker", help="The broker's settings.")
-@click.option("--mesh", default=None, help="Which mesh's daemon; default $TIDEMESH_DAEMON_MESH "
-              "or `default`.")
+@click.option("--mesh", default=None, help="Which mesh's daemon; default $TIDEMESH_DAEMON_MESH, "
+              "else the only joined mesh, else `default`.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 def show(process: str, mesh: str | None, as_json: bool) -> None:
     """Print every effective setting, its value and its source (default/file/env/flag)."""
@@ -87,7 +91,7 @@ def show(process: str, mesh: str | None, as_json: bool) -> None:
         else:
             path, resolved = _resolve_broker()
             head = {"process": "broker"}
-    except ConfigError as exc:
+    except (ConfigError, TidemeshError) as exc:   # a bad setting, or several meshes joined
         click.echo(f"error: {exc.message}", err=True)
         sys.exit(int(Exit.USAGE))
     rows = _rows(TABLES[process], resolved)

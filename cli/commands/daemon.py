@@ -255,8 +255,16 @@ def down(all_meshes: bool, mesh: str, timeout: float | None) -> None:
 @timeout_option
 def restart(all_meshes: bool, mesh: str, timeout: float | None) -> None:
     """Stop the daemon gracefully, then start it again detached (with daemon.toml's
-    settings; flags given to the earlier `daemon up` are not kept)."""
+    settings; flags given to the earlier `daemon up` are not kept). The configuration is
+    checked first: one that cannot start (exit 2) leaves the running daemon alone."""
     def again(m: str) -> Exit:
+        if (problem := _config_problem(m)) is not None:
+            pid = admin.holder_pid(paths_for(m).lock_file)
+            still = (f"the daemon is still running (pid {pid})"
+                     if admin.is_held(paths_for(m).lock_file) else "nothing was stopped")
+            click.echo(f"error: mesh {m}: the configuration would not start: {problem}; "
+                       f"{still}: fix it, then restart", err=True)
+            return Exit.USAGE
         stopped = _stop(m, timeout, quiet_if_stopped=True)
         return stopped if stopped != Exit.OK else _start_detached(m, False, None, None)
 
@@ -301,6 +309,17 @@ def _released(paths: DaemonPaths, within: float) -> bool:
             return True
         time.sleep(0.05)
     return not admin.is_held(paths.lock_file)
+
+
+def _config_problem(mesh: str) -> str | None:
+    """What stops this mesh's daemon from starting (settings, hooks.toml), or None."""
+    from tidemesh.daemon import main as daemon_main
+
+    try:
+        daemon_main.prepare(mesh, os.environ, {})
+    except ConfigError as exc:
+        return exc.message
+    return None
 
 
 def _grace_s(mesh: str) -> float:
@@ -350,7 +369,9 @@ def status(mesh: str, as_json: bool) -> None:
         report.update(running=True, pid=health["pid"], healthy=health["healthy"],
                       connected=health["connected"], outbox=health["queue_depth"],
                       member_pubkey=health["member_pubkey"], uptime_s=health["uptime_s"],
-                      daemon_version=health["daemon_version"], disk=health.get("disk"))
+                      daemon_version=health["daemon_version"], disk=health.get("disk"),
+                      broker_url=health.get("broker_url"),
+                      broker_version=health.get("broker_version"))
         code = Exit.OK if health["healthy"] else Exit.UNHEALTHY
     if as_json:
         emit_json(report)

@@ -9,6 +9,7 @@ the same ``tidemesh`` command a user would type, run as a child process.
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -79,13 +80,13 @@ def _wait(what: str, check: object, timeout: float = 30.0) -> None:
 
 @click.command("demo")
 @click.option("--home", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Where to keep everything (default: a fresh folder under /tmp).")
+              help="Where to keep everything (default: a fresh folder under /tmp); a folder "
+                   "an earlier demo used is cleared and used again.")
 def demo_cmd(home: Path | None) -> None:
     """Run the whole thing locally: broker, two daemons, a topic message and a DM."""
     base = home or Path(tempfile.mkdtemp(prefix="tidemesh-demo-"))
     homes = {name: base / name for name in ("broker", "alice", "bob")}
-    for h in homes.values():
-        h.mkdir(parents=True, exist_ok=True)
+    _afresh(base, homes)
     store = f"sqlite://{(homes['broker'] / 'broker.db').resolve()}"
     port = _free_port()
     _step(f"everything lives under {base}")
@@ -100,6 +101,27 @@ def demo_cmd(home: Path | None) -> None:
                 with suppress(click.ClickException):
                     _tidemesh(homes[name], "daemon", "down", "--mesh", MESH)
     _where(homes, store)
+
+
+# Marks a folder as the demo's own, so that a second run may clear what the first left.
+MARKER = ".tidemesh-demo"
+
+
+def _afresh(base: Path, homes: dict[str, Path]) -> None:
+    """Start from nothing: a second run in the same --home would find its mesh and members
+    already there. Only a folder the demo made (it holds the marker) is cleared."""
+    if (base / MARKER).exists():
+        for h in homes.values():
+            shutil.rmtree(h, ignore_errors=True)
+        _step(f"cleared the previous demo's files under {base}")
+    elif base.exists() and any(base.iterdir()):
+        raise click.UsageError(f"{base} holds files the demo did not make; give --home a new "
+                               "or empty folder (or one an earlier demo used)")
+    base.mkdir(parents=True, exist_ok=True)
+    (base / MARKER).write_text("made by `tidemesh demo`; it clears this folder's broker, "
+                               "alice and bob at its next run\n", encoding="utf-8")
+    for h in homes.values():
+        h.mkdir(parents=True, exist_ok=True)
 
 
 def _run(homes: dict[str, Path], store: str, port: int) -> None:

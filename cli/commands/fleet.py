@@ -1,6 +1,6 @@
 """``tidemesh daemon ps`` and ``tidemesh daemon logs``: every mesh daemon of this user here.
 
-One daemon runs per mesh (spec §7), each with its own files; these commands look across
+One daemon runs per mesh, each with its own files; these commands look across
 them. ``ps`` asks each running daemon over IPC and reads the lock of the others; ``logs``
 reads one daemon's JSON log files, the rotated ones included, and can follow them.
 """
@@ -81,7 +81,7 @@ def ps(as_json: bool) -> None:
 
 
 def _fleet() -> dict[str, Any]:
-    """The user's fleet budgets and where they stand (spec §7)."""
+    """The user's fleet budgets and where they stand."""
     try:
         loaded, path = admin.fleet.settings(os.environ)
     except TidemeshError as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,10 @@ def list_cmd(mesh: str, as_json: bool) -> None:
         emit_json({"folder": str(folder), "hooks": rows})
         return
     click.echo(f"hooks folder: {folder}")
-    table(rows, ["name", "state", "timeout_s", "allow_reply", "network_policy"])
+    table([{**r, "timeout_s": f"{r['timeout_s']:g}"} if "timeout_s" in r else r for r in rows],
+          ["name", "state", "timeout_s", "allow_reply", "network_policy"])
+    if any(r["state"] == "not executable" for r in rows):
+        click.echo("a hook runs only when its file is executable: chmod +x it", err=True)
 
 
 def _event(path: Path | None) -> dict[str, Any] | None:
@@ -61,8 +65,18 @@ def test_cmd(mesh: str, name: str, event_file: Path | None, as_json: bool) -> No
     """Run hook NAME once with an event, as the daemon would (no ledger, no reply token).
     Exits with the hook's exit code."""
     paths = paths_for(mesh)
-    if not (paths.hooks_dir / name).exists():
+    hook = paths.hooks_dir / name
+    if not hook.exists():
         fail(InvalidRequest(f"no hook {name!r} in {paths.hooks_dir}", field="name"), as_json)
+    if not os.access(hook, os.X_OK):
+        # 126: what a shell exits with for a file it cannot execute.
+        message = f"hook {hook} is not executable; chmod +x {hook} (the daemon skips it too)"
+        if as_json:
+            emit_json({"hook": name, "exit": None, "error": {"code": "hook_not_executable",
+                                                             "message": message}})
+        else:
+            click.echo(f"error: {message}", err=True)
+        raise SystemExit(126)
     try:
         stdin, result = asyncio.run(
             dry_run_hook(paths.hooks_dir, name, mesh, paths.socket, _event(event_file)))

@@ -17,11 +17,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import parse_qs, urlsplit
 
 import click
 
-from tidemesh.broker.admin import broker_home
-from tidemesh.broker.main import settings_from as broker_settings
+from tidemesh.broker.admin import broker_home, running
+from tidemesh.broker.admin import settings as broker_config
 from tidemesh.cli.commands.common import mesh_option
 from tidemesh.cli.output import fail
 from tidemesh.core.errors import TidemeshError
@@ -32,6 +33,7 @@ from tidemesh.core.service_unit import (
     ci_environment,
     launchd_plist,
     systemd_unit,
+    under_tmp,
 )
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -57,6 +59,8 @@ class Target:
     manager: str           # "systemd" | "launchd"
     scope: str             # "user" | "system"
     unit_dir: Path
+    # --unit-dir: a folder the manager does not read (packaging); write the file, load nothing.
+    write_only: bool = False
 
     def file_for(self, spec: ServiceSpec) -> Path:
         return self.unit_dir / (spec.unit_file if self.manager == "systemd" else spec.plist_file)
@@ -70,6 +74,10 @@ class Target:
 
     def _domain(self) -> str:
         return f"gui/{os.getuid()}" if self.scope == "user" else "system"
+
+    def probe_commands(self) -> list[list[str]]:
+        """Run before writing anything: is the service manager there to talk to?"""
+        return [self._systemctl("show-environment")] if self.manager == "systemd" else []
 
     def load_commands(self, spec: ServiceSpec, path: Path) -> list[list[str]]:
         """Load and (re)start; restart rather than start so a re-install takes effect."""
@@ -139,6 +147,13 @@ def _system_state_dir(env: Mapping[str, str], target: Target) -> str | None:
     return None
 
 
+def _in_tmp(env: Mapping[str, str], folders: list[Path], *more: Path) -> bool:
+    """Whether the service keeps anything under /tmp, which PrivateTmp would hide from it."""
+    found = [*folders, *more, *([Path(env["TIDEMESH_HOME"])] if env.get("TIDEMESH_HOME")
+                               else [])]
+    return any(under_tmp(str(f.absolute())) for f in found)
+
+
 def daemon_spec(mesh: str, target: Target, environ: Mapping[str, str],
                 run_as: str | None) -> tuple[ServiceSpec, list[Path]]:
     """The daemon's service, and the folders install must create for it."""
@@ -168,33 +183,84 @@ def daemon_spec(mesh: str, target: Target, environ: Mapping[str, str],
         environment=_pinned(env, target), writable=writable,
         runtime_directory=runtime_directory, state_directory=state_directory,
         user=run_as if target.scope == "system" else None, log_file=log_file,
-        reloads_on_sighup=True,
+        reloads_on_sighup=True, private_tmp=not _in_tmp(env, folders, paths.runtime_dir),
         # Revoked from the mesh: every restart would be refused the same way.
         final_exits=(int(Exit.REVOKED),),
     )
     return spec, ([] if state_directory else folders)
 
 
-def broker_spec(target: Target, environ: Mapping[str, str],
-                run_as: str | None) -> tuple[ServiceSpec, list[Path]]:
+def _has_password(url: str) -> bool:
+    parts = urlsplit(url)
+    return parts.password is not None or "password" in parse_qs(parts.query)
+
+
+def broker_store(flag: str | None, env: Mapping[str, str], environ: Mapping[str, str]
+                 ) -> tuple[str | None, str]:
+    """The store the service must start on: ``(url for --store or None, url)``.
+
+    None when the service finds it by itself (broker.toml, which it reads too, or the
+    embedded default). A store named only by this shell (``TIDEMESH_BROKER_STORE``) or only
+    by the running broker's command line goes into ExecStart, or the service would start on
+    an empty embedded store; two that disagree are refused rather than guessed between."""
+    merged = {**env, **({"TIDEMESH_BROKER_STORE": environ["TIDEMESH_BROKER_STORE"]}
+                        if environ.get("TIDEMESH_BROKER_STORE") else {})}
+    _, resolved = broker_config.load(
+        broker_config.read_file(broker_config.config_file(env)), merged,
+        {"broker.store": flag})
+    found, source = resolved["broker.store"].value, resolved["broker.store"].source
+    live = running.find(env) or running.last(env)
+    if source != "flag" and live is not None and found and live.store != found:
+        where = ("TIDEMESH_BROKER_STORE" if source == "env"
+                 else str(broker_config.config_file(env)))
+        raise ServiceError(f"the broker (pid {live.pid}) uses another store than "
+                           f"{where} names; say which one the service starts on with --store")
+    if source == "file":
+        return None, str(found)
+    chosen = found or (live.store if live is not None else None)
+    if chosen is None:
+        return None, f"sqlite:///{broker_config.embedded_store(env)}"
+    if _has_password(chosen):
+        raise ServiceError("the store's URL holds a password, and a unit file is readable by "
+                           f"every user; put broker.store in {broker_config.config_file(env)} "
+                           "(mode 0600) or the password in ~/.pgpass, then install again")
+    return chosen, chosen
+
+
+def broker_spec(target: Target, environ: Mapping[str, str], run_as: str | None,
+                store: str | None = None) -> tuple[ServiceSpec, list[Path]]:
     env = _service_env(target, environ)
     home = broker_home(env)
     folders = [home]
-    store = broker_settings({}, env).broker_store or ""
-    if store.startswith("sqlite://"):
+    pinned, url = broker_store(store, env, environ)
+    if url.startswith("sqlite://"):
         # The store file's folder, which WAL and journal files are created in.
-        folders.append(Path(store.removeprefix("sqlite://")).parent)
+        folders.append(Path(url.removeprefix("sqlite://")).parent)
     folders = sorted(set(folders))
     state_directory = _system_state_dir(env, target)
+    argv = (console_script(environ), "broker", "up", *(("--store", pinned) if pinned else ()))
     spec = ServiceSpec(
         name="tidemesh-broker", label="dev.tidemesh.broker", description="tidemesh broker",
-        scope=target.scope, argv=(console_script(environ), "broker", "up"),
+        scope=target.scope, argv=argv,
         environment=_pinned(env, target),
         writable=() if state_directory else tuple(str(f) for f in folders),
         state_directory=state_directory, user=run_as if target.scope == "system" else None,
         log_file=str(home / "broker.log") if target.manager == "launchd" else None,
+        private_tmp=not _in_tmp(env, folders),
     )
     return spec, ([] if state_directory else folders)
+
+
+def _no_bus_hint(argv: list[str], output: str) -> str:
+    if "Failed to connect to bus" not in output and "No medium found" not in output:
+        return ""
+    if "--user" in argv:
+        return ("; there is no user service manager to talk to (no login session: "
+                "XDG_RUNTIME_DIR and DBUS_SESSION_BUS_ADDRESS unset, as under su or sudo). "
+                "Log in as this user (ssh, machinectl shell USER@), run `loginctl "
+                "enable-linger USER` so it keeps one, install with --system, or write the "
+                "file only with --unit-dir DIR")
+    return "; systemd is not running here (a container?): write the file only with --unit-dir DIR"
 
 
 def _run_all(commands: list[list[str]], check: bool) -> None:
@@ -204,8 +270,9 @@ def _run_all(commands: list[list[str]], check: bool) -> None:
         except FileNotFoundError as exc:
             fail(ServiceError(f"{argv[0]} is not installed here: {exc}"))
         if res.returncode != 0 and check:
-            fail(ServiceError(f"`{' '.join(argv)}` failed ({res.returncode}): "
-                               f"{(res.stderr or res.stdout).strip()}"))
+            output = (res.stderr or res.stdout).strip()
+            fail(ServiceError(f"`{' '.join(argv)}` failed ({res.returncode}): {output}"
+                              + _no_bus_hint(argv, output)))
 
 
 def _write(path: Path, content: bytes) -> None:
@@ -228,12 +295,18 @@ def install(spec: ServiceSpec, folders: list[Path], target: Target, dry_run: boo
             allow_ci: bool) -> None:
     path = target.file_for(spec)
     content = target.render(spec)
-    commands = target.load_commands(spec, path)
+    commands = [] if target.write_only else target.load_commands(spec, path)
+    if spec.user:
+        _require_account(spec.user)   # a dry run too: the unit would not start without it
+    if not spec.private_tmp and target.manager == "systemd":
+        click.echo("warning: the service's folders are under /tmp, so the unit goes without "
+                   "PrivateTmp (a private /tmp would hide them); /tmp may be emptied at boot: "
+                   "set TIDEMESH_HOME to a lasting folder and install again", err=True)
     if dry_run:
         sys.stdout.buffer.write(content)
         sys.stdout.flush()
-        click.echo(f"# would write {path} and run: "
-                   + "; ".join(" ".join(c) for c in commands), err=True)
+        click.echo(f"# would write {path}" + (" and run: " + "; ".join(
+            " ".join(c) for c in commands) if commands else " (and load nothing)"), err=True)
         return
     ci = ci_environment(os.environ)
     if ci and not allow_ci:
@@ -243,8 +316,8 @@ def install(spec: ServiceSpec, folders: list[Path], target: Target, dry_run: boo
         sys.exit(int(Exit.USAGE))
     # A --system service runs as its own account, which must own the folders made for it.
     hand_over = spec.user if spec.user and os.geteuid() == 0 else None
-    if hand_over:
-        _require_account(hand_over)
+    if not target.write_only:
+        _run_all(target.probe_commands(), check=True)   # before anything is written
     try:
         for folder in folders:
             folder.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -254,21 +327,35 @@ def install(spec: ServiceSpec, folders: list[Path], target: Target, dry_run: boo
     except OSError as exc:
         hint = " (a --system service is installed as root)" if target.scope == "system" else ""
         fail(ServiceError(f"cannot write {exc.filename or path}: {exc.strerror}{hint}"))
+    if target.write_only:
+        click.echo(f"wrote {path}; nothing loaded ({target.unit_dir} is not the service "
+                   f"manager's folder): to run it, {_load_hint(target, spec, path)}")
+        return
     _run_all(target.prepare_commands(spec), check=False)
     _run_all(commands, check=True)
     name = spec.unit_file if target.manager == "systemd" else spec.label
     click.echo(f"installed {path} and started {name}")
 
 
+def _load_hint(target: Target, spec: ServiceSpec, path: Path) -> str:
+    if target.manager == "systemd":
+        ctl = " ".join(target._systemctl())
+        return f"`{ctl} link {path}` then `{ctl} enable --now {spec.unit_file}`"
+    return f"`launchctl bootstrap {target._domain()} {path}`"
+
+
 def uninstall(spec: ServiceSpec, target: Target, dry_run: bool) -> None:
     path = target.file_for(spec)
-    commands = target.unload_commands(spec)
+    commands = [] if target.write_only else target.unload_commands(spec)
     if dry_run:
         click.echo(f"would run: {'; '.join(' '.join(c) for c in commands)}; remove {path}")
         return
     # Stopping one that is not loaded fails; removing its file is still what was asked.
     _run_all(commands, check=False)
     path.unlink(missing_ok=True)
+    if target.write_only:
+        click.echo(f"removed {path} (--unit-dir: nothing was loaded from it)")
+        return
     _run_all(target.after_remove_commands(), check=False)
     click.echo(f"stopped and removed {path}")
 
@@ -282,7 +369,8 @@ def target_options(fn: F) -> F:
         click.option("--manager", type=click.Choice(["systemd", "launchd"]), default=None,
                      help="Service manager; default: launchd on macOS, systemd elsewhere."),
         click.option("--unit-dir", type=click.Path(path_type=Path), default=None,
-                     help="Write the unit here instead of the manager's own folder."),
+                     help="Only write the unit, here instead of the manager's own folder "
+                          "(for packaging): nothing is loaded or started."),
         click.option("--dry-run", is_flag=True, help="Print what would be written; change "
                      "nothing."),
     ]
@@ -300,7 +388,8 @@ def install_options(fn: F) -> F:
 
 def make_target(scope: str, manager: str | None, unit_dir: Path | None) -> Target:
     kind = manager or ("launchd" if sys.platform == "darwin" else "systemd")
-    return Target(kind, scope, unit_dir or default_unit_dir(kind, scope, os.environ))
+    return Target(kind, scope, unit_dir or default_unit_dir(kind, scope, os.environ),
+                  write_only=unit_dir is not None)
 
 
 def _spec_or_fail(build: Callable[[], tuple[ServiceSpec, list[Path]]]
@@ -339,11 +428,16 @@ def daemon_uninstall(mesh: str, scope: str, manager: str | None, unit_dir: Path 
 @click.command("install-service")
 @target_options
 @install_options
+@click.option("--store", default=None, metavar="URL",
+              help="The store the service starts on; default: broker.toml's, else "
+                   "TIDEMESH_BROKER_STORE's, else the running (or last run) broker's, else "
+                   "embedded SQLite.")
 def broker_install(scope: str, manager: str | None, unit_dir: Path | None, dry_run: bool,
-                   allow_ci: bool, run_as: str) -> None:
-    """Write, load and start a service that runs the broker (settings from broker.toml/env)."""
+                   allow_ci: bool, run_as: str, store: str | None) -> None:
+    """Write, load and start a service that runs the broker on the store it uses now (a
+    store named only by this shell or the running broker goes into ExecStart)."""
     target = make_target(scope, manager, unit_dir)
-    spec, folders = _spec_or_fail(lambda: broker_spec(target, os.environ, run_as))
+    spec, folders = _spec_or_fail(lambda: broker_spec(target, os.environ, run_as, store))
     install(spec, folders, target, dry_run, allow_ci)
 
 

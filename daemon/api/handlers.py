@@ -79,6 +79,7 @@ async def get_health(request: web.Request) -> web.Response:
         "schema_version": info.schema_version,
         "daemon_version": info.version,
         "broker_version": state.link.broker_version,
+        "broker_url": state.link.broker_url,
         "pid": os.getpid(),
         "disk": request.app[DISK].view(),
     })

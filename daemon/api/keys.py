@@ -72,6 +72,7 @@ class LinkState:
     broker_state: str | None = None
     broker_features: dict[str, Any] = field(default_factory=dict)
     broker_version: str | None = None
+    broker_url: str | None = None     # the broker of the current (else last) session
 
 
 @dataclass(slots=True)

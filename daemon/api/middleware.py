@@ -30,7 +30,7 @@ from tidemesh.core.errors import (
 )
 from tidemesh.core.hooks import capability_allows
 from tidemesh.core.send import Destination
-from tidemesh.daemon.api.keys import CAPABILITIES, REPLY_TOKEN, STATE, IpcState
+from tidemesh.daemon.api.keys import CAPABILITIES, MAX_BODY, REPLY_TOKEN, STATE, IpcState
 from tidemesh.daemon.api.validation import parse_json
 
 log = structlog.get_logger(__name__)
@@ -54,9 +54,11 @@ def _host_only(host: str) -> str:
     return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
 
 
-def _from_http(exc: web.HTTPException) -> TidemeshError:
+def _from_http(exc: web.HTTPException, max_body: int | None = None) -> TidemeshError:
     if isinstance(exc, web.HTTPRequestEntityTooLarge):
-        return PayloadTooLarge("request body is larger than the limit; nothing was stored")
+        limit = (f"the limit of {max_body} bytes (setting ipc.max_body_bytes)"
+                 if max_body is not None else "the limit (setting ipc.max_body_bytes)")
+        return PayloadTooLarge(f"request body is over {limit}; nothing was stored")
     if isinstance(exc, web.HTTPNotFound):
         return NotFound("no such route")
     if isinstance(exc, web.HTTPMethodNotAllowed):
@@ -101,7 +103,7 @@ async def _answered(request: web.Request, handler: Handler, transport: str
         logged(exc, request.path)
         return render(exc)
     except web.HTTPException as exc:
-        resp = render(_from_http(exc))
+        resp = render(_from_http(exc, request.app.get(MAX_BODY)))
         if isinstance(exc, web.HTTPMethodNotAllowed):  # RFC 9110 §15.5.6: a 405 names them
             resp.headers["Allow"] = ", ".join(sorted(exc.allowed_methods))
         return resp

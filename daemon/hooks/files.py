@@ -40,18 +40,28 @@ def load_plan(folder: Path, enabled: bool = True) -> HookPlan:
     return plan_of(read_config(folder), executables(folder), enabled)
 
 
+def hook_files(folder: Path) -> list[str]:
+    """Every file named like a hook, executable or not."""
+    if not folder.is_dir():
+        return []
+    return sorted(p.name for p in folder.iterdir() if is_hook_name(p.name) and p.is_file())
+
+
 def describe(folder: Path) -> list[dict[str, Any]]:
     """Every hook named by a file or a table, and whether it would run (`hooks list`)."""
     configs = read_config(folder)
-    present = set(executables(folder))
+    files = set(hook_files(folder))
+    runnable = set(executables(folder))
     rows = []
-    for name in sorted(present | set(configs)):
+    for name in sorted(files | set(configs)):
         cfg = configs.get(name)
-        state = ("no file" if name not in present else "no hooks.toml table" if cfg is None
+        state = ("no file" if name not in files else "not executable" if name not in runnable
+                 else "no hooks.toml table" if cfg is None
                  else "enabled" if cfg.enabled else "disabled")
         row: dict[str, Any] = {"name": name, "state": state}
         if cfg is not None:
-            row.update(timeout_s=cfg.timeout_s, output_size_limit=cfg.output_size_limit,
+            # hooks.toml may say 30 or 30.0; one number, one type.
+            row.update(timeout_s=float(cfg.timeout_s), output_size_limit=cfg.output_size_limit,
                        allow_reply=cfg.allow_reply, network_policy=cfg.network_policy.value,
                        redact_payload=list(cfg.redact_payload))
         rows.append(row)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -71,6 +72,13 @@ def test_invite_then_join_then_list(tmp_path: Path) -> None:
     members = json.loads(_tm(ops, "broker", "member", "list", "--mesh", "team", "--json").stdout)
     assert [(m["pubkey"], m["display_name"]) for m in members] == [
         (config["member_pubkey"], "laptop")]
+    assert isinstance(members[0]["joined_at"], int), "--json keeps epoch milliseconds"
+    human = _tm(ops, "broker", "member", "list", "--mesh", "team").stdout.splitlines()
+    assert human[0].split() == ["PUBKEY", "DISPLAY_NAME", "JOINED_AT", "REVOKED_AT"]
+    row = human[1].split()
+    assert row[:2] == [config["member_pubkey"], "laptop"]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d", row[2]) and re.fullmatch(r"[\d:]+Z", row[3]), row
+    assert row[4] == "-", "not revoked"
 
 
 
@@ -143,17 +151,55 @@ def test_operator_commands_use_the_running_brokers_store(tmp_path: Path,
         record = ops / "broker" / "running.json"
         assert oct(stat.S_IMODE(record.stat().st_mode)) == oct(0o600), "it may hold a password"
     assert not record.exists(), "a clean stop removes the record"
-    alone = _tm(ops, "broker", "mesh", "create", "solo")
-    assert alone.returncode == 0
-    assert f"using the embedded store {ops / 'broker' / 'broker.db'}" in alone.stderr
+    # The broker is down: its store is still the one meant, never a new embedded one.
+    listed = _tm(ops, "broker", "member", "list", "--mesh", "team")
+    assert listed.returncode == 0, listed.stderr
+    assert "last ran on" in listed.stderr and "(none)" not in listed.stdout
+    assert not (ops / "broker" / "broker.db").exists()
 
 
-def test_a_record_left_by_a_dead_broker_is_ignored(tmp_path: Path) -> None:
+def test_a_record_left_by_a_dead_broker_names_the_store_it_last_ran_on(tmp_path: Path
+                                                                       ) -> None:
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True)
     env = {"TIDEMESH_HOME": str(tmp_path)}
     running.write(running.record_path(env),
                   running.RunningBroker(int(gone.stdout), "postgresql://elsewhere/x", "h:1"))
     assert running.find(env) is None
-    url, note = running.operator_store(None, env)
-    assert url == f"sqlite:///{tmp_path / 'broker' / 'broker.db'}" and "embedded" in (note or "")
+    chosen = running.operator_store(None, env)
+    assert chosen.url == "postgresql://elsewhere/x" and "last ran on" in (chosen.note or "")
+
+
+def test_operator_commands_never_create_a_store_behind_a_down_broker(tmp_path: Path) -> None:
+    ops, store = tmp_path / "ops", f"sqlite://{tmp_path}/kept.db"
+    assert _tm(ops, "broker", "mesh", "create", "team", "--store", store).returncode == 0
+    with _broker_up(ops, "--store", store):
+        pass
+    embedded = ops / "broker" / "broker.db"
+    for args in (("member", "list", "--mesh", "team"), ("topic", "create", "--mesh", "team",
+                                                        "ops")):
+        res = _tm(ops, "broker", *args)
+        assert res.returncode == 0 and "last ran on" in res.stderr, res.stderr
+    assert not embedded.exists()
+    # Nothing ever ran from this home and nothing is named: say so, create nothing.
+    fresh = tmp_path / "fresh"
+    res = _tm(fresh, "broker", "member", "list", "--mesh", "team")
+    assert res.returncode != 0 and "--store" in res.stderr and "Traceback" not in res.stderr
+    assert not (fresh / "broker" / "broker.db").exists()
+    # Setting a store up is what may create it.
+    assert _tm(fresh, "broker", "mesh", "create", "team").returncode == 0
+    assert (fresh / "broker" / "broker.db").exists()
+
+
+@pytest.mark.slow
+def test_an_invite_names_the_broker_whose_store_the_command_used(tmp_path: Path,
+                                                                 pg_database: str) -> None:
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert _tm(one, "broker", "mesh", "create", "team", "--store", pg_database).returncode == 0
+    with _broker_up(one, "--store", pg_database) as first, \
+            _broker_up(two, "--store", pg_database) as second:
+        assert first != second
+        made = _tm(one, "broker", "invite", "create", "--mesh", "team")
+        assert made.returncode == 0, made.stderr
+        assert first in made.stderr, "stderr names the broker whose store it used"
+        assert invites.decode(made.stdout).url == first

@@ -127,6 +127,19 @@ async def test_unknown_dm_recipient_and_consumerless_queue_are_b2(store: Store) 
     assert (await store.counts())["message_queue"] == 2
 
 
+async def test_a_dm_to_a_revoked_member_says_revoked(store: Store) -> None:
+    w = await _world(store)
+    assert await store.revoke_member(w.mesh_id, w.bob, now_ms())
+    dm = await store.accept(accept_input(w.mesh_id, w.alice, "d1", kind="dm", ref=w.bob))
+    unknown = await store.accept(accept_input(w.mesh_id, w.alice, "d2", kind="dm",
+                                              ref="a" * 64))
+    assert (dm.status, unknown.status) == (404, 404)
+    assert dm.error is not None and unknown.error is not None
+    assert "revoked" in dm.error.message and w.bob[:16] in dm.error.message
+    assert "no such member" in unknown.error.message
+    assert (await store.counts())["client_message_dedupe"] == 0, "nothing stored"
+
+
 async def test_b2_failure_in_a_concurrent_batch_spares_the_others(store: Store) -> None:
     w = await _world(store)
     items = [accept_input(w.mesh_id, w.alice, f"c{i}", ref="ops" if i % 5 else "nope")

@@ -19,3 +19,21 @@ def test_demo_runs_the_whole_job(short_tmp: Path) -> None:
     assert events.count(" message ") == 2
     assert "done=2" in out and "dead=0" in out
     assert not list((short_tmp / "d").rglob("sock")), "sockets are removed on stop"
+
+
+def test_demo_runs_again_in_the_same_home(short_tmp: Path) -> None:
+    home = short_tmp / "d"
+    for _ in range(2):
+        res = run_cli(short_tmp, "demo", "--home", str(home), timeout=120)
+        assert res.returncode == 0, res.stderr + res.stdout
+        assert "done=2" in res.stdout
+    assert "cleared the previous demo" in res.stdout
+
+
+def test_demo_will_not_clear_a_folder_it_did_not_make(short_tmp: Path) -> None:
+    mine = short_tmp / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    res = run_cli(short_tmp, "demo", "--home", str(mine), timeout=60)
+    assert res.returncode == 2 and "--home" in res.stderr
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"]

@@ -116,3 +116,24 @@ def test_cli_lists_and_tests_hooks(short_tmp: Path) -> None:
 def test_cli_test_of_a_missing_hook_fails(short_tmp: Path) -> None:
     res = run_cli(short_tmp, "daemon", "hooks", "test", "on-nothing", "--mesh", "t")
     assert res.returncode != 0 and "no hook" in res.stderr
+
+
+def test_cli_lists_a_hook_that_is_not_executable_and_tests_say_why(short_tmp: Path) -> None:
+    folder = hooks_folder(short_tmp, {"on-dm": "#!/bin/sh\n"},
+                          "[on-dm]\ntimeout_s = 30\n[on-message]\n")
+    for name in ("on-message", "on-reconnect"):   # with and without a table
+        (folder / name).write_text("#!/bin/sh\n")
+        (folder / name).chmod(0o600)
+    listed = run_cli(short_tmp, "daemon", "hooks", "list", "--mesh", "t", "--json")
+    assert listed.returncode == 0, listed.stderr
+    rows = {h["name"]: h for h in json.loads(listed.stdout)["hooks"]}
+    assert {n: r["state"] for n, r in rows.items()} == {
+        "on-dm": "enabled", "on-message": "not executable",
+        "on-reconnect": "not executable"}
+    human = run_cli(short_tmp, "daemon", "hooks", "list", "--mesh", "t").stdout
+    (dm,) = [line.split() for line in human.splitlines() if line.startswith("on-dm")]
+    (msg,) = [line.split() for line in human.splitlines() if line.startswith("on-message")]
+    assert dm[2] == msg[3] == "30", "one number, one way: the given 30 and the default 30.0"
+    tested = run_cli(short_tmp, "daemon", "hooks", "test", "on-message", "--mesh", "t")
+    assert tested.returncode == 126
+    assert "not executable" in tested.stderr and "chmod +x" in tested.stderr

@@ -135,3 +135,19 @@ def test_sigint_also_stops_gracefully(short_tmp: Path) -> None:
     d = start_daemon(short_tmp)
     d.proc.send_signal(signal.SIGINT)
     assert d.proc.wait(timeout=20) == 0
+
+
+def test_restart_with_a_broken_configuration_leaves_the_daemon_running(short_tmp: Path
+                                                                       ) -> None:
+    d = start_daemon(short_tmp, mesh="ops")
+    try:
+        d.paths.hooks_dir.mkdir(parents=True, exist_ok=True)
+        (d.paths.hooks_dir / "hooks.toml").write_text("[pre-send\ntimeout_s = 3\n")
+        res = run_cli(short_tmp, "daemon", "restart", "--mesh", "ops")
+        assert res.returncode == Exit.USAGE, res.stdout + res.stderr
+        assert "hooks.toml" in res.stderr and "still running" in res.stderr
+        assert "daemon stopped" not in res.stdout
+        assert d.proc.poll() is None, "a start that cannot succeed must not stop it first"
+        assert run_cli(short_tmp, "daemon", "status", "--mesh", "ops").returncode == 0
+    finally:
+        assert d.stop() == 0

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import tidemesh
 from tests.daemon.harness import RunningDaemon, run_cli, start_daemon
 from tests.e2e.harness import Broker, connected, inbox, pubkey, wait_for
 
@@ -63,6 +64,7 @@ async def test_daemons_fail_over_to_the_next_broker_and_lose_nothing(
         assert (saved["broker_url"], saved["fallback_urls"]) == (x.url, [y.url])
         await wait_for(lambda: connected(a))
         await wait_for(lambda: connected(b))
+        _on_broker(a, x.url)
         to = f"dm:{pubkey(b)}"
         for i in range(5):
             assert await _send(a, to, f"m{i:02}") == 202
@@ -74,10 +76,19 @@ async def test_daemons_fail_over_to_the_next_broker_and_lose_nothing(
         await wait_for(lambda: _has(b, 20), timeout=60)
         assert await _bodies(b) == [f"m{i:02}" for i in range(20)]
         assert "broker_failed_over" in a.log.read_text()
+        _on_broker(a, y.url)   # which broker it is on now, not the invite's first
         assert a.outbox_rows() and {r["status"] for r in a.outbox_rows()} == {"done"}
     finally:
         a.stop()
         b.stop()
+
+
+def _on_broker(d: RunningDaemon, url: str) -> None:
+    health = d.client.health()
+    assert (health["broker_url"], health["broker_version"]) == (url, tidemesh.__version__)
+    res = run_cli(d.home, "daemon", "status", "--mesh", "m", "--json")
+    status = json.loads(res.stdout)
+    assert (status["broker_url"], status["broker_version"]) == (url, tidemesh.__version__)
 
 
 async def _has(d: RunningDaemon, n: int) -> bool:

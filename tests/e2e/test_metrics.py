@@ -3,6 +3,7 @@ clean under ``promtool check metrics`` apart from the names the spec fixes."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import urllib.request
@@ -12,7 +13,7 @@ from prometheus_client import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import unavailable
-from tests.e2e.harness import Mesh, connected, wait_for
+from tests.e2e.harness import Mesh, two_on_topic, wait_for
 
 DAEMON_HISTOGRAMS = {
     "cm_daemon_ipc_duration_seconds": {"endpoint"},
@@ -61,8 +62,7 @@ def _promtool(text: str) -> list[str]:
 
 
 async def test_both_endpoints_expose_the_histograms(mesh: Mesh, short_tmp: Path) -> None:
-    a = mesh.add("a", short_tmp)
-    await wait_for(lambda: connected(a))
+    a, b = await two_on_topic(mesh, short_tmp)
     async with a.session() as s:
         async with s.post("/v1/topics/subscribe", json={"name": "ops", "create": True}) as r:
             assert r.status == 200, await r.text()
@@ -89,11 +89,32 @@ async def test_both_endpoints_expose_the_histograms(mesh: Mesh, short_tmp: Path)
     ages = _families(daemon_text)["cm_daemon_outbox_age_seconds"]
     assert ages.samples[0].labels == {"mesh": "m"}
     assert "cm_daemon_disk_pct" in _families(daemon_text)
+    _check_help(daemon_text)
+    await wait_for(lambda: "cm_daemon_recv_total{" in b.client.metrics())
+    _check_help(b.client.metrics())
+    _check_help(broker_text)
+    families = _families(daemon_text)
+    # One name for one thing: both per-database gauges label the database `db`.
+    for name in ("cm_daemon_disk_pct", "cm_daemon_db_bytes"):
+        assert {frozenset(s.labels) for s in families[name].samples} == {
+            frozenset({"mesh", "db"})}, name
 
     if shutil.which("promtool") is None:
         unavailable("promtool is not installed (Debian: apt-get install prometheus)")
     assert _promtool(daemon_text) == []
     assert _promtool(broker_text) == []
+
+
+def _check_help(text: str) -> None:
+    """A help text says what the series is: it cites no section of a document outside the
+    repository, and a "by LABEL" it claims is a label the series has."""
+    for family in _families(text).values():
+        assert "§" not in family.documentation, (family.name, family.documentation)
+        said = re.findall(r"\bby (\w+)\b", family.documentation)
+        labels = {label for s in family.samples for label in s.labels} - {"le", "quantile"}
+        for word in said if labels else ():   # a series with no samples yet shows none
+            if word in {"kind", "reason", "status", "endpoint", "db", "mesh", "hook"}:
+                assert word in labels, (family.name, family.documentation, labels)
 
 
 async def _all_done(d: object) -> bool:

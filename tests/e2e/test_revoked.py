@@ -12,6 +12,7 @@ import pytest
 
 from tests.daemon.harness import RunningDaemon, run_cli
 from tests.e2e.harness import Mesh, connected, pubkey, wait_for
+from tidemesh.client import Client, DaemonNotRunning
 from tidemesh.core.exitcodes import Exit
 
 pytestmark = pytest.mark.slow
@@ -41,6 +42,18 @@ async def test_a_revoked_daemon_exits_for_good_and_every_verb_says_revoked(
     ps = json.loads(run_cli(a.home, "daemon", "ps", "--json").stdout)
     assert [(r["mesh"], r["state"]) for r in ps["items"]] == [("m", "revoked")]
     _assert_cold_send_says_revoked(a)
+    _assert_sdk_says_revoked(a)
+
+
+def _assert_sdk_says_revoked(a: RunningDaemon) -> None:
+    """A program on the host hears that starting the daemon cannot help."""
+    env = {"TIDEMESH_HOME": str(a.home)}
+    for tcp in (False, True):
+        with pytest.raises(DaemonNotRunning) as caught:
+            Client.for_mesh("m", tcp=tcp, environ=env).health()
+        said = str(caught.value)
+        assert "revoked" in said and "new invite" in said, said
+        assert "start it" not in said and "daemon up" not in caught.value.hint, said
 
 
 async def _revoked_while_down(mesh: Mesh, short_tmp: Path) -> RunningDaemon:

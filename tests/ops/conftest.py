@@ -17,6 +17,7 @@ from tidemesh.core.service_unit import CI_VARIABLES
 
 FAKE_MANAGER = """#!/bin/sh
 echo "$(basename "$0") $*" >> "$FAKE_MANAGER_LOG"
+if [ -n "$FAKE_MANAGER_STDERR" ]; then echo "$FAKE_MANAGER_STDERR" >&2; fi
 exit "${FAKE_MANAGER_EXIT:-0}"
 """
 

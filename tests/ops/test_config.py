@@ -77,3 +77,26 @@ def test_broker_show_redacts_the_password_in_the_store_url(host: Host) -> None:
 def test_secret_settings_are_always_redacted() -> None:
     secret = Setting("auth.token", str, None, "a token", secret=True, optional=True)
     assert redact(secret, "s3cr3t") == REDACTED and redact(secret, None) is None
+
+
+def test_show_means_the_only_joined_mesh_like_every_other_command(host: Host) -> None:
+    from tidemesh.core.paths import daemon_paths
+
+    team = daemon_paths("team", host.env)
+    team.mesh_file.parent.mkdir(parents=True)
+    team.mesh_file.write_text("{}")
+    (team.config_file.parent / "daemon.toml").write_text('[log]\nlevel = "debug"\n')
+    code, out, err = host.run("config", "show", "--json")
+    assert code == 0, err
+    shown = json.loads(out)
+    assert shown["mesh"] == "team" and shown["file"] == str(team.config_file)
+    rows = {r["name"]: r for r in shown["settings"]}
+    assert rows["log.level"]["value"] == "debug"
+    assert (rows["daemon.mesh"]["value"], rows["daemon.mesh"]["source"]) == ("team", "joined")
+    other = daemon_paths("ops", host.env)
+    other.mesh_file.parent.mkdir(parents=True)
+    other.mesh_file.write_text("{}")
+    code, _, err = host.run("config", "show")
+    assert code == 2 and "--mesh" in err, "several joined: which one?"
+    code, out, err = host.run("config", "show", "--broker", "--json")
+    assert code == 0 and json.loads(out)["process"] == "broker", err

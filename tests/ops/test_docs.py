@@ -33,3 +33,14 @@ def test_links_point_at_existing_docs_and_sections(name: str) -> None:
 def test_cli_reference_is_the_commands_own_help() -> None:
     assert (DOCS / "cli.md").read_text(encoding="utf-8") == render(cli), (
         "docs/cli.md is stale: python -m tidemesh.cli.reference > docs/cli.md")
+
+
+# Documents that are not in the repository: a reader cannot follow such a reference.
+_ABSENT_SPEC = re.compile(r"\b(?:spec|DESIGN|claudemesh)\s*§|§\s*\d", re.IGNORECASE)
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in DOCS.glob("*.md")))
+def test_docs_cite_no_section_of_a_document_outside_the_repository(name: str) -> None:
+    text = (DOCS / name).read_text(encoding="utf-8")
+    found = [line for line in text.splitlines() if _ABSENT_SPEC.search(line)]
+    assert found == [], f"{name} cites sections of a spec the repository does not hold"

@@ -44,6 +44,9 @@ async def test_a_chunked_body_over_the_limit_is_413_on_both_transports(
             "/v1/send", data=_chunks(LIMIT + 65536),
             headers={"Content-Type": "application/json"}) as r:
         assert r.status == 413
+        error = (await r.json())["error"]
+        # It says the limit, and the setting that raises it.
+        assert str(LIMIT) in error["message"] and "ipc.max_body_bytes" in error["message"]
     auth = {"Authorization": f"Bearer {daemon.token}", "Content-Type": "application/json"}
     async with aiohttp.ClientSession() as s, s.post(
             f"http://127.0.0.1:{daemon.port}/v1/send", data=_chunks(LIMIT + 65536),

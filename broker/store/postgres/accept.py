@@ -199,8 +199,9 @@ LEFT JOIN (mesh.topic_subscription s JOIN mesh.member mb ON mb.mesh_id = s.mesh_
            AND mb.pubkey = s.member_pubkey AND mb.revoked_at IS NULL)
   ON s.mesh_id = t.mesh_id AND s.topic = t.name
 UNION ALL
-SELECT 'dm', k.m, k.p, k.p FROM unnest($3::text::text[], $4::text::text[]) AS k(m, p)
-JOIN mesh.member mb ON mb.mesh_id = k.m AND mb.pubkey = k.p AND mb.revoked_at IS NULL
+SELECT 'dm', k.m, k.p, CASE WHEN mb.revoked_at IS NULL THEN k.p END
+FROM unnest($3::text::text[], $4::text::text[]) AS k(m, p)
+JOIN mesh.member mb ON mb.mesh_id = k.m AND mb.pubkey = k.p
 UNION ALL
 SELECT 'queue', c.mesh_id, c.queue, c.member_pubkey
 FROM unnest($5::text::text[], $6::text::text[]) AS k(m, q)

@@ -150,8 +150,8 @@ class SqliteAcceptPort:
                 return None
             return [r[0] for r in self.conn.execute(SUBSCRIBERS_SQL, (mesh_id, ref))]
         if kind == "dm":
-            live = self.conn.execute(LIVE_MEMBER_SQL, (mesh_id, ref)).fetchone()
-            return [ref] if live else None
+            known = self.conn.execute(MEMBER_SQL, (mesh_id, ref)).fetchone()
+            return None if known is None else [ref] if known[0] else []
         return [r[0] for r in self.conn.execute(CONSUMERS_SQL, (mesh_id, ref))]
 
     def unclaim(self, broker_message_ids: Sequence[str]) -> None:
@@ -216,7 +216,7 @@ FROM client_message_dedupe WHERE mesh_id = ? AND sender_pubkey = ? AND client_me
 """
 
 TOPIC_SQL = "SELECT 1 FROM topic WHERE mesh_id = ? AND name = ?"
-LIVE_MEMBER_SQL = "SELECT 1 FROM member WHERE mesh_id = ? AND pubkey = ? AND revoked_at IS NULL"
+MEMBER_SQL = "SELECT revoked_at IS NULL FROM member WHERE mesh_id = ? AND pubkey = ?"
 SUBSCRIBERS_SQL = """
 SELECT s.member_pubkey FROM topic_subscription s JOIN member m
   ON m.mesh_id = s.mesh_id AND m.pubkey = s.member_pubkey AND m.revoked_at IS NULL
