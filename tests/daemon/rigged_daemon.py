@@ -22,7 +22,7 @@ from aiohttp import web
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
-async def _ignores_cancel(*_args: object) -> None:
+async def _ignores_cancel(*_args: object, **_kw: object) -> None:
     while True:
         try:
             await asyncio.sleep(3600)
@@ -30,14 +30,14 @@ async def _ignores_cancel(*_args: object) -> None:
             continue
 
 
-async def _waits_in_a_thread(*_args: object) -> None:
+async def _waits_in_a_thread(*_args: object, **_kw: object) -> None:
     await asyncio.to_thread(time.sleep, 3600)
 
 
 _FAILURES = [RuntimeError("the store is restarting"), OSError("connection reset")]
 
 
-async def _fails_twice(*_args: object) -> None:
+async def _fails_twice(*_args: object, **_kw: object) -> None:
     if _FAILURES:
         raise _FAILURES.pop(0)
     await asyncio.Event().wait()
