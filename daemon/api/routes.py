@@ -68,7 +68,8 @@ TABLE: tuple[Route, ...] = (
           request="prune_request.schema.json", request_required=False,
           responses={200: "prune_response.schema.json", 400: ERROR, 503: ERROR, 507: ERROR}),
     Route("GET", "/v1/inbox", handlers.get_inbox,
-          "Inbox page (after/limit/topic/from), or a named consumer's entries (?consumer=)",
+          "Inbox page (after/limit/topic/from, q: search the text bodies), or a named "
+          "consumer's entries (?consumer=)",
           responses={200: "inbox_response.schema.json", 400: ERROR}),
     Route("POST", "/v1/inbox/ack", handlers.post_inbox_ack,
           "Advance a named consumer's cursor (after the program persisted its outcome)",

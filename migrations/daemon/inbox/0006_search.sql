@@ -1,0 +1,36 @@
+-- Inbox search (docs/daemon.md, "Searching the inbox"): an FTS5 index over the text bodies
+-- (body_encoding 'utf8'; a DM's body is stored opened, so its text is indexed here, on the
+-- host, as the inbox itself holds it). The index keeps no copy of the text: its content is
+-- the inbox, through the inbox_text view, and it numbers documents by the inbox seq.
+CREATE VIEW inbox_text AS
+    SELECT seq, CAST(body AS TEXT) AS text FROM inbox WHERE body_encoding = 'utf8';
+
+-- columnsize=0: no per-row size table (only bm25 ranking reads it; results come in seq order).
+CREATE VIRTUAL TABLE inbox_fts USING fts5 (
+    text, content = 'inbox_text', content_rowid = 'seq', columnsize = 0
+);
+
+-- Whether the index is kept: the [inbox] fts_enabled setting, applied at each start
+-- (daemon/store/search.py). It lives in the database so that every writer of inbox.db (the
+-- daemon, an offline prune) keeps the index in step through the triggers below. Off until
+-- the first start with the setting on fills the index.
+INSERT INTO inbox_meta (key, value, updated_at) VALUES ('fts_enabled', 0, 0)
+    ON CONFLICT (key) DO NOTHING;
+
+-- Inbox rows are never updated, only inserted (store_frame) and deleted (retention, prune):
+-- these two triggers keep the index in step on every path, in the writer's transaction.
+CREATE TRIGGER inbox_fts_insert AFTER INSERT ON inbox
+    WHEN new.body_encoding = 'utf8'
+     AND (SELECT value FROM inbox_meta WHERE key = 'fts_enabled') = 1
+BEGIN
+    INSERT INTO inbox_fts (rowid, text) VALUES (new.seq, CAST(new.body AS TEXT));
+END;
+
+-- An external-content index forgets a row only when told its old text.
+CREATE TRIGGER inbox_fts_delete AFTER DELETE ON inbox
+    WHEN old.body_encoding = 'utf8'
+     AND (SELECT value FROM inbox_meta WHERE key = 'fts_enabled') = 1
+BEGIN
+    INSERT INTO inbox_fts (inbox_fts, rowid, text)
+        VALUES ('delete', old.seq, CAST(old.body AS TEXT));
+END;
