@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from tidemesh.core import jsonbounds
+from tidemesh.core import jsonbounds, search_query
 from tidemesh.core.errors import InvalidRequest
 from tidemesh.core.jsonbounds import META_DEPTH
 from tidemesh.core.record import record
@@ -277,7 +277,7 @@ def _source(p: Page) -> tuple[str, str, list[str], list[object]]:
     if p.q is None:
         return "inbox", "seq", [], []
     return ("inbox_fts CROSS JOIN inbox ON inbox.seq = inbox_fts.rowid", "inbox_fts.rowid",
-            ["inbox_fts MATCH ?"], [p.q])
+            ["inbox_fts MATCH ?"], [search_query.expression(p.q, p.topic, p.sender)])
 
 
 def consumer_cursor(conn: sqlite3.Connection, name: str) -> int:

@@ -64,6 +64,18 @@ def test_a_search_pages_with_after_limit_and_the_other_filters(tmp_path: Path) -
     assert [e["seq"] for e in search.page(conn, Page(q='alert AND "5"'))] == [5]
 
 
+def test_words_match_the_body_only_never_the_sender_or_topic(tmp_path: Path) -> None:
+    conn = _db(tmp_path / "inbox.db")
+    _store(conn, delivery(1, body="nothing here", topic="ops.alerts"),
+           delivery(2, body="ops alerts, in the text", topic="dev"))
+    assert _found(conn, "ops") == ["ops alerts, in the text"]
+    assert _found(conn, "alerts", topic="ops.alerts") == []
+    assert _found(conn, "nothing", topic="ops.alerts") == ["nothing here"]
+    assert _found(conn, "nothing", topic="ops-alerts") == [], "the SQL filter is exact"
+    with pytest.raises(InvalidRequest):
+        search.page(conn, Page(q="text) OR (ops"))
+
+
 def test_retention_removes_entries_from_the_index_too(tmp_path: Path) -> None:
     conn = _db(tmp_path / "inbox.db")
     _store(conn, _old(1, "rotate the keys", age_days=40), _old(2, "rotate later"))

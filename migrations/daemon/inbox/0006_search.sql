@@ -1,13 +1,17 @@
 -- Inbox search (docs/daemon.md, "Searching the inbox"): an FTS5 index over the text bodies
 -- (body_encoding 'utf8'; a DM's body is stored opened, so its text is indexed here, on the
 -- host, as the inbox itself holds it). The index keeps no copy of the text: its content is
--- the inbox, through the inbox_text view, and it numbers documents by the inbox seq.
+-- the inbox, through the inbox_text view, and it numbers documents by the inbox seq. The
+-- sender and topic columns let a search with `from` or `topic` intersect them in the index
+-- (a query's own words are kept to the text column: core/search_query.py).
 CREATE VIEW inbox_text AS
-    SELECT seq, CAST(body AS TEXT) AS text FROM inbox WHERE body_encoding = 'utf8';
+    SELECT seq, CAST(body AS TEXT) AS text, sender_pubkey AS sender,
+           CASE WHEN dest_kind = 'topic' THEN dest_ref END AS topic
+    FROM inbox WHERE body_encoding = 'utf8';
 
 -- columnsize=0: no per-row size table (only bm25 ranking reads it; results come in seq order).
 CREATE VIRTUAL TABLE inbox_fts USING fts5 (
-    text, content = 'inbox_text', content_rowid = 'seq', columnsize = 0
+    text, sender, topic, content = 'inbox_text', content_rowid = 'seq', columnsize = 0
 );
 
 -- Whether the index is kept: the [inbox] fts_enabled setting, applied at each start
@@ -23,7 +27,9 @@ CREATE TRIGGER inbox_fts_insert AFTER INSERT ON inbox
     WHEN new.body_encoding = 'utf8'
      AND (SELECT value FROM inbox_meta WHERE key = 'fts_enabled') = 1
 BEGIN
-    INSERT INTO inbox_fts (rowid, text) VALUES (new.seq, CAST(new.body AS TEXT));
+    INSERT INTO inbox_fts (rowid, text, sender, topic)
+        VALUES (new.seq, CAST(new.body AS TEXT), new.sender_pubkey,
+                CASE WHEN new.dest_kind = 'topic' THEN new.dest_ref END);
 END;
 
 -- An external-content index forgets a row only when told its old text.
@@ -31,6 +37,7 @@ CREATE TRIGGER inbox_fts_delete AFTER DELETE ON inbox
     WHEN old.body_encoding = 'utf8'
      AND (SELECT value FROM inbox_meta WHERE key = 'fts_enabled') = 1
 BEGIN
-    INSERT INTO inbox_fts (inbox_fts, rowid, text)
-        VALUES ('delete', old.seq, CAST(old.body AS TEXT));
+    INSERT INTO inbox_fts (inbox_fts, rowid, text, sender, topic)
+        VALUES ('delete', old.seq, CAST(old.body AS TEXT), old.sender_pubkey,
+                CASE WHEN old.dest_kind = 'topic' THEN old.dest_ref END);
 END;
