@@ -11,6 +11,7 @@ import pytest
 
 from tests.daemon.local_app import delivery, local_app
 from tidemesh.core.errors import InvalidRequest
+from tidemesh.core.sqlscript import split_statements
 from tidemesh.core.retention import DAY_MS, InboxPolicy
 from tidemesh.daemon.records import Page
 from tidemesh.daemon.store import inbox, migrate, retention, search
@@ -105,6 +106,20 @@ def test_turned_off_the_index_is_emptied_and_turned_on_it_is_filled_again(
     conn.execute("COMMIT")
     assert _found(conn, "before OR off") == ["while off"]
     assert search.check(conn) is None
+
+
+def test_an_inbox_from_before_search_is_indexed_on_its_first_start(tmp_path: Path) -> None:
+    conn = sqlite3.connect(tmp_path / "inbox.db", isolation_level=None)
+    migrate.applied_version(conn)
+    for mg in migrate.load("inbox")[:5]:   # the schema before search
+        for stmt in split_statements(mg.sql):
+            conn.execute(stmt).fetchall()
+        conn.execute("INSERT INTO schema_migrations VALUES (?, ?, 0)", (mg.version, mg.name))
+    _store(conn, delivery(1, body="older words"))
+    assert migrate.apply(conn, "inbox") == [6]
+    assert _found(conn, "older") == [], "migrated, not yet filled"
+    assert search.configure(conn, True, NOW) == "filled"
+    assert _found(conn, "older") == ["older words"]
 
 
 def test_rebuild_gives_back_an_index_that_lost_its_rows(tmp_path: Path) -> None:
