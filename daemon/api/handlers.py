@@ -48,11 +48,14 @@ def _int_param(request: web.Request, name: str, default: int, lo: int, hi: int) 
 async def get_version(request: web.Request) -> web.Response:
     state = request.app[STATE]
     info = state.info
+    inbox = request.app.get(INBOX)
+    # A program can tell whether ?q= will answer before it asks ([inbox] fts_enabled).
+    search = ["inbox_search"] if inbox is not None and inbox.search_enabled else []
     return _json({
         "daemon_version": info.version,
         "ipc_api": "v1",
         "ipc_features": ["version", "health", "send", "send_batch", "outbox", "inbox", "consumers",
-                         "events", "metrics"],
+                         "events", "metrics", *search],
         "schema_version": info.schema_version,
         "mesh": info.mesh,
         "broker_features": state.link.broker_features,

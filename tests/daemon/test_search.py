@@ -11,8 +11,8 @@ import pytest
 
 from tests.daemon.local_app import delivery, local_app
 from tidemesh.core.errors import InvalidRequest
-from tidemesh.core.sqlscript import split_statements
 from tidemesh.core.retention import DAY_MS, InboxPolicy
+from tidemesh.core.sqlscript import split_statements
 from tidemesh.daemon.records import Page
 from tidemesh.daemon.store import inbox, migrate, retention, search
 from tidemesh.daemon.store.inbox import Delivery
@@ -164,6 +164,8 @@ async def test_get_inbox_q_searches_and_answers_bad_queries_400(short_tmp: Path)
                     assert body["error"]["field"] == "q" and words in body["error"]["message"]
             async with s.get("/v1/inbox", params={"q": "disk", "consumer": "c"}) as r:
                 assert r.status == 400 and (await r.json())["error"]["field"] == "q"
+            async with s.get("/v1/version") as r:
+                assert "inbox_search" in (await r.json())["ipc_features"]
 
 
 async def test_with_search_off_q_is_refused_saying_so(short_tmp: Path) -> None:
@@ -174,3 +176,5 @@ async def test_with_search_off_q_is_refused_saying_so(short_tmp: Path) -> None:
             assert r.status == 400
             assert body["error"]["reason"] == "search_disabled"
             assert "fts_enabled" in body["error"]["message"]
+        async with app.session() as s, s.get("/v1/version") as r:
+            assert "inbox_search" not in (await r.json())["ipc_features"]
