@@ -8,13 +8,22 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.daemon.harness import RunningDaemon, run_cli, start_daemon
-from tests.e2e.harness import Mesh, inbox, pubkey, two_on_topic, wait_for
+from tests.e2e.harness import (
+    Broker,
+    Mesh,
+    inbox,
+    pubkey,
+    sqlite_broker_with_team,
+    two_on_topic,
+    wait_for,
+)
 from tidemesh.client import AsyncClient, Client
 from tidemesh.core.errors import InvalidRequest
 from tidemesh.core.retention import DAY_MS
@@ -24,6 +33,23 @@ from tidemesh.daemon.store.db import Database
 from tidemesh.daemon.stores import open_outbox
 
 pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def either_mesh(request: pytest.FixtureRequest, short_tmp: Path) -> Iterator[Mesh]:
+    """Mesh ``team`` on a broker of each store: search is the daemon's alone, whichever."""
+    if request.param == "sqlite":
+        broker = sqlite_broker_with_team(short_tmp)
+    else:
+        (short_tmp / "broker").mkdir()
+        broker = Broker(short_tmp / "broker", request.getfixturevalue("pg_database"))
+        broker.cli("mesh", "create", "team")
+    broker.start()
+    m = Mesh(broker, "team")
+    try:
+        yield m
+    finally:
+        m.stop()
 
 
 async def _search(d: RunningDaemon, q: str) -> tuple[int, dict[str, Any]]:
@@ -66,7 +92,8 @@ async def _prune_later(d: RunningDaemon, later_ms: int) -> int:
 
 
 async def test_received_messages_are_found_until_retention_removes_them(
-        mesh: Mesh, short_tmp: Path) -> None:
+        either_mesh: Mesh, short_tmp: Path) -> None:
+    mesh = either_mesh
     a, b = await two_on_topic(mesh, short_tmp)
     async with a.session() as s:
         for cid, to, body in (("c1", "topic:ops", "disk full on db1"),
