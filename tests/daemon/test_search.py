@@ -90,6 +90,21 @@ def test_retention_removes_entries_from_the_index_too(tmp_path: Path) -> None:
     assert search.check(conn) is None, "the index agrees with the inbox after the delete"
 
 
+def test_a_row_rewritten_in_place_stays_in_step_and_can_still_be_deleted(
+        tmp_path: Path) -> None:
+    """No tidemesh path updates inbox rows today; a repair or migration that does must not
+    leave the index told to delete words it never indexed (every later delete would fail)."""
+    conn = _db(tmp_path / "inbox.db")
+    _store(conn, delivery(1, body="first words"), delivery(2, body="second words"))
+    conn.execute("UPDATE inbox SET body = ? WHERE seq = 1", (b"mended text",))
+    conn.execute("UPDATE inbox SET body_encoding = 'base64' WHERE seq = 2")
+    assert [e["seq"] for e in search.page(conn, Page(q="mended OR words"))] == [1]
+    assert search.check(conn) is None
+    conn.execute("DELETE FROM inbox")
+    assert search.check(conn) is None
+    assert _found(conn, "mended OR words OR first") == []
+
+
 def test_turned_off_the_index_is_emptied_and_turned_on_it_is_filled_again(
         tmp_path: Path) -> None:
     conn = _db(tmp_path / "inbox.db")

@@ -21,8 +21,11 @@ CREATE VIRTUAL TABLE inbox_fts USING fts5 (
 INSERT INTO inbox_meta (key, value, updated_at) VALUES ('fts_enabled', 0, 0)
     ON CONFLICT (key) DO NOTHING;
 
--- Inbox rows are never updated, only inserted (store_frame) and deleted (retention, prune):
--- these two triggers keep the index in step on every path, in the writer's transaction.
+-- Inbox rows are inserted (store_frame) and deleted (retention, prune), never updated by
+-- tidemesh today: these triggers keep the index in step on every path, in the writer's
+-- transaction. The update trigger is there for a repair or a later migration: an
+-- external-content index told a delete with other words than it indexed is damaged, and
+-- every later delete of that row fails ("database disk image is malformed").
 CREATE TRIGGER inbox_fts_insert AFTER INSERT ON inbox
     WHEN new.body_encoding = 'utf8'
      AND (SELECT value FROM inbox_meta WHERE key = 'fts_enabled') = 1
@@ -40,4 +43,18 @@ BEGIN
     INSERT INTO inbox_fts (inbox_fts, rowid, text, sender, topic)
         VALUES ('delete', old.seq, CAST(old.body AS TEXT), old.sender_pubkey,
                 CASE WHEN old.dest_kind = 'topic' THEN old.dest_ref END);
+END;
+
+CREATE TRIGGER inbox_fts_update AFTER UPDATE OF body, body_encoding, sender_pubkey, dest_kind,
+    dest_ref ON inbox
+    WHEN (SELECT value FROM inbox_meta WHERE key = 'fts_enabled') = 1
+BEGIN
+    INSERT INTO inbox_fts (inbox_fts, rowid, text, sender, topic)
+        SELECT 'delete', old.seq, CAST(old.body AS TEXT), old.sender_pubkey,
+               CASE WHEN old.dest_kind = 'topic' THEN old.dest_ref END
+        WHERE old.body_encoding = 'utf8';
+    INSERT INTO inbox_fts (rowid, text, sender, topic)
+        SELECT new.seq, CAST(new.body AS TEXT), new.sender_pubkey,
+               CASE WHEN new.dest_kind = 'topic' THEN new.dest_ref END
+        WHERE new.body_encoding = 'utf8';
 END;
