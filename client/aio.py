@@ -137,8 +137,10 @@ class AsyncClient(Located):
     # -- receive side ----------------------------------------------------------------------
 
     async def inbox(self, after: int | None = None, limit: int = 100, topic: str | None = None,
-                    sender: str | None = None, consumer: str | None = None) -> wire.InboxPage:
-        return await self._call(calls.inbox(after, limit, topic, sender, consumer))
+                    sender: str | None = None, consumer: str | None = None,
+                    q: str | None = None) -> wire.InboxPage:
+        """A page of the inbox; ``q`` searches the text bodies (see ``Client.inbox``)."""
+        return await self._call(calls.inbox(after, limit, topic, sender, consumer, q))
 
     async def ack(self, consumer: str, up_to: int) -> wire.AckResult:
         return await self._call(calls.ack(consumer, up_to))

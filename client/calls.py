@@ -106,8 +106,8 @@ def prune(which: Literal["outbox", "inbox"], dry_run: bool) -> Call[wire.PruneRe
 
 
 def inbox(after: int | None, limit: int, topic: str | None, sender: str | None,
-          consumer: str | None) -> Call[wire.InboxPage]:
-    query = _query(after=after, limit=limit, topic=topic, from_=sender, consumer=consumer)
+          consumer: str | None, q: str | None = None) -> Call[wire.InboxPage]:
+    query = _query(after=after, limit=limit, topic=topic, from_=sender, consumer=consumer, q=q)
     return Call("GET", "/v1/inbox" + query, _body)
 
 

@@ -138,8 +138,11 @@ class Client(Located):
     # -- receive side ----------------------------------------------------------------------
 
     def inbox(self, after: int | None = None, limit: int = 100, topic: str | None = None,
-              sender: str | None = None, consumer: str | None = None) -> wire.InboxPage:
-        return self._call(calls.inbox(after, limit, topic, sender, consumer))
+              sender: str | None = None, consumer: str | None = None, q: str | None = None
+              ) -> wire.InboxPage:
+        """A page of the inbox; ``q`` keeps the entries whose text body matches that FTS5
+        query (words, "a phrase", pre*, AND/OR/NOT), in seq order like any page."""
+        return self._call(calls.inbox(after, limit, topic, sender, consumer, q))
 
     def ack(self, consumer: str, up_to: int) -> wire.AckResult:
         return self._call(calls.ack(consumer, up_to))

@@ -46,6 +46,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("outbox.dead_retention_days", int, 30, "Dead rows not requeued or aborted by an "
             "operator are deleted this long after they died."),
     Setting("inbox.retention_days", int, 30, "Inbox entries older than this are deleted."),
+    Setting("inbox.fts_enabled", bool, True, "Keep a full-text index of text bodies for "
+            "GET /v1/inbox?q= (SQLite FTS5, in inbox.db). Turned on, the next start fills it "
+            "from the inbox; turned off, it is emptied and q is refused."),
     Setting("inbox.consumer_hold_days", int, 90, "A named consumer that has not acked an entry "
             "keeps it up to this age; then it goes and the consumer's next read reports it."),
     Setting("events.retention_days", int, 30, "Events (GET /v1/events) older than this are "
@@ -102,6 +105,7 @@ class DaemonSettings:
     outbox_retention_margin_hours: int
     outbox_dead_retention_days: int
     inbox_retention_days: int
+    inbox_fts_enabled: bool
     inbox_consumer_hold_days: int
     events_retention_days: int
     retention_sweep_interval_s: float

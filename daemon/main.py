@@ -221,7 +221,7 @@ class Daemon:
                       hint="the outbox is authoritative and is never rebuilt silently; restore "
                            "it from a backup or move it aside to start with an empty outbox")
             return Exit.UNHEALTHY
-        inbox_db = await open_inbox(paths.inbox_db)
+        inbox_db = await open_inbox(paths.inbox_db, s.inbox_fts_enabled)
         try:
             code = await self._serve_with(outbox_db, inbox_db)
         finally:
@@ -297,7 +297,8 @@ class Daemon:
                                               registry=app[STATE].registry))
         storage_gauges.disk_gauges(app[STATE].registry, disk, s.daemon_mesh)
         storage_gauges.db_batches(app[STATE].registry, {"outbox": outbox_db, "inbox": inbox_db})
-        app[INBOX] = InboxService(inbox_db, bus, self.clock, hooks.plan)
+        app[INBOX] = InboxService(inbox_db, bus, self.clock, hooks.plan,
+                                  search_enabled=s.inbox_fts_enabled)
         app[BUS] = bus
         relay = self._relay(app[OUTBOX], app[INBOX], app[STATE])
         live = relay.live.if_open if relay is not None else not_joined

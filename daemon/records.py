@@ -25,12 +25,14 @@ class Event:
 
 @dataclass(frozen=True, slots=True)
 class Page:
-    """A query of the inbox: entries after a seq, optionally of one topic or sender."""
+    """A query of the inbox: entries after a seq, optionally of one topic or sender, or
+    whose text body matches the FTS5 query ``q``."""
 
     after: int | None = None
     limit: int = 100
     topic: str | None = None
     sender: str | None = None
+    q: str | None = None
 
 
 class SendKind(StrEnum):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import structlog
 
-from tidemesh.daemon.store import migrate, outbox
+from tidemesh.daemon.store import migrate, outbox, search
 from tidemesh.daemon.store.db import Database, StoreDamaged, check_integrity, connect
 
 log = structlog.get_logger(__name__)
@@ -70,12 +70,25 @@ def move_aside(path: Path) -> Path:
     return target
 
 
-async def open_inbox(path: Path) -> Database:
+async def open_inbox(path: Path, fts_enabled: bool = True) -> Database:
+    """Open the inbox (moved aside first if damaged); ``fts_enabled`` ([inbox] fts_enabled)
+    fills or empties the search index when it changed since the last start."""
     if not _inbox_ok(path):
         target = move_aside(path)
         log.warning("inbox_corruption_recovered", moved_to=str(target))
 
     def setup(conn: sqlite3.Connection) -> None:
         migrate.apply(conn, "inbox")
+        started = time.monotonic()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            done = search.configure(conn, fts_enabled, int(time.time() * 1000))
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        if done is not None:
+            log.info("inbox_search_index_" + done,
+                     took_ms=round((time.monotonic() - started) * 1000))
 
     return await Database.open(path, setup)

@@ -22,15 +22,20 @@ from tidemesh.core.errors import TidemeshError
 @click.option("--from", "sender", default=None, help="Sender's member key (hex).")
 @click.option("--consumer", default=None, help="Read as a durable named consumer.")
 @click.option("--ack", is_flag=True, help="With --consumer: ack what was printed.")
+@click.option("--search", "q", default=None, metavar="Q",
+              help='Only entries whose text body matches Q: words (all must appear), '
+                   '"a phrase", prefix*, OR, NOT (SQLite FTS5 syntax).')
 @json_option
 def inbox_cmd(mesh: str, after: int | None, limit: int, topic: str | None, sender: str | None,
-              consumer: str | None, ack: bool, as_json: bool) -> None:
+              consumer: str | None, ack: bool, q: str | None, as_json: bool) -> None:
     """Show received messages (each exactly once, in delivery order)."""
     if ack and not consumer:
         raise click.UsageError("--ack needs --consumer")
+    if q is not None and consumer:
+        raise click.UsageError("--search reads the whole inbox; drop --consumer")
     client = client_for(mesh)
     try:
-        page: dict[str, Any] = dict(client.inbox(after, limit, topic, sender, consumer))
+        page: dict[str, Any] = dict(client.inbox(after, limit, topic, sender, consumer, q))
         if ack and page["items"]:
             page["acked"] = client.ack(str(consumer), page["items"][-1]["seq"])
     except TidemeshError as exc:

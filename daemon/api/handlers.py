@@ -50,11 +50,14 @@ def _int_param(request: web.Request, name: str, default: int, lo: int, hi: int) 
 async def get_version(request: web.Request) -> web.Response:
     state = request.app[STATE]
     info = state.info
+    inbox = request.app.get(INBOX)
+    # A program can tell whether ?q= will answer before it asks ([inbox] fts_enabled).
+    search = ["inbox_search"] if inbox is not None and inbox.search_enabled else []
     return _json({
         "daemon_version": info.version,
         "ipc_api": "v1",
         "ipc_features": ["version", "health", "send", "send_batch", "outbox", "inbox", "consumers",
-                         "events", "metrics"],
+                         "events", "metrics", *search],
         "schema_version": info.schema_version,
         "mesh": info.mesh,
         "broker_features": state.link.broker_features,
@@ -209,15 +212,33 @@ async def get_metrics(request: web.Request) -> web.Response:
 async def get_inbox(request: web.Request) -> web.Response:
     q = request.query
     after = _int_param(request, "after", 0, 0, numbers.MAX_ID) if "after" in q else None
-    page = Page(after, _int_param(request, "limit", 100, 1, 1000), q.get("topic"), q.get("from"))
+    page = Page(after, _int_param(request, "limit", 100, 1, 1000), q.get("topic"), q.get("from"),
+                _search_query(q.get("q")))
     consumer = q.get("consumer")
     if consumer is None:
         return _json(await request.app[INBOX].page(page))
     if after is not None:
         raise InvalidRequest("a named consumer reads after its own cursor; drop `after`",
                              field="after")
+    if page.q is not None:
+        raise InvalidRequest("a named consumer reads every entry in order; drop `q`",
+                             field="q")
     _check_consumer_name(consumer)
     return _json(await request.app[INBOX].consumer_read(consumer, page))
+
+
+# Bounds the work of parsing one search (FTS5 parses it on the reader's thread).
+MAX_SEARCH_QUERY = 1024
+
+
+def _search_query(text: str | None) -> str | None:
+    if text is None:
+        return None
+    if not text.strip():
+        raise InvalidRequest("q is empty; give the words to search for", field="q")
+    if len(text) > MAX_SEARCH_QUERY:
+        raise InvalidRequest(f"q is longer than {MAX_SEARCH_QUERY} characters", field="q")
+    return text
 
 
 def _check_consumer_name(name: str) -> None:

@@ -57,11 +57,14 @@ def _operation(route: Any, operation_id: str) -> dict[str, Any]:
     op: dict[str, Any] = {"summary": route.summary, "responses": responses,
                           "operationId": operation_id}
     params = re.findall(r"{(\w+)}", route.path)
-    if params:
-        op["parameters"] = [{"name": p, "in": "path", "required": True,
-                             "schema": {"type": "string", "minLength": 1, **(
-                                 {"pattern": f"^{route.params[p]}$"} if p in route.params
-                                 else {})}} for p in params]
+    declared = [{"name": p, "in": "path", "required": True,
+                 "schema": {"type": "string", "minLength": 1, **(
+                     {"pattern": f"^{route.params[p]}$"} if p in route.params
+                     else {})}} for p in params]
+    declared += [{"name": name, "in": "query", "required": False, "description": text,
+                  "schema": {"type": "string"}} for name, text in route.query.items()]
+    if declared:
+        op["parameters"] = declared
     if route.request:
         op["requestBody"] = {"required": route.request_required,
                              "content": {"application/json": {"schema": _ref(route.request)}}}

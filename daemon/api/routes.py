@@ -29,6 +29,8 @@ class Route:
     content_type: str = "application/json"
     # Path parameter -> the regex its segment must match (else the default: any segment).
     params: dict[str, str] = field(default_factory=dict)
+    # Query parameter -> its OpenAPI description (all optional strings on the wire).
+    query: dict[str, str] = field(default_factory=dict)
 
     @property
     def router_path(self) -> str:
@@ -68,8 +70,17 @@ TABLE: tuple[Route, ...] = (
           request="prune_request.schema.json", request_required=False,
           responses={200: "prune_response.schema.json", 400: ERROR, 503: ERROR, 507: ERROR}),
     Route("GET", "/v1/inbox", handlers.get_inbox,
-          "Inbox page (after/limit/topic/from), or a named consumer's entries (?consumer=)",
-          responses={200: "inbox_response.schema.json", 400: ERROR}),
+          "Inbox page (after/limit/topic/from, q: search the text bodies), or a named "
+          "consumer's entries (?consumer=)",
+          responses={200: "inbox_response.schema.json", 400: ERROR},
+          query={"after": "Entries after this seq (not with consumer)",
+                 "limit": "1-1000 entries (default 100)",
+                 "topic": "Only entries posted to this topic",
+                 "from": "Only entries from this sender's member key (hex)",
+                 "consumer": "Read as this durable named consumer, after its cursor",
+                 "q": "Only entries whose text body matches this SQLite FTS5 query "
+                      "(1-1024 characters; not with consumer). An unreadable query is a 400 "
+                      "naming q; so is any q when [inbox] fts_enabled is off"}),
     Route("POST", "/v1/inbox/ack", handlers.post_inbox_ack,
           "Advance a named consumer's cursor (after the program persisted its outcome)",
           request="inbox_ack_request.schema.json",

@@ -10,9 +10,10 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
+from tidemesh.core.errors import InvalidRequest
 from tidemesh.core.hooks import HookPlan
 from tidemesh.daemon.service.events import EventBus
-from tidemesh.daemon.store import inbox, retention
+from tidemesh.daemon.store import inbox, retention, search
 from tidemesh.daemon.store.db import Database
 
 Clock = Callable[[], float]
@@ -20,8 +21,10 @@ Clock = Callable[[], float]
 
 class InboxService:
     def __init__(self, db: Database, bus: EventBus, clock: Clock = time.time,
-                 hooks: HookPlan | None = None) -> None:
+                 hooks: HookPlan | None = None, search_enabled: bool = True) -> None:
         self.db = db
+        # [inbox] fts_enabled, which open_inbox applied to the index.
+        self.search_enabled = search_enabled
         self.bus = bus
         self.clock = clock
         # The hooks an event fires are recorded in the transaction that stores it.
@@ -63,7 +66,11 @@ class InboxService:
         return stored
 
     async def page(self, p: inbox.Page) -> dict[str, Any]:
-        items = await self.db.read(partial(inbox.page, p=p))
+        if p.q is not None and not self.search_enabled:
+            raise InvalidRequest("inbox search is off on this daemon ([inbox] fts_enabled = "
+                                 "false): no index to search; drop q", field="q",
+                                 reason="search_disabled")
+        items = await self.db.read(partial(search.page, p=p))
         return {"items": items, "next_after": items[-1]["seq"] if items else (p.after or 0)}
 
     async def consumer_read(self, name: str, p: inbox.Page) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from tidemesh.core import jsonbounds
+from tidemesh.core import jsonbounds, search_query
 from tidemesh.core.errors import InvalidRequest
 from tidemesh.core.jsonbounds import META_DEPTH
 from tidemesh.core.record import record
@@ -257,17 +257,27 @@ def last_event_id(conn: sqlite3.Connection) -> int:
 
 
 def page(conn: sqlite3.Connection, p: Page) -> list[dict[str, Any]]:
-    where: list[str] = ["seq > ?"]
-    args: list[object] = [p.after or 0]
+    source, key, where, args = _source(p)
+    where.append(f"{key} > ?")
+    args.append(p.after or 0)
     if p.topic is not None:
         where.append("dest_kind = 'topic' AND dest_ref = ?")
         args.append(p.topic)
     if p.sender is not None:
         where.append("sender_pubkey = ?")
         args.append(p.sender)
-    sql = (f"SELECT {INBOX_COLUMNS} FROM inbox WHERE {' AND '.join(where)}"  # noqa: S608
-           " ORDER BY seq LIMIT ?")
+    sql = (f"SELECT {INBOX_COLUMNS} FROM {source} WHERE {' AND '.join(where)}"  # noqa: S608
+           f" ORDER BY {key} LIMIT ?")
     return [entry_view(r) for r in conn.execute(sql, (*args, p.limit))]
+
+
+def _source(p: Page) -> tuple[str, str, list[str], list[object]]:
+    """What a page reads from and orders by. A search walks the index first: its rowids are
+    the inbox seqs in order, so ``after`` seeks into it and LIMIT ends the walk early."""
+    if p.q is None:
+        return "inbox", "seq", [], []
+    return ("inbox_fts CROSS JOIN inbox ON inbox.seq = inbox_fts.rowid", "inbox_fts.rowid",
+            ["inbox_fts MATCH ?"], [search_query.expression(p.q, p.topic, p.sender)])
 
 
 def consumer_cursor(conn: sqlite3.Connection, name: str) -> int:

@@ -58,6 +58,8 @@ def test_queries_name_only_what_was_given_and_are_escaped() -> None:
     assert calls.inbox(None, 100, "a b", "ab" * 32, None).path == (
         f"/v1/inbox?limit=100&topic=a%20b&from={'ab' * 32}")
     assert calls.inbox(None, 10, None, None, "w/1").path == "/v1/inbox?limit=10&consumer=w%2F1"
+    assert calls.inbox(4, 10, None, None, None, '"disk full" OR db*').path == (
+        "/v1/inbox?after=4&limit=10&q=%22disk%20full%22%20OR%20db%2A")
     assert calls.outbox_inspect("x/../y").path == "/v1/outbox/x%2F..%2Fy"
     assert calls.membership("queue", "consume", "jobs", True).path == "/v1/queues/consume"
     assert calls.membership("queue", "consume", "jobs", True).body == {

@@ -60,12 +60,13 @@ def delivery(seq: int, cmid: str | None = None, topic: str = "ops", body: str = 
 @asynccontextmanager
 async def local_app(folder: Path, **state: Any) -> AsyncIterator[LocalApp]:
     outbox_db = await open_outbox(folder / "outbox.db", 64)
-    inbox_db = await open_inbox(folder / "inbox.db")
+    search = bool(state.pop("fts_enabled", True))
+    inbox_db = await open_inbox(folder / "inbox.db", search)
     bus = EventBus(state.pop("max_streams", 32), state.pop("sse_buffer", 1000))
     app = build_app(1 << 20)
     registry = CollectorRegistry()
     app[OUTBOX] = OutboxService(outbox_db)
-    app[INBOX] = InboxService(inbox_db, bus)
+    app[INBOX] = InboxService(inbox_db, bus, search_enabled=search)
     app[BUS] = bus
     app[STATE] = IpcState(token="t", max_inflight=256, public_health_check=False,
                           info=DaemonInfo("t"), registry=registry,
