@@ -123,3 +123,20 @@ async def test_a_hook_reply_token_has_a_budget_of_its_own(short_tmp: Path) -> No
         await server.stop()
         await outbox_db.close()
         await inbox_db.close()
+
+
+def test_the_budget_is_reloadable_and_checked() -> None:
+    from tidemesh.core.settings import ConfigError
+    from tidemesh.daemon import config
+    from tidemesh.daemon.lifecycle import apply
+
+    settings, _ = config.load({"ipc": {"rate_per_s": 5.0, "rate_burst": 7}}, {}, {})
+    registry = CollectorRegistry()
+    state = IpcState(token="t", max_inflight=1, public_health_check=False,
+                     info=DaemonInfo("t"), registry=registry,
+                     metrics=IpcMetrics.register(registry))
+    assert state.rate == Rate(100.0, 1000)
+    apply(settings, state, EventBus())
+    assert state.rate == Rate(5.0, 7)
+    with pytest.raises(ConfigError):
+        config.load({"ipc": {"rate_burst": 0}}, {}, {})
