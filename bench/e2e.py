@@ -93,7 +93,7 @@ def _daemon(env: dict[str, str], home: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, "-m", "tidemesh", "daemon", "up", "--foreground", "--mesh", "bench",
          "--no-tcp"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        env={**env, "TIDEMESH_HOME": str(home)})
+        env={**env, "TIDEMESH_HOME": str(home), "TIDEMESH_IPC_RATE_PER_S": "0"})
 
 
 def _cpu(pids: dict[str, int], postgres: bool) -> dict[str, float]:

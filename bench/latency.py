@@ -143,7 +143,7 @@ def run_tidemesh(store: str, recipients: int, n: int, root: Path, pace_s: float
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "tidemesh", "daemon", "up", "--foreground", "--mesh",
                  "lat", "--no-tcp"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                env={**env, "TIDEMESH_HOME": str(homes[name])}))
+                env={**env, "TIDEMESH_HOME": str(homes[name]), "TIDEMESH_IPC_RATE_PER_S": "0"}))
         _wait_connected([homes[name] / "daemon" / "lat" / "sock" for name in names])
         _tm(homes["r0"], "topic", "create", "--mesh", "lat", TOPIC)
         for name in names[1:]:

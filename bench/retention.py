@@ -54,7 +54,8 @@ def _old_rows(db: Path) -> int:
 
 def _start(home: Path, interval: str) -> subprocess.Popen[bytes]:
     env = {**os.environ, "TIDEMESH_HOME": str(home), "TIDEMESH_LOG_LEVEL": "info",
-           "TIDEMESH_LOG_FORMAT": "json", "TIDEMESH_RETENTION_SWEEP_INTERVAL_S": interval}
+           "TIDEMESH_LOG_FORMAT": "json", "TIDEMESH_RETENTION_SWEEP_INTERVAL_S": interval,
+           "TIDEMESH_IPC_RATE_PER_S": "0"}
     log = open(home / "daemon.out", "ab")  # noqa: SIM115 - the child keeps it
     proc = subprocess.Popen([sys.executable, "-m", "tidemesh", "daemon", "up", "--foreground",
                              "--mesh", "ret", "--no-tcp"], env=env, stdout=log, stderr=log)

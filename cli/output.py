@@ -10,7 +10,7 @@ from typing import Any, NoReturn
 
 import click
 
-from tidemesh.client import DaemonNotAnswering, DaemonNotRunning
+from tidemesh.client import DaemonNotAnswering, DaemonNotRunning, IncompatibleDaemon
 from tidemesh.core.errors import Conflict, MemberRevoked, TidemeshError, UsageError
 from tidemesh.core.exitcodes import Exit
 from tidemesh.core.ownership import NotPrivate
@@ -81,6 +81,8 @@ def exit_code_for(err: TidemeshError) -> Exit:
         return Exit.CONFLICT
     if isinstance(err, MemberRevoked):
         return Exit.REVOKED
+    if isinstance(err, IncompatibleDaemon):
+        return Exit.FEATURE_UNAVAILABLE
     if isinstance(err, UsageError | ConfigError | NotPrivate):
         return Exit.USAGE   # a runtime folder another user could have made: as the daemon says
     if 400 <= err.http_status < 500:

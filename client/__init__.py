@@ -22,7 +22,7 @@ socket; ``endpoint`` finds the daemon; ``wire`` types the JSON bodies.
 from typing import TYPE_CHECKING, Any
 
 from tidemesh.client.calls import Response
-from tidemesh.client.errors import DaemonNotAnswering, DaemonNotRunning
+from tidemesh.client.errors import DaemonNotAnswering, DaemonNotRunning, IncompatibleDaemon
 from tidemesh.client.stream import Event, Notice
 from tidemesh.client.sync import Client
 from tidemesh.client.wire import (
@@ -61,6 +61,7 @@ __all__ = [
     "Event",
     "InboxEntry",
     "InboxPage",
+    "IncompatibleDaemon",
     "Memberships",
     "MeshNotChosen",
     "Notice",

@@ -19,6 +19,7 @@ from tidemesh.client.calls import Call, Kind, Response
 from tidemesh.client.endpoint import Located
 from tidemesh.client.errors import DaemonNotRunning
 from tidemesh.client.stream import Cursor, Event, Notice, Parser, Quiet, Reconnect
+from tidemesh.core.errors import NotFound
 
 T = TypeVar("T")
 _UNREACHABLE = (aiohttp.ClientError, OSError, TimeoutError)
@@ -95,6 +96,18 @@ class AsyncClient(Located):
 
     async def version(self) -> dict[str, Any]:
         return await self._call(calls.version())
+
+    async def compat(self) -> dict[str, Any]:
+        """The versions the daemon works with (``GET /v1/compat``)."""
+        return await self._call(calls.compat())
+
+    async def check_compatible(self, client: str = "python") -> dict[str, Any]:
+        """``compat()``, or ``IncompatibleDaemon`` when this SDK does not fit the daemon."""
+        try:
+            doc = await self.compat()
+        except NotFound:
+            doc = calls.compat_of_version(await self.version())
+        return calls.compat_checked(doc, client)
 
     async def health(self) -> dict[str, Any]:
         return await self._call(calls.health())

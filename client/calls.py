@@ -13,8 +13,11 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 from urllib.parse import quote, urlencode
 
+import tidemesh
 from tidemesh.client import wire
+from tidemesh.client.errors import IncompatibleDaemon
 from tidemesh.client.stream import Cursor
+from tidemesh.core import compat as compat_mod
 from tidemesh.core.errors import from_body
 
 T = TypeVar("T")
@@ -63,6 +66,29 @@ def request(method: str, path: str, body: Any = None,
 
 def version() -> Call[dict[str, Any]]:
     return Call("GET", "/v1/version", _body)
+
+
+def compat() -> Call[dict[str, Any]]:
+    return Call("GET", "/v1/compat", _body)
+
+
+def compat_of_version(version: Mapping[str, Any]) -> dict[str, Any]:
+    """What a daemon older than ``/v1/compat`` says of itself, as a compat document: its
+    IPC API only, no ranges."""
+    return {"daemon": version.get("daemon_version", "?"), "ipc_api": version.get("ipc_api")}
+
+
+def compat_checked(doc: dict[str, Any], client: str,
+                   version: str = tidemesh.__version__) -> dict[str, Any]:
+    """``doc``, or ``IncompatibleDaemon`` saying why ``client`` at ``version`` does not fit."""
+    why = compat_mod.misfit(doc, client, version)
+    if why is None:
+        return doc
+    kind, message = why
+    advice = ("use a tidemesh of the daemon's IPC API" if kind == "ipc_api" else
+              "upgrade (or downgrade) tidemesh so that the daemon and its clients match")
+    raise IncompatibleDaemon(f"{message}: {advice}", kind=kind, daemon=doc.get("daemon"),
+                             client=client, client_version=version)
 
 
 def health() -> Call[dict[str, Any]]:

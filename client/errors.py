@@ -1,4 +1,5 @@
-"""The errors the SDK and the CLI add to the ``core.errors`` tree: no daemon answers."""
+"""The errors the SDK and the CLI add to the ``core.errors`` tree: no daemon answers, or the
+one that answers does not fit this client's version."""
 
 from __future__ import annotations
 
@@ -43,3 +44,12 @@ class DaemonNotAnswering(TidemeshError):
 
     code = "daemon_not_answering"
     http_status = 503
+
+
+class IncompatibleDaemon(TidemeshError):
+    """The daemon that answers does not work with this client (``GET /v1/compat``, spec
+    §15.4): another IPC API major, or this client's version outside the daemon's range.
+    ``kind`` is ``ipc_api`` or ``version``."""
+
+    code = "incompatible_daemon"
+    http_status = 409

@@ -14,6 +14,7 @@ from tidemesh.client.calls import Call, Kind, Response
 from tidemesh.client.endpoint import LOOPBACK, Located
 from tidemesh.client.errors import DaemonNotRunning
 from tidemesh.client.stream import Cursor, Event, Notice, Parser, Quiet, Reconnect
+from tidemesh.core.errors import NotFound
 
 T = TypeVar("T")
 _UNREACHABLE = (OSError, http.client.HTTPException)
@@ -88,6 +89,19 @@ class Client(Located):
 
     def version(self) -> dict[str, Any]:
         return self._call(calls.version())
+
+    def compat(self) -> dict[str, Any]:
+        """The versions the daemon works with (``GET /v1/compat``)."""
+        return self._call(calls.compat())
+
+    def check_compatible(self, client: str = "python") -> dict[str, Any]:
+        """``compat()``, or ``IncompatibleDaemon`` when this SDK (or ``client``: "cli") does
+        not fit the daemon; a daemon older than the route is checked by ``/v1/version``."""
+        try:
+            doc = self.compat()
+        except NotFound:
+            doc = calls.compat_of_version(self.version())
+        return calls.compat_checked(doc, client)
 
     def health(self) -> dict[str, Any]:
         return self._call(calls.health())

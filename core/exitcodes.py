@@ -39,7 +39,8 @@ MEANING: dict[Exit, str] = {
     Exit.REJECTED: "any other 4xx: the request was refused (a pre-send veto too), nothing "
                    "stored",
     Exit.FEATURE_UNAVAILABLE: "the broker lacks a required feature, or its dedupe window "
-                              "cannot cover the outbox max age",
+                              "cannot cover the outbox max age; or the running daemon and "
+                              "this CLI do not fit each other's versions (`GET /v1/compat`)",
     Exit.ORPHANS_FOUND: "`tidemesh audit orphans` found orphans (see `audit.md`)",
     Exit.REVOKED: "this member was revoked from the mesh (daemon.md, \"Revoked members\"); "
                   "never restarted by systemd",

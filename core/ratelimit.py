@@ -69,6 +69,20 @@ class Buckets:
         waits = tuple(_wait_ms(bucket.tokens, k, rate) for k in range(1, sends - admitted + 1))
         return Admission(admitted, waits, bucket.tokens / rate.burst)
 
+    def take(self, key: Hashable, rate: Rate, now_ms: int) -> int:
+        """One request's token: 0 when it had one (taken), else the milliseconds until it
+        would. ``admit`` for a single request, without its tuples (the IPC's hot path)."""
+        if rate.unlimited:
+            return 0
+        bucket = self._bucket(key, rate, now_ms)
+        level = bucket.level(rate, now_ms)
+        bucket.at_ms = max(bucket.at_ms, now_ms)
+        if level >= 1:
+            bucket.tokens = level - 1
+            return 0
+        bucket.tokens = level
+        return _wait_ms(level, 1, rate)
+
     def refund(self, key: Hashable, rate: Rate, sends: int, now_ms: int) -> None:
         """Give back tokens taken for sends that turned out not to be new."""
         bucket = self._buckets.get(key)

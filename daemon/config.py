@@ -35,6 +35,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("ipc.max_unauthenticated", int, 64, "TCP connections that have not sent a request "
             "head yet; one more closes the one waiting longest. After its head a connection "
             "without the token is closed with its answer."),
+    Setting("ipc.rate_per_s", float, 100.0, "Requests a second each token may make, sustained "
+            "(the Unix socket is one token, the local token on TCP another, each hook reply "
+            "token its own); beyond it 429 rate_limited with Retry-After. 0: no limit.",
+            reloadable=True),
+    Setting("ipc.rate_burst", int, 1000, "Requests a token may make at once above "
+            "ipc.rate_per_s (its bucket's size).", reloadable=True),
     Setting("ipc.token_grace_s", float, 60.0, "After `daemon rotate-token`, how long the "
             "previous local token is still accepted on TCP."),
     Setting("outbox.max_age_hours", int, 168, "Max age of an unsent row (permanent dedupe mode)."),
@@ -98,6 +104,8 @@ class DaemonSettings:
     ipc_header_timeout_s: float
     ipc_idle_timeout_s: float
     ipc_max_unauthenticated: int
+    ipc_rate_per_s: float
+    ipc_rate_burst: int
     ipc_token_grace_s: float
     outbox_max_age_hours: int
     outbox_max_age_hours_override: int | None
@@ -144,4 +152,8 @@ def load(
     for name in ("ipc.header_timeout_s", "ipc.idle_timeout_s", "ipc.max_unauthenticated"):
         if getattr(settings, name.replace(".", "_")) <= 0:
             raise ConfigError(f"{name} must be positive", field=name)
+    if settings.ipc_rate_per_s < 0 or settings.ipc_rate_burst < 1:
+        raise ConfigError("ipc.rate_per_s must be 0 (no limit) or more and ipc.rate_burst at "
+                          "least 1", field="ipc.rate_burst" if settings.ipc_rate_burst < 1
+                          else "ipc.rate_per_s")
     return settings, resolved

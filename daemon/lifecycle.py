@@ -20,6 +20,7 @@ import structlog
 from aiohttp import web
 
 from tidemesh.core.backoff import Backoff
+from tidemesh.core.ratelimit import Rate
 from tidemesh.core.settings import ConfigError
 from tidemesh.daemon import config as config_mod
 from tidemesh.daemon import log as log_mod
@@ -37,6 +38,7 @@ def apply(settings: config_mod.DaemonSettings, state: IpcState, bus: EventBus) -
     """Push the reloadable settings into the running objects that read them per request."""
     log_mod.set_level(settings.log_level)
     state.max_inflight = settings.ipc_max_inflight
+    state.rate = Rate(settings.ipc_rate_per_s, settings.ipc_rate_burst)
     state.public_health_check = settings.ipc_public_health_check
     state.sse_keepalive_s = settings.ipc_sse_keepalive_s
     state.sse_write_timeout_s = settings.ipc_sse_write_timeout_s

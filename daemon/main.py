@@ -26,6 +26,7 @@ from tidemesh.core.exitcodes import Exit
 from tidemesh.core.metrics import CallbackGauge, CollectorRegistry
 from tidemesh.core.ownership import NotPrivate
 from tidemesh.core.paths import DaemonPaths, daemon_paths, socket_path_problem
+from tidemesh.core.ratelimit import Rate
 from tidemesh.core.retention import DAY_MS, HOUR_MS, InboxPolicy
 from tidemesh.core.sealing import seal_request
 from tidemesh.core.settings import ConfigError
@@ -241,6 +242,7 @@ class Daemon:
         state = IpcState(
             token=ensure_token(self.start.paths.token_file),
             max_inflight=s.ipc_max_inflight,
+            rate=Rate(s.ipc_rate_per_s, s.ipc_rate_burst),
             public_health_check=s.ipc_public_health_check,
             sse_keepalive_s=s.ipc_sse_keepalive_s,
             sse_write_timeout_s=s.ipc_sse_write_timeout_s,

@@ -15,7 +15,7 @@ import click
 from tidemesh.cli import send_wait
 from tidemesh.cli.commands.common import client_for, json_option, mesh_option, paths_for
 from tidemesh.cli.output import emit_json, fail
-from tidemesh.client import DaemonNotAnswering, DaemonNotRunning, SendResult
+from tidemesh.client import DaemonNotAnswering, DaemonNotRunning, IncompatibleDaemon, SendResult
 from tidemesh.core.errors import TidemeshError
 from tidemesh.core.exitcodes import Exit
 from tidemesh.core.ids import client_message_id_problem
@@ -155,10 +155,25 @@ def _wait_then_exit(mesh: str, result: SendResult, timeout_s: float, as_json: bo
 
 
 def _deliver(mesh: str, req: dict[str, Any], client_id: str | None) -> tuple[Any, str]:
-    """The daemon if one answers a quick version probe; else the cold path, which runs only
-    while no daemon holds the mesh's instance lock."""
+    """The daemon if one answers a quick compatibility probe (``/v1/compat``) and fits this
+    CLI; else the cold path, which runs only while no daemon holds the mesh's instance lock.
+    A daemon of another IPC API major sends the CLI to the cold path (spec §15.4), which
+    that daemon's lock then refuses, with both versions named; a CLI version outside the
+    daemon's range is refused at once."""
     try:
-        client_for(mesh, timeout=PROBE_TIMEOUT_S).version()
+        client_for(mesh, timeout=PROBE_TIMEOUT_S).check_compatible("cli")
+    except IncompatibleDaemon as exc:
+        if exc.details.get("kind") != "ipc_api" or not paths_for(mesh).mesh_file.exists():
+            raise   # no cold path without a joined mesh: the daemon's versions are the news
+        click.echo(f"{exc.message}; trying the cold path", err=True)
+        try:
+            return coldpath.send(mesh, req, client_id, os.environ), "cold"
+        except AlreadyRunning as held:
+            raise IncompatibleDaemon(
+                f"{exc.message}, and the cold path does not run while that daemon (pid "
+                f"{held.pid}) holds the lock of mesh {mesh}: nothing was sent. Use a "
+                "tidemesh of the daemon's version, or stop it (`tidemesh daemon down`) to "
+                "send by the cold path", **exc.details) from exc
     except DaemonNotRunning as exc:
         paths = paths_for(mesh)
         if not paths.mesh_file.exists():

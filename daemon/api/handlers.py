@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from tidemesh.core import metrics, numbers
+from tidemesh.core import compat, metrics, numbers
 from tidemesh.core.errors import InvalidRequest
 from tidemesh.core.send import SendRequest, parse_send_request
 from tidemesh.daemon import token_rotation
@@ -55,13 +55,18 @@ async def get_version(request: web.Request) -> web.Response:
     search = ["inbox_search"] if inbox is not None and inbox.search_enabled else []
     return _json({
         "daemon_version": info.version,
-        "ipc_api": "v1",
-        "ipc_features": ["version", "health", "send", "send_batch", "outbox", "inbox", "consumers",
-                         "events", "metrics", *search],
+        "ipc_api": compat.IPC_API,
+        "ipc_features": ["version", "compat", "health", "send", "send_batch", "outbox", "inbox",
+                         "consumers", "events", "metrics", *search],
         "schema_version": info.schema_version,
         "mesh": info.mesh,
         "broker_features": state.link.broker_features,
     })
+
+
+async def get_compat(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    return _json(compat.document(state.info.version, state.link.broker_version))
 
 
 async def get_health(request: web.Request) -> web.Response:

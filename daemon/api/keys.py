@@ -11,6 +11,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from tidemesh.core.ratelimit import Buckets, Rate
 from tidemesh.daemon.hooks.capability import Capabilities
 from tidemesh.daemon.service.backup import BackupService
 from tidemesh.daemon.service.disk import DiskMonitor
@@ -28,6 +29,7 @@ class IpcMetrics:
 
     requests: Counter
     duration: Histogram
+    rate_limited: Counter
     # (endpoint, status, transport) -> the two labelled children. ``labels()`` takes a lock
     # and checks the label names on every call; the set of keys is small (routes x statuses).
     _children: dict[tuple[str, int, str], tuple[Any, Any]] = field(default_factory=dict)
@@ -39,6 +41,9 @@ class IpcMetrics:
                     ["endpoint", "status", "transport"], registry=registry),
             Histogram("cm_daemon_ipc_duration_seconds",
                       "IPC request duration by route template", ["endpoint"], registry=registry),
+            Counter("cm_daemon_ipc_rate_limited_total",
+                    "IPC requests refused 429 rate_limited (ipc.rate_per_s, ipc.rate_burst)",
+                    ["transport"], registry=registry),
         )
 
     def record(self, endpoint: str, status: int, transport: str, seconds: float) -> None:
@@ -95,6 +100,10 @@ class IpcState:
     registry: CollectorRegistry
     metrics: IpcMetrics
     sse_keepalive_s: float = 15.0
+    # Per-token request budgets (ipc.rate_per_s, ipc.rate_burst; middleware.charge).
+    rate: Rate = field(default_factory=lambda: Rate(100.0, 1000))
+    buckets: Buckets = field(default_factory=Buckets)
+    buckets_pruned_ms: int = 0
     sse_write_timeout_s: float = 10.0
     inflight: int = 0
     healthy: bool = True

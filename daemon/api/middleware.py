@@ -3,7 +3,9 @@
 ``ipc`` renders every failure as ``{"error": {...}}`` and never leaks a traceback, and
 enforces DESIGN §3: a token in the query is refused (400); on TCP the
 Host must be loopback and no Origin may be present (403), and a bearer token is required
-(401); more than ``max_inflight`` concurrent requests get 429. A hook's reply token
+(401); more than ``max_inflight`` concurrent requests get 429 ``daemon_busy``, and a token over
+its request budget (``ipc.rate_per_s`` sustained, ``ipc.rate_burst`` at once) gets 429
+``rate_limited`` with ``Retry-After`` (``charge``). A hook's reply token
 (``CAPABILITIES``) allows only POST /v1/send to its one target; anything else is 403. On TCP
 an answer to a request without a valid token (a 401, any refusal before the token is
 checked, the public health check) closes its connection, so connections held by someone
@@ -12,6 +14,7 @@ without the token end with their first answer (``connections``).
 
 from __future__ import annotations
 
+import math
 import time
 
 import structlog
@@ -24,6 +27,7 @@ from tidemesh.core.errors import (
     MethodNotAllowed,
     NotFound,
     PayloadTooLarge,
+    RateLimited,
     TidemeshError,
     TokenInQuery,
     Unauthorized,
@@ -40,6 +44,12 @@ _STREAMING = {"/v1/events"}
 _TOKEN_PARAMS = {"token", "access_token", "local_token"}
 # Set on a TCP request once its token (or reply token) has been checked.
 _AUTHENTICATED = web.RequestKey("authenticated", bool)
+# The request budgets' keys besides a hook's reply token (its own key): every request on the
+# Unix socket without a token, the local token on TCP (the previous one during its grace
+# too), and TCP requests let in without one (the public health check).
+UNIX, LOCAL, PUBLIC = "unix", "local", "public"
+# Buckets kept before full ones are looked for and forgotten, at most once a second.
+_PRUNE_ABOVE, _PRUNE_EVERY_MS = 64, 1000
 
 
 def transport_of(request: web.Request) -> str:
@@ -69,7 +79,15 @@ def _from_http(exc: web.HTTPException, max_body: int | None = None) -> TidemeshE
 
 
 def render(err: TidemeshError) -> web.Response:
-    return web.json_response(err.to_body(), status=err.http_status)
+    resp = web.json_response(err.to_body(), status=err.http_status)
+    if isinstance(err, RateLimited):
+        resp.headers["Retry-After"] = retry_after(err.retry_after_ms)
+    return resp
+
+
+def retry_after(ms: int) -> str:
+    """Retry-After's whole seconds (RFC 9110 §10.2.3): rounded up, at least 1."""
+    return str(max(1, math.ceil(ms / 1000)))
 
 
 @web.middleware
@@ -121,6 +139,10 @@ async def _guarded(request: web.Request, handler: Handler, transport: str) -> we
     capability = "Authorization" in request.headers and await _check_capability(request)
     if transport == "tcp":
         _check_tcp(request, capability)
+    reply = request.get(REPLY_TOKEN)
+    charge(state, reply if reply is not None else
+           UNIX if transport == "unix" else
+           LOCAL if request.get(_AUTHENTICATED) else PUBLIC, transport)
     if request.path in _STREAMING:
         return await handler(request)
     admit(state)
@@ -135,6 +157,21 @@ def admit(state: IpcState) -> None:
     if state.inflight >= state.max_inflight:
         raise Busy(f"more than {state.max_inflight} requests in flight; retry shortly")
     state.inflight += 1
+
+
+def charge(state: IpcState, key: str, transport: str) -> None:
+    """Take one request from ``key``'s budget, or refuse it (429 rate_limited)."""
+    now_ms = int(time.monotonic() * 1000)
+    wait_ms = state.buckets.take(key, state.rate, now_ms)
+    if len(state.buckets) > _PRUNE_ABOVE and now_ms - state.buckets_pruned_ms >= _PRUNE_EVERY_MS:
+        state.buckets_pruned_ms = now_ms
+        state.buckets.prune(lambda _key: state.rate, now_ms)
+    if wait_ms:
+        state.metrics.rate_limited.labels(transport=transport).inc()
+        rate = state.rate
+        raise RateLimited(f"over {rate.per_s:g} requests/s (burst {rate.burst}) for this "
+                          f"token (settings ipc.rate_per_s, ipc.rate_burst); retry after "
+                          f"{wait_ms} ms", retry_after_ms=wait_ms)
 
 
 def logged(exc: TidemeshError, path: str) -> None:

@@ -17,7 +17,9 @@ import tidemesh
 from tidemesh.daemon.api.routes import ERROR, TABLE
 
 _COMMON = {401: "no or wrong bearer token (TCP)", 403: "foreign Host or any Origin (TCP)",
-           404: "no such route or row", 405: "method not allowed", 429: "too many in flight"}
+           404: "no such route or row", 405: "method not allowed",
+           429: "too many in flight (daemon_busy), or over the token's request budget "
+                "(rate_limited, with a Retry-After header)"}
 _SUFFIX = ".schema.json"
 
 

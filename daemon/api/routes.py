@@ -43,6 +43,10 @@ class Route:
 TABLE: tuple[Route, ...] = (
     Route("GET", "/v1/version", handlers.get_version, "Daemon version and features",
           responses={200: "version_response.schema.json"}),
+    Route("GET", "/v1/compat", handlers.get_compat,
+          "The versions this daemon works with: brokers (and the features it requires of "
+          "them), CLIs and SDKs",
+          responses={200: "compat_response.schema.json"}),
     Route("GET", "/v1/health", handlers.get_health, "Health, queue depth, connection",
           responses={200: "health_response.schema.json"}),
     Route("POST", "/v1/send", handlers.post_send, "Accept one send (the 11-row table)",

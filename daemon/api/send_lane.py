@@ -31,11 +31,11 @@ import orjson
 import structlog
 
 from tidemesh.core import numbers
-from tidemesh.core.errors import TidemeshError
+from tidemesh.core.errors import RateLimited, TidemeshError
 from tidemesh.daemon.api.connections import HEADER_TIMEOUT_S, IDLE_TIMEOUT_S, MAX_HEAD
 from tidemesh.daemon.api.handlers import accept_batch, accept_send
 from tidemesh.daemon.api.keys import IpcState
-from tidemesh.daemon.api.middleware import admit, crashed, logged
+from tidemesh.daemon.api.middleware import UNIX, admit, charge, crashed, logged, retry_after
 from tidemesh.daemon.service.outbox import OutboxService
 
 log = structlog.get_logger(__name__)
@@ -153,32 +153,36 @@ class Lane:
     def protocol(self) -> LaneConnection:
         return LaneConnection(self)
 
-    async def answer(self, head: SendHead, body: bytes) -> tuple[int, Any]:
-        """The status and JSON body of one send request; never raises."""
+    async def answer(self, head: SendHead, body: bytes) -> tuple[int, Any, bytes]:
+        """The status, JSON body and extra header lines of one send request; never raises."""
         try:
+            charge(self.state, UNIX, "unix")
             admit(self.state)
             try:
                 if head.path == SEND:
-                    return await accept_send(self.outbox, body, head.key)
-                return 200, await accept_batch(self.outbox, body, head.has_key)
+                    return (*await accept_send(self.outbox, body, head.key), b"")
+                return 200, await accept_batch(self.outbox, body, head.has_key), b""
             finally:
                 self.state.inflight -= 1
+        except RateLimited as exc:
+            return (exc.http_status, exc.to_body(),
+                    b"Retry-After: " + retry_after(exc.retry_after_ms).encode() + b"\r\n")
         except TidemeshError as exc:
             logged(exc, head.path)
-            return exc.http_status, exc.to_body()
+            return exc.http_status, exc.to_body(), b""
         except Exception:
             err = crashed(head.path, "POST")
-            return err.http_status, err.to_body()
+            return err.http_status, err.to_body(), b""
 
-    def response(self, status: int, body: bytes, head: SendHead) -> bytes:
+    def response(self, status: int, body: bytes, head: SendHead, extra: bytes = b"") -> bytes:
         connection = (b"" if head.keep_alive and not head.http10 else
                       b"Connection: keep-alive\r\n" if head.keep_alive else
                       b"Connection: close\r\n")
         return b"".join((
             b"HTTP/1.1 ", str(status).encode(), b" ", _REASONS.get(status, b""),
             b"\r\nContent-Type: application/json; charset=utf-8\r\nContent-Length: ",
-            str(len(body)).encode(), b"\r\nDate: ", self._date.now(), b"\r\n", connection,
-            b"\r\n", body))
+            str(len(body)).encode(), b"\r\nDate: ", self._date.now(), b"\r\n", extra,
+            connection, b"\r\n", body))
 
     def close_idle(self) -> None:
         """Close idle connections now and busy ones after their answer; refuse new ones."""
@@ -299,12 +303,12 @@ class LaneConnection(asyncio.Protocol):
 
     async def _answer(self, head: SendHead, body: bytes) -> None:
         started = time.perf_counter()
-        status, answer = await self.lane.answer(head, body)
+        status, answer, extra = await self.lane.answer(head, body)
         transport = self.transport
         if transport is None:
             self.task = None
             return
-        transport.write(self.lane.response(status, orjson.dumps(answer), head))
+        transport.write(self.lane.response(status, orjson.dumps(answer), head, extra))
         assert self.loop is not None
         self.active_at = self.loop.time()
         self.answered = True

@@ -37,7 +37,7 @@ EXPECTED_EXIT = {
     "mesh_name_bound": Exit.USAGE, "not_joined": Exit.CONFLICT, "not_private": Exit.USAGE,
     "backup_unusable": Exit.REJECTED, "backup_wrong_passphrase": Exit.REJECTED,
     "backup_damaged": Exit.REJECTED, "backup_schema_too_new": Exit.REJECTED,
-    "restore_refused": Exit.REJECTED,
+    "restore_refused": Exit.REJECTED, "incompatible_daemon": Exit.FEATURE_UNAVAILABLE,
 }
 
 

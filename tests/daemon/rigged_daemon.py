@@ -4,7 +4,9 @@ the daemon does when its own parts misbehave (a test launcher, never installed):
 - ``stubborn``: the retention task ignores every cancel;
 - ``thread``: the retention task waits in a thread that never returns;
 - ``failing``: the retention task fails twice (a store restarting), then runs;
-- ``block``: a route, ``GET /v1/test/block?s=N``, blocks the event loop for N seconds.
+- ``block``: a route, ``GET /v1/test/block?s=N``, blocks the event loop for N seconds;
+- ``ipc_v2``: the daemon speaks IPC API v2 (a future daemon, for the compatibility policy);
+- ``new_clis``: the daemon works only with CLIs and SDKs of 9.x.
 
 Run as ``python rigged_daemon.py daemon up --foreground --mesh M`` (the CLI's arguments).
 """
@@ -50,6 +52,7 @@ async def _block(request: web.Request) -> web.Response:
 
 
 def rig(kind: str) -> None:
+    from tidemesh.core import compat
     from tidemesh.daemon import main as daemon_main
     from tidemesh.daemon.service.retention import RetentionService
 
@@ -68,6 +71,11 @@ def rig(kind: str) -> None:
             return app
 
         daemon_main.build_app = build_app
+    elif kind == "ipc_v2":
+        compat.IPC_API = "v2"
+    elif kind == "new_clis":
+        compat.COMPATIBLE_CLIS = ">=9.0.0,<10.0.0"
+        compat.COMPATIBLE_SDKS = dict.fromkeys(compat.COMPATIBLE_SDKS, "9.x")
     else:
         raise SystemExit(f"unknown TM_TEST_RIG {kind!r}")
 
