@@ -48,7 +48,7 @@ class BrokerService:
                                session_expiry_s=session_expiry_s)
         self.metrics = Metrics(self.connections.active, store)
         self.auth = Auth(store, self.metrics, self.connections)
-        self.clones = Clones(clone_policy, self.connections, self.metrics)
+        self.clones = Clones(clone_policy, self.connections, self.metrics, self.peering)
         self.limiter = Limiter(member_rate, store)
         self.sends = Sends(store, limits, self.metrics, self.connections, self.limiter)
         self.deliveries = Deliveries(store, self.metrics, self.connections)

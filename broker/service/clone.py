@@ -18,12 +18,16 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
 import structlog
 
 from tidemesh.broker.service.connections import Connections, now_ms
 from tidemesh.broker.service.metrics import Metrics
 from tidemesh.core.wire import CloseCode
+
+if TYPE_CHECKING:
+    from tidemesh.broker.service.cluster import Peering
 
 log = structlog.get_logger(__name__)
 
@@ -64,22 +68,29 @@ def is_other_host(new_host: str | None, live_host: str | None) -> bool:
 
 
 class Clones:
-    def __init__(self, policy: ClonePolicy, connections: Connections, metrics: Metrics) -> None:
+    def __init__(self, policy: ClonePolicy, connections: Connections, metrics: Metrics,
+                 peering: Peering) -> None:
         self.policy = policy
         self.connections = connections
         self.metrics = metrics
+        self.peering = peering
 
     async def check(self, mesh_id: str, pubkey: str, host: str | None) -> CloneVerdict:
         """Judge a new, authenticated session of this member marked ``host``, and act on the
         member's live connections here; the caller refuses the new one when told to."""
         live = list(self.connections.conns.get((mesh_id, pubkey), ()))
-        verdict = judge(self.policy, host, (c.host for c in live))
+        # With several brokers, the member's session may be held by another one.
+        remote = await self.peering.remote_session(mesh_id, pubkey) if host else None
+        verdict = judge(self.policy, host, [*(c.host for c in live),
+                                            remote.host if remote else None])
         if not verdict.suspected:
             return verdict
         others = [c for c in live if is_other_host(host, c.host)]
         self.metrics.clones.labels(policy=self.policy.value).inc()
         log.warning("member_clone_suspected", mesh_id=mesh_id, pubkey=pubkey,
                     policy=self.policy.value, live_sessions=[c.session_id for c in others],
+                    other_broker=remote.broker_id if remote is not None
+                    and is_other_host(host, remote.host) else None,
                     hint="two hosts present this member's key with different host "
                          "fingerprints: a cloned data dir (docs/operations.md, A cloned host)")
         for c in others:
@@ -90,4 +101,7 @@ class Clones:
             await c.peer.send_frame({"type": "clone_suspected", "mesh_id": mesh_id,
                                      "pubkey": pubkey, "policy": self.policy.value,
                                      "receives_deliveries": not c.muted, "at": now_ms()})
+        if remote is not None and is_other_host(host, remote.host):
+            # Its sessions are not muted: across brokers both hosts receive the deliveries.
+            await self.peering.act_on_clone(remote, verdict.close_live, self.policy.value)
         return verdict

@@ -3,6 +3,7 @@ second "host" (its own host fingerprint, TIDEMESH_HOST_ID), both daemons running
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import shutil
@@ -145,3 +146,55 @@ async def test_clone_is_noticed_and_the_policy_decides(policy_mesh: Mesh,
 
 async def _has_body(d: RunningDaemon, body: str) -> bool:
     return any(item.get("body") == body for item in await inbox(d))
+
+
+@pytest.fixture(params=["warn", "refuse_new"])
+def two_brokers(request: pytest.FixtureRequest, pg_database: str,
+                short_tmp: Path) -> Iterator[tuple[Broker, Broker]]:
+    pair = []
+    for label in ("x", "y"):
+        home = short_tmp / label
+        home.mkdir()
+        pair.append(Broker(home, pg_database, env={"TIDEMESH_CLONE_POLICY": request.param,
+                                                   "TIDEMESH_LOG_FORMAT": "json"}))
+    pair[0].cli("mesh", "create", "team")
+    for b in pair:
+        b.start()
+    try:
+        yield pair[0], pair[1]
+    finally:
+        for b in pair:
+            b.kill()
+
+
+@pytest.mark.postgres
+async def test_clones_on_two_brokers_do_not_take_the_session_from_each_other(
+        two_brokers: tuple[Broker, Broker], short_tmp: Path) -> None:
+    """Before clone detection each took the session from the other (4011), in a loop."""
+    x, y = two_brokers
+    policy = x.env["TIDEMESH_CLONE_POLICY"]
+    mesh = Mesh(x, "team")
+    try:
+        a, home_b, env_b = _twins(mesh, short_tmp)
+        await wait_for(lambda: connected(a))
+        mesh_file = next(home_b.rglob("mesh.json"))
+        mesh_file.write_text(mesh_file.read_text().replace(x.url, y.url))
+        b = start_daemon(home_b, "m", env_b)
+        mesh.daemons["b"] = b
+        await wait_for(lambda: _events(b, "clone_suspected"))
+        await wait_for(lambda: _events(a, "clone_suspected"))   # told across the brokers
+        assert _broker_metric(y, "cm_broker_clone_suspected_total") >= 1
+        if policy == "warn":
+            await wait_for(lambda: connected(b))
+        # A few seconds of both running: nobody is taken over, a keeps its session.
+        for _ in range(30):
+            await asyncio.sleep(0.1)
+            assert await connected(a)
+        assert _closes(a, 4011) == 0 and _closes(b, 4011) == 0
+        if policy == "warn":
+            assert await connected(b)
+        else:
+            assert not await connected(b) and _closes(b, 4013) == 0   # refused at the hello
+            assert "clone_suspected" in b.log.read_text()
+    finally:
+        mesh.stop()
