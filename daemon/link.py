@@ -55,7 +55,10 @@ class HandshakeRejected(LinkError):
     """The broker closed during the handshake (unknown or revoked member, bad signature …)."""
 
     def __init__(self, code: int | None, reason: str) -> None:
-        why = explain_refusal(reason)
+        why = explain_refusal(reason) or (
+            "another host presents this member's key (a cloned data dir?); retrying with "
+            "backoff; see docs/operations.md, A cloned host" if reason == "clone_suspected"
+            else None)
         super().__init__(f"the broker refused this member (close {code}: {reason})"
                          + (f": {why}" if why else ""))
         self.code = code
