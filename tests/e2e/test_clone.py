@@ -148,7 +148,7 @@ async def _has_body(d: RunningDaemon, body: str) -> bool:
     return any(item.get("body") == body for item in await inbox(d))
 
 
-@pytest.fixture(params=["warn", "refuse_new"])
+@pytest.fixture(params=["warn", "refuse_new", "refuse_both"])
 def two_brokers(request: pytest.FixtureRequest, pg_database: str,
                 short_tmp: Path) -> Iterator[tuple[Broker, Broker]]:
     pair = []
@@ -182,8 +182,13 @@ async def test_clones_on_two_brokers_do_not_take_the_session_from_each_other(
         b = start_daemon(home_b, "m", env_b)
         mesh.daemons["b"] = b
         await wait_for(lambda: _events(b, "clone_suspected"))
-        await wait_for(lambda: _events(a, "clone_suspected"))   # told across the brokers
         assert _broker_metric(y, "cm_broker_clone_suspected_total") >= 1
+        if policy == "refuse_both":
+            # y asks x, over NOTIFY, to close a's session with the same reason.
+            await wait_for(lambda: _closes(a, 4013) >= 1)
+            assert a.proc.poll() is None and b.proc.poll() is None
+            return
+        await wait_for(lambda: _events(a, "clone_suspected"))   # told across the brokers
         if policy == "warn":
             await wait_for(lambda: connected(b))
         # A few seconds of both running: nobody is taken over, a keeps its session.
