@@ -399,11 +399,14 @@ class Daemon:
                 state.link.broker_features = current.supported
                 state.link.broker_url = current.url
                 state.link.broker_version = current.broker_version
-            if detail.get("state") == "connected":
-                state.link.clone_suspected = bool(detail.get("clone_suspected"))
+            if detail.get("state") == "connected" and not detail.get("clone_suspected"):
+                state.link.clone_suspected = False
             elif detail.get("state") == "clone_suspected":
-                state.link.clone_suspected = True
-                await inbox.record_event("clone_suspected", {"mesh": mesh.mesh, **detail})
+                # One event per spell (a refused daemon retries with backoff); the metric and
+                # the log count every time.
+                if not state.link.clone_suspected:
+                    state.link.clone_suspected = True
+                    await inbox.record_event("clone_suspected", {"mesh": mesh.mesh, **detail})
                 return
             if detail.get("state") == "revoked":
                 log.error("member_revoked", hint=revocation.record(paths.revoked_file,

@@ -135,8 +135,11 @@ async def test_clone_is_noticed_and_the_policy_decides(policy_mesh: Mesh,
         # b is refused (4013) and keeps retrying with backoff; a keeps its session.
         assert health_b["connected"] is False
         assert await connected(a)
-        await wait_for(lambda: _closes(b, 4013) >= 1 or "clone_suspected" in b.log.read_text())
+        # Retried with backoff, refused each time: counted each time, one event for the spell.
+        await wait_for(lambda: b.log.read_text().count('"event": "clone_suspected"') >= 2)
         assert b.proc.poll() is None, "retryable: the daemon does not exit"
+        assert len(_events(b, "clone_suspected")) == 1
+        assert await _daemon_metric(b, "cm_daemon_clone_suspected_total") >= 2
         assert _closes(a, 4013) == 0 and _closes(a, 4011) == 0
     else:
         # refuse_both: the live session of the other host is closed with the same reason.
