@@ -327,7 +327,7 @@ class Peering:
         conns = self.connections.conns
         behind: list[Key] = []
         for mesh_id, pubkey, epoch, last_seq in await self.shared.unacked(list(conns)):
-            if any(c.pumping and c.epoch == epoch and c.sent_seq < last_seq
+            if any(c.pumping and not c.muted and c.epoch == epoch and c.sent_seq < last_seq
                    for c in conns.get((mesh_id, pubkey), ())):
                 behind.append((mesh_id, pubkey))
         if behind:
