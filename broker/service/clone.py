@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING
 import structlog
 
 from tidemesh.broker.service.connections import Connections, now_ms
-from tidemesh.broker.service.metrics import Metrics
 from tidemesh.core.wire import CloseCode
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # both import this module (cluster.py) or lead to it (metrics → store)
     from tidemesh.broker.service.cluster import Peering
+    from tidemesh.broker.service.metrics import Metrics
 
 log = structlog.get_logger(__name__)
 
