@@ -16,6 +16,7 @@ from typing import Any
 from tidemesh.core.features import MIN_RETENTION_DAYS, MODES
 from tidemesh.core.settings import ConfigError, Resolved, Setting, build
 
+CLONE_POLICIES = ("warn", "refuse_new", "refuse_both")   # broker/service/clone.py ClonePolicy
 SETTINGS: tuple[Setting, ...] = (
     Setting("broker.listen", str, "127.0.0.1:7800", "HOST:PORT of the WebSocket and /metrics."),
     Setting("broker.store", str, None, "sqlite:///PATH or postgresql://…; default embedded SQLite.",
@@ -66,6 +67,9 @@ SETTINGS: tuple[Setting, ...] = (
             "each says it is alive (and removes the sessions of brokers that stopped)."),
     Setting("cluster.session_expiry_s", float, 10.0, "A broker silent this long is taken for "
             "dead: its members' sessions are removed and announced as peer_leave."),
+    Setting("clone.policy", str, "warn", "One member key from two hosts (a cloned data dir): "
+            "warn (both stay, the newest gets the deliveries), refuse_new (the new hello is "
+            "closed 4013 clone_suspected) or refuse_both (the other host's sessions too)."),
     Setting("watchdog.stall_s", float, 5.0, "An event loop that does not turn for this long is "
             "a stall: every thread's stack is logged once, and /healthz answers 503 stalled."),
     Setting("watchdog.exit_after_s", float, 60.0, "A stall this long ends the broker with exit "
@@ -107,6 +111,7 @@ class BrokerSettings:
     cluster_poll_s: float
     cluster_heartbeat_s: float
     cluster_session_expiry_s: float
+    clone_policy: str
     watchdog_stall_s: float
     watchdog_exit_after_s: float
     shutdown_grace_s: float
@@ -176,6 +181,8 @@ def _validate(s: BrokerSettings) -> None:
     if s.limits_profile_rate <= 0 or s.limits_profile_burst < 1:
         raise ConfigError("limits.profile_rate must be > 0 and limits.profile_burst >= 1",
                           field="limits.profile_rate")
+    if s.clone_policy not in CLONE_POLICIES:
+        raise ConfigError(f"clone.policy must be one of {CLONE_POLICIES}", field="clone.policy")
     if s.limits_member_burst < 1:
         raise ConfigError("limits.member_burst must be >= 1", field="limits.member_burst")
     try:

@@ -26,6 +26,7 @@ from tidemesh.broker.background import Jobs
 from tidemesh.broker.config import BrokerSettings, config_file, load, read_file, store_url
 from tidemesh.broker.server import BrokerServer
 from tidemesh.broker.service import BrokerService
+from tidemesh.broker.service.clone import ClonePolicy
 from tidemesh.broker.store import open_cluster, open_store, sqlite_file
 from tidemesh.broker.store.base import Store
 from tidemesh.core.errors import InvalidRequest, TidemeshError
@@ -127,7 +128,8 @@ async def _run(settings: BrokerSettings, url: str, stop: asyncio.Event,
                             member_rate=Rate(settings.limits_member_rate,
                                              settings.limits_member_burst),
                             profile_rate=Rate(settings.limits_profile_rate,
-                                              settings.limits_profile_burst))
+                                              settings.limits_profile_burst),
+                            clone_policy=ClonePolicy(settings.clone_policy))
     server = BrokerServer(service, max_inflight=settings.limits_max_inflight,
                           max_bad=settings.limits_bad_frames,
                           bad_window_s=settings.limits_bad_frames_window_s,

@@ -26,6 +26,8 @@ from websockets.http11 import Request, Response
 
 from tidemesh.broker.outgoing import CloseAfter, Outgoing, QueueLimits
 from tidemesh.broker.service import BrokerService, Conn, routes
+from tidemesh.broker.service.clone import NOT_SUSPECTED
+from tidemesh.broker.service.clone import REASON as CLONE_REASON
 from tidemesh.broker.service.connections import now_ms
 from tidemesh.broker.service.metrics import Metrics
 from tidemesh.broker.session import Authenticate, Close, Dispatch, Send, Session
@@ -307,13 +309,21 @@ class BrokerServer:
         hello_ack or the close, and claim the member's session."""
         out = await self.service.auth.authenticate(action.frame)
         first = False
+        host = action.frame.get("host_fingerprint")
+        clone = NOT_SUSPECTED
         if out.problem is None:
+            clone = await self.service.clones.check(out.mesh_id, out.pubkey, host)
+            if clone.refuse_new:
+                self.service.metrics.rejected.labels(reason=CLONE_REASON).inc()
+                for a in live.session.refuse(CloseCode.CLONE, CLONE_REASON):
+                    await self._carry_out(live.peer, a)
+                return
             live.conn, first = self.service.connections.register(
-                live.peer, out.mesh_id, out.pubkey, out.display_name)
+                live.peer, out.mesh_id, out.pubkey, out.display_name, host)
         conn = live.conn
         for a in live.session.on_member(out.mesh_id, out.mesh_name, out.pubkey,
                                         conn.session_id if conn else "", out.problem,
-                                        out.joined):
+                                        out.joined, clone.suspected):
             await self._carry_out(live.peer, a)
         if conn is not None:
             live.joins = await self.service.peering.connected(conn, first)

@@ -121,13 +121,21 @@ class Session:
         return [Authenticate(frame)]
 
     def on_member(self, mesh_id: str, mesh_name: str, pubkey: str, session_id: str,
-                  problem: str | None, joined: bool = False) -> list[Action]:
+                  problem: str | None, joined: bool = False,
+                  clone_suspected: bool = False) -> list[Action]:
         """The service's answer to ``Authenticate``: ``problem`` is a close reason or None."""
         if problem is not None:
             return self._close(CloseCode.AUTH, problem)
         self.phase, self.mesh_id, self.pubkey = Phase.READY, mesh_id, pubkey
-        return [Send({"type": "hello_ack", "mesh_id": mesh_id, "mesh_name": mesh_name,
-                      "pubkey": pubkey, "session_id": session_id, "joined": joined})]
+        ack = {"type": "hello_ack", "mesh_id": mesh_id, "mesh_name": mesh_name,
+               "pubkey": pubkey, "session_id": session_id, "joined": joined}
+        if clone_suspected:   # only ever for a hello with host_fingerprint: a daemon that knows it
+            ack["clone_suspected"] = True
+        return [Send(ack)]
+
+    def refuse(self, code: int, reason: str) -> list[Action]:
+        """The service refused an authenticated member (a suspected clone, clone.policy)."""
+        return self._close(code, reason)
 
     def _bad_frame(self, exc: TidemeshError, now: float) -> list[Action]:
         self.bad.append(now)

@@ -3,16 +3,23 @@
 The broker sends a fresh 32-byte nonce; the member signs
 ``"tidemesh-hello-v1" 0x00 mesh_id 0x00 pubkey_hex 0x00 nonce_hex`` with its ed25519 key.
 The domain prefix keeps the signature from being valid in any other context.
+
+A hello may also carry ``host_fingerprint``: ``host_mark`` of the daemon's host fingerprint,
+outside the signature. Signing it would prove nothing: a clone holds the same key and signs
+whatever it presents; and the signed bytes stay those every broker checks. The mark mixes in
+the member key, so the broker never learns an identifier that follows a host across keys.
 """
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 
 from nacl.exceptions import BadSignatureError
 from nacl.signing import SigningKey, VerifyKey
 
 DOMAIN = b"tidemesh-hello-v1"
+HOST_DOMAIN = b"tidemesh-host-v1"
 
 
 def new_nonce() -> str:
@@ -38,3 +45,9 @@ def verify(mesh_id: str, pubkey: str, nonce: str, signature: str) -> bool:
     except (BadSignatureError, ValueError):
         return False
     return True
+
+
+def host_mark(pubkey: str, host_fingerprint: str) -> str:
+    """What a hello says of its host: equal for one key on one host, different on a clone."""
+    return hashlib.sha256(b"\x00".join((HOST_DOMAIN, pubkey.encode(),
+                                         host_fingerprint.encode()))).hexdigest()

@@ -52,6 +52,7 @@ class FrameType(StrEnum):
     PROFILE = "profile"
     PEER_JOIN = "peer_join"
     PEER_LEAVE = "peer_leave"
+    CLONE_SUSPECTED = "clone_suspected"
 
 
 class CloseCode:
@@ -65,6 +66,7 @@ class CloseCode:
     FEATURE = 4010            # spec §15.5: feature_unavailable (+ structured close_reason)
     TAKEN_OVER = 4011         # the member connected again, to another broker: reconnect
     SLOW_READER = 4012        # the connection took no frame for limits.slow_reader_s: reconnect
+    CLONE = 4013              # another host holds this member's key (clone.policy): back off
 
 
 class InvalidFrame(InvalidRequest):

@@ -12,6 +12,7 @@ import os
 import platform
 import re
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,9 +101,15 @@ def _first_stable_mac() -> str:
     return ""
 
 
-def current_host_fingerprint() -> str:
-    """sha256(machine_id || first_stable_mac), hex."""
-    return hashlib.sha256((_machine_id() + _first_stable_mac()).encode()).hexdigest()
+# Replaces machine-id and MAC as what the fingerprint hashes: for containers whose machine-id
+# is not stable, and for tests that play two hosts on one machine.
+HOST_ID_ENV = "TIDEMESH_HOST_ID"
+
+
+def current_host_fingerprint(environ: Mapping[str, str] = os.environ) -> str:
+    """sha256(machine_id || first_stable_mac), hex (or of ``TIDEMESH_HOST_ID`` when set)."""
+    host_id = environ.get(HOST_ID_ENV) or (_machine_id() + _first_stable_mac())
+    return hashlib.sha256(host_id.encode()).hexdigest()
 
 
 def check_host(path: Path, current: str) -> bool:

@@ -55,7 +55,10 @@ class HandshakeRejected(LinkError):
     """The broker closed during the handshake (unknown or revoked member, bad signature …)."""
 
     def __init__(self, code: int | None, reason: str) -> None:
-        why = explain_refusal(reason)
+        why = explain_refusal(reason) or (
+            "another host presents this member's key (a cloned data dir?); retrying with "
+            "backoff; see docs/operations.md, A cloned host" if reason == "clone_suspected"
+            else None)
         super().__init__(f"the broker refused this member (close {code}: {reason})"
                          + (f": {why}" if why else ""))
         self.code = code
@@ -118,7 +121,8 @@ class BrokerLink:
                       require: tuple[str, ...] = features.REQUIRED,
                       optional: tuple[str, ...] = features.OPTIONAL,
                       invite_token: str | None = None, display_name: str | None = None,
-                      open_timeout: float = 10.0, delivery_buffer: int = 1024,
+                      host_fingerprint: str | None = None, open_timeout: float = 10.0,
+                      delivery_buffer: int = 1024,
                       stall_timeout: float = STALL_TIMEOUT_S) -> BrokerLink:
         """Connect, authenticate and negotiate; raises a ``LinkError`` subclass on failure,
         a broker that does not finish the handshake within ``open_timeout`` included."""
@@ -136,7 +140,8 @@ class BrokerLink:
             raise LinkError(f"cannot reach the broker at {url}: {exc}") from exc
         try:
             async with asyncio.timeout(open_timeout):
-                ack, version = await _hello(ws, mesh_id, key, invite_token, display_name)
+                ack, version = await _hello(ws, mesh_id, key, invite_token, display_name,
+                                            host_fingerprint)
                 supported = await _negotiate(ws, require, optional)
         except ConnectionClosed as exc:
             # Lost while sending hello or the negotiation: a broken path, not a refusal.
@@ -318,7 +323,7 @@ class BrokerLink:
             for result in frame["results"]:
                 self._resolve(result)
             return
-        if frame["type"] in ("peer_join", "peer_leave"):
+        if frame["type"] in ("peer_join", "peer_leave", "clone_suspected"):
             if self.presence.full():  # presence is best effort; never stall deliveries for it
                 self.presence.get_nowait()
             self.presence.put_nowait(frame)
@@ -394,7 +399,7 @@ class BrokerLink:
                 return
 
 
-PRESENCE_FRAMES = frozenset({"peer_join", "peer_leave"})
+PRESENCE_FRAMES = frozenset({"peer_join", "peer_leave", "clone_suspected"})
 
 
 async def _recv(ws: ClientConnection, expect: str,
@@ -423,12 +428,17 @@ async def _recv_one(ws: ClientConnection, expect: str) -> dict[str, Any]:
 
 
 async def _hello(ws: ClientConnection, mesh_id: str, key: SigningKey, invite_token: str | None,
-                 display_name: str | None) -> tuple[dict[str, Any], str | None]:
+                 display_name: str | None, host_fingerprint: str | None = None
+                 ) -> tuple[dict[str, Any], str | None]:
     """The hello_ack, and the broker's version when its challenge says it."""
     challenge = await _recv(ws, "challenge")
     pubkey, signature = handshake.sign(key, mesh_id, challenge["nonce"])
     frame: dict[str, Any] = {"type": "hello", "mesh_id": mesh_id, "pubkey": pubkey,
                              "nonce": challenge["nonce"], "signature": signature}
+    if host_fingerprint is not None and invite_token is None:
+        # Lets the broker tell a clone of this data dir (same key, other host) from a
+        # reconnect of this daemon (docs/operations.md "A cloned host").
+        frame["host_fingerprint"] = handshake.host_mark(pubkey, host_fingerprint)
     if invite_token is not None:
         frame.update(type="join", invite_token=invite_token, display_name=display_name)
     await ws.send(encode(frame))

@@ -177,7 +177,8 @@ def run(mesh: str | None, environ: Mapping[str, str], flags: Mapping[str, Any]) 
 
 def _run_locked(start: Startup) -> int:
     paths = start.paths
-    if not identity.check_host(paths.host_fingerprint, identity.current_host_fingerprint()):
+    if not identity.check_host(paths.host_fingerprint,
+                               identity.current_host_fingerprint(start.environ)):
         log.error(
             "daemon_start_refused", reason="host_fingerprint_mismatch",
             hint="this data dir was made on another host; if that is intended run "
@@ -401,6 +402,15 @@ class Daemon:
                 state.link.broker_features = current.supported
                 state.link.broker_url = current.url
                 state.link.broker_version = current.broker_version
+            if detail.get("state") == "connected" and not detail.get("clone_suspected"):
+                state.link.clone_suspected = False
+            elif detail.get("state") == "clone_suspected":
+                # One event per spell (a refused daemon retries with backoff); the metric and
+                # the log count every time.
+                if not state.link.clone_suspected:
+                    state.link.clone_suspected = True
+                    await inbox.record_event("clone_suspected", {"mesh": mesh.mesh, **detail})
+                return
             if detail.get("state") == "revoked":
                 log.error("member_revoked", hint=revocation.record(paths.revoked_file,
                                                                    mesh.mesh).message)
@@ -415,7 +425,8 @@ class Daemon:
                                     handshake_timeout_s=s.reconnect_handshake_timeout_s,
                                     stall_timeout_s=s.reconnect_stall_timeout_s), on_status,
                       metrics=RelayMetrics.register(state.registry, s.daemon_mesh),
-                      clock=self.clock)
+                      clock=self.clock,
+                      host_fingerprint=identity.current_host_fingerprint(self.start.environ))
         return relay
 
     async def _supervise(self, dbs: list[Database], relay: asyncio.Task[None] | None,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -176,10 +176,17 @@ class Receiver:
         raise LinkError("the broker refused to resume three times")
 
 
-async def forward_presence(link: BrokerLink, inbox: InboxService) -> None:
-    """peer_join / peer_leave frames become events in the local log, until the link closes."""
+async def forward_presence(link: BrokerLink, inbox: InboxService,
+                           on_clone: Callable[[dict[str, Any]], Awaitable[None]] | None = None
+                           ) -> None:
+    """peer_join / peer_leave frames become events in the local log, until the link closes;
+    a clone_suspected frame goes to ``on_clone`` (which records its own event)."""
     while True:
         frame = await race.next_item(link.presence, link.wait_closed())
         if frame is None:
             return
+        if frame["type"] == "clone_suspected":
+            if on_clone is not None:
+                await on_clone(frame)
+            continue
         await inbox.record_event(frame["type"], {k: v for k, v in frame.items() if k != "type"})

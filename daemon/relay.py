@@ -51,6 +51,7 @@ from tidemesh.daemon.service.inbox import InboxService
 from tidemesh.daemon.service.outbox import OutboxService
 
 log = structlog.get_logger(__name__)
+CLONE_REASON = "clone_suspected"   # the broker's close reason (4013) under clone.policy refuse_*
 
 
 class RelayFatal(Exception):
@@ -102,6 +103,7 @@ class RelayMetrics:
 
     mesh: str
     reconnects: Counter
+    clones: Counter
     sender: SenderMetrics
     receiver: ReceiverMetrics
 
@@ -115,6 +117,9 @@ class RelayMetrics:
             mesh,
             Counter("cm_daemon_reconnects_total", "Broker connections lost or failed",
                     ["mesh"], registry=registry),
+            Counter("cm_daemon_clone_suspected_total", "Times the broker said another host "
+                    "presents this member's key (refused, or told on the hello_ack or later)",
+                    ["mesh", "how"], registry=registry),
             SenderMetrics.register(registry, mesh, dedupe),
             ReceiverMetrics.register(registry, mesh, dedupe),
         )
@@ -134,8 +139,10 @@ class Relay:
     def __init__(self, mesh: MeshConfig, key: SigningKey, outbox: OutboxService,
                  inbox: InboxService, settings: RelaySettings, on_status: StatusHook,
                  rng: random.Random | None = None, metrics: RelayMetrics | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 host_fingerprint: str | None = None) -> None:
         self.mesh = mesh
+        self.host_fingerprint = host_fingerprint
         self.clock = clock
         self.key = key
         self.outbox = outbox
@@ -180,7 +187,8 @@ class Relay:
         try:
             return await BrokerLink.connect(self.rotation.current, self.mesh.mesh_id, self.key,
                                             open_timeout=s.handshake_timeout_s,
-                                            stall_timeout=s.stall_timeout_s)
+                                            stall_timeout=s.stall_timeout_s,
+                                            host_fingerprint=self.host_fingerprint)
         except FeatureUnavailable as exc:
             raise RelayFatal(Exit.FEATURE_UNAVAILABLE, str(exc)) from exc
         except HandshakeRejected as exc:
@@ -188,9 +196,20 @@ class Relay:
                 # Said before exiting, so the event log and the record explain the exit.
                 await self.on_status(False, {"state": "revoked", "reason": exc.reason})
                 raise RelayFatal(Exit.REVOKED, str(exc)) from exc
+            if exc.reason == CLONE_REASON:
+                # Retried with the backoff: the other host may be stopped or re-joined.
+                await self.clone_suspected("refused", {"reason": exc.reason})
             if not exc.retryable:
                 raise RelayFatal(Exit.FAILURE, str(exc)) from exc
             raise
+
+    async def clone_suspected(self, how: str, detail: dict[str, Any]) -> None:
+        """The broker says another host presents this member's key: count it, say it."""
+        self.metrics.clones.labels(mesh=self.mesh.mesh, how=how).inc()
+        log.warning("clone_suspected", how=how, hint="another host uses this member's key; "
+                    "see docs/operations.md, A cloned host", **detail)
+        await self._status(False if how == "refused" else self.live.current is not None,
+                           {"state": "clone_suspected", "how": how, **detail})
 
     async def _pause(self, attempt: int, reason: str) -> int:
         failed = self.rotation.current
@@ -224,15 +243,24 @@ class Relay:
                 log.info("outbox_inflight_released", rows=released)
             await link.set_profile(await self.inbox.profile())
             self.live.current = link
-            await self.on_status(True, {"state": "connected", "broker": self.rotation.current})
+            clone = bool(link.hello_ack.get("clone_suspected"))
+            await self.on_status(True, {"state": "connected", "broker": self.rotation.current,
+                                        "clone_suspected": clone})
+            if clone:
+                await self.clone_suspected("on_hello", {"receives_deliveries": True})
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(self._sender(link, max_age_ms).run(), name="outbox-sender")
                 tg.create_task(self._receiver(link).run(), name="inbox-receiver")
-                tg.create_task(forward_presence(link, self.inbox), name="presence-events")
+                tg.create_task(forward_presence(link, self.inbox, self._told_clone),
+                               name="presence-events")
         finally:
             self.live.current = None
             await link.close()
             await self._status(False, {"state": "disconnected"})
+
+    async def _told_clone(self, frame: dict[str, Any]) -> None:
+        await self.clone_suspected("told", {"policy": frame["policy"],
+                                            "receives_deliveries": frame["receives_deliveries"]})
 
     def _sender(self, link: BrokerLink, max_age_ms: int) -> Sender:
         return Sender(link, self.outbox, self.dead, self.settings.sender, self.metrics.sender,

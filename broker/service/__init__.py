@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from tidemesh.broker.accept import Limits
 from tidemesh.broker.service.auth import Auth, AuthOutcome
+from tidemesh.broker.service.clone import ClonePolicy, Clones
 from tidemesh.broker.service.cluster import Cluster, Peering, SingleBroker
 from tidemesh.broker.service.connections import PROFILE_RATE, Conn, Connections, Peer, now_ms
 from tidemesh.broker.service.delivery import Deliveries, deliver_frame
@@ -38,7 +39,8 @@ class BrokerService:
     def __init__(self, store: Store, limits: Limits, *, retention_days: int = 30,
                  stall_window_hours: int = 24, member_rate: Rate = UNLIMITED,
                  cluster: Cluster | SingleBroker | None = None,
-                 session_expiry_s: float = 15.0, profile_rate: Rate = PROFILE_RATE) -> None:
+                 session_expiry_s: float = 15.0, profile_rate: Rate = PROFILE_RATE,
+                 clone_policy: ClonePolicy = ClonePolicy.WARN) -> None:
         self.store = store
         self.limits = limits
         self.connections = Connections(profile_rate)
@@ -46,6 +48,7 @@ class BrokerService:
                                session_expiry_s=session_expiry_s)
         self.metrics = Metrics(self.connections.active, store)
         self.auth = Auth(store, self.metrics, self.connections)
+        self.clones = Clones(clone_policy, self.connections, self.metrics, self.peering)
         self.limiter = Limiter(member_rate, store)
         self.sends = Sends(store, limits, self.metrics, self.connections, self.limiter)
         self.deliveries = Deliveries(store, self.metrics, self.connections)

@@ -18,6 +18,8 @@ from typing import Any, Protocol, TypeVar
 
 import structlog
 
+from tidemesh.broker.service.clone import REASON as CLONE_REASON
+from tidemesh.broker.service.clone import is_other_host
 from tidemesh.broker.service.connections import Conn, Connections, now_ms
 from tidemesh.core.wire import CloseCode
 
@@ -39,6 +41,7 @@ class SessionRow:
     display_name: str | None
     profile: dict[str, Any]
     connected_at: int
+    host: str | None = None      # the hello's host mark (service/clone.py)
 
 
 class ClusterEvents(Protocol):
@@ -51,6 +54,9 @@ class ClusterEvents(Protocol):
     async def on_taken_over(self, mesh_id: str, pubkey: str, session_id: str) -> None: ...
 
     async def on_presence(self, frame: dict[str, Any]) -> None: ...
+
+    async def on_clone(self, mesh_id: str, pubkey: str, host: str, close: bool,
+                       policy: str) -> None: ...
 
 
 class Cluster(Protocol):
@@ -65,6 +71,15 @@ class Cluster(Protocol):
                                  session_id: str) -> None: ...
 
     async def publish_presence(self, frame: dict[str, Any]) -> None: ...
+
+    async def publish_clone(self, broker_id: str, mesh_id: str, pubkey: str, host: str,
+                            close: bool, policy: str) -> None:
+        """Ask ``broker_id`` to close (else tell) its sessions of this member from ``host``."""
+        ...
+
+    async def session_of(self, mesh_id: str, pubkey: str, alive_after: int) -> SessionRow | None:
+        """The member's live session row, if a live broker holds one."""
+        ...
 
     async def run(self, events: ClusterEvents) -> None:
         """Hear the other brokers until cancelled, reconnecting when the channel drops."""
@@ -162,6 +177,13 @@ class Peering:
         old = await self.shared.claim(self._row(conn))
         if old is not None and old.session_id == conn.session_id:
             old = None  # a heartbeat got there first with this very session
+        if (old is not None and old.broker_id != self.shared.broker_id
+                and is_other_host(conn.host, old.host)):
+            # A suspected clone (service/clone.py judged it before the hello_ack): taking the
+            # session over would only start the two hosts taking it from each other.
+            log.info("broker_session_kept_for_clone", mesh_id=conn.mesh_id, pubkey=conn.pubkey,
+                     other_broker=old.broker_id, session_id=conn.session_id)
+            return False
         if old is not None and old.broker_id != self.shared.broker_id:
             log.info("broker_session_took_over", mesh_id=conn.mesh_id, pubkey=conn.pubkey,
                      from_broker=old.broker_id, session_id=conn.session_id)
@@ -209,7 +231,35 @@ class Peering:
         return SessionRow(conn.mesh_id, conn.pubkey, self.shared.broker_id, conn.session_id,
                           conn.display_name,
                           self.connections.profiles.get((conn.mesh_id, conn.pubkey), {}),
-                          conn.connected_at)
+                          conn.connected_at, conn.host)
+
+    # -- clones (service/clone.py) ---------------------------------------------------------
+
+    async def remote_session(self, mesh_id: str, pubkey: str) -> SessionRow | None:
+        """The member's live session on another broker, if any."""
+        if self.single:
+            return None
+        row = await self.shared.session_of(mesh_id, pubkey, now_ms() - self.expiry_ms)
+        return None if row is None or row.broker_id == self.shared.broker_id else row
+
+    async def act_on_clone(self, row: SessionRow, close: bool, policy: str) -> None:
+        if row.host is not None:
+            await self.shared.publish_clone(row.broker_id, row.mesh_id, row.pubkey, row.host,
+                                            close, policy)
+
+    async def on_clone(self, mesh_id: str, pubkey: str, host: str, close: bool,
+                       policy: str) -> None:
+        """Another broker judged a new session of this member a clone of ours from ``host``:
+        close those sessions (refuse_both) or tell them (they keep their deliveries)."""
+        for c in list(self.connections.conns.get((mesh_id, pubkey), ())):
+            if c.host != host:
+                continue
+            if close:
+                await c.peer.close(CloseCode.CLONE, CLONE_REASON)
+            else:
+                await c.peer.send_frame({"type": "clone_suspected", "mesh_id": mesh_id,
+                                         "pubkey": pubkey, "policy": policy,
+                                         "receives_deliveries": not c.muted, "at": now_ms()})
 
     # -- what the others tell this broker (ClusterEvents) ----------------------------------
 
@@ -277,7 +327,7 @@ class Peering:
         conns = self.connections.conns
         behind: list[Key] = []
         for mesh_id, pubkey, epoch, last_seq in await self.shared.unacked(list(conns)):
-            if any(c.pumping and c.epoch == epoch and c.sent_seq < last_seq
+            if any(c.pumping and not c.muted and c.epoch == epoch and c.sent_seq < last_seq
                    for c in conns.get((mesh_id, pubkey), ())):
                 behind.append((mesh_id, pubkey))
         if behind:

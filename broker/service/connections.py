@@ -79,6 +79,8 @@ class Conn:
     batch_deliveries: bool = False  # the daemon negotiated deliver_batch frames
     # After a 429 the connection is not read again before this (ms): see service/send.py.
     hold_until_ms: int = 0
+    host: str | None = None      # the hello's host_fingerprint (service/clone.py)
+    muted: bool = False          # a suspected clone's older session: no deliveries pumped
     connected_at: int = field(default_factory=now_ms)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -101,9 +103,10 @@ class Connections:
         return [({}, float(sum(len(c) for c in self.conns.values())))]
 
     def register(self, peer: Peer, mesh_id: str, pubkey: str,
-                 display_name: str | None = None) -> tuple[Conn, bool]:
+                 display_name: str | None = None, host: str | None = None
+                 ) -> tuple[Conn, bool]:
         """Track a new connection; the bool says it is the member's first (a peer_join)."""
-        conn = Conn(peer, mesh_id, pubkey, new_ulid(), display_name=display_name)
+        conn = Conn(peer, mesh_id, pubkey, new_ulid(), display_name=display_name, host=host)
         conns = self.conns.setdefault((mesh_id, pubkey), set())
         conns.add(conn)
         log.info("broker_member_connected", mesh_id=mesh_id, pubkey=pubkey,
@@ -116,6 +119,12 @@ class Connections:
         peers.discard(conn)
         if not peers:
             self.conns.pop((conn.mesh_id, conn.pubkey), None)
+        elif all(c.muted for c in peers):
+            # The session that took the deliveries from a suspected clone ended: the newest
+            # one left takes them over, so the member's deliveries never stop.
+            heir = max(peers, key=lambda c: c.connected_at)
+            heir.muted = False
+            heir.wake.set()
         log.info("broker_member_disconnected", mesh_id=conn.mesh_id, pubkey=conn.pubkey,
                  session_id=conn.session_id)
         return not peers

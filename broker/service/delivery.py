@@ -69,7 +69,7 @@ class Deliveries:
         while True:
             await conn.wake.wait()
             conn.wake.clear()
-            if not conn.pumping:
+            if not conn.pumping or conn.muted:
                 continue
             try:
                 await self._send_due(conn)

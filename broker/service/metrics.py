@@ -31,6 +31,10 @@ class Metrics:
         self.rejected = Counter("cm_broker_handshake_rejected_total",
                                 "Connections closed during the handshake, by reason.",
                                 ["reason"], registry=r)
+        self.clones = Counter("cm_broker_clone_suspected_total",
+                              "New sessions of a member whose live session came from another "
+                              "host (a cloned data dir), by clone.policy.", ["policy"],
+                              registry=r)
         self.bad_frames = Counter("cm_broker_bad_frames_total", "Frames that failed a schema.",
                                   registry=r)
         self.delivered = Counter("cm_broker_deliveries_sent_total",

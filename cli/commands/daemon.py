@@ -371,7 +371,10 @@ def status(mesh: str, as_json: bool) -> None:
                       member_pubkey=health["member_pubkey"], uptime_s=health["uptime_s"],
                       daemon_version=health["daemon_version"], disk=health.get("disk"),
                       broker_url=health.get("broker_url"),
-                      broker_version=health.get("broker_version"))
+                      broker_version=health.get("broker_version"),
+                      link_state=health.get("link_state"))
+        if health.get("clone_suspected"):
+            report["clone_suspected"] = True
         code = Exit.OK if health["healthy"] else Exit.UNHEALTHY
     if as_json:
         emit_json(report)

@@ -78,6 +78,10 @@ async def get_health(request: web.Request) -> web.Response:
         "healthy": state.healthy and loop["state"] == "ok",
         "loop": loop,
         "connected": state.link.connected,
+        # "clone_suspected" when the broker says another host presents this member's key.
+        "link_state": "clone_suspected" if state.link.clone_suspected
+        else state.link.broker_state,
+        "clone_suspected": state.link.clone_suspected,
         "lag_ms": lag_ms,
         "queue_depth": counts,
         "inflight": counts.get("inflight", 0),

@@ -32,6 +32,7 @@ T = TypeVar("T")
 
 WAKE_CHANNEL = "tidemesh_wake"          # {"b": sender broker, "k": [[mesh_id, pubkey], …]}
 SESSION_CHANNEL = "tidemesh_session"    # {"b": holder broker, "m", "p", "s": session to close}
+#                     or {"b", "m", "p", "h": host, "clone": "close" | "tell", "policy"}
 PRESENCE_CHANNEL = "tidemesh_presence"  # {"b": sender broker, "f": peer_join/peer_leave frame}
 # NOTIFY payloads must stay under 8000 bytes; keys are sent in chunks well below that.
 PAYLOAD_BUDGET = 7000
@@ -89,7 +90,7 @@ class PostgresCluster:
                 INSERT_SESSION_SQL + " ON CONFLICT (mesh_id, pubkey) DO UPDATE SET"
                 " broker_id = excluded.broker_id, session_id = excluded.session_id,"
                 " display_name = excluded.display_name, profile = excluded.profile,"
-                " connected_at = excluded.connected_at", *_args(row))
+                " connected_at = excluded.connected_at, host = excluded.host", *_args(row))
         return None if old is None else _session(old)
 
     async def release(self, mesh_id: str, pubkey: str, session_id: str,
@@ -111,18 +112,32 @@ class PostgresCluster:
                 "DELETE FROM mesh.member_session s WHERE NOT EXISTS (SELECT 1"
                 " FROM mesh.broker_alive b WHERE b.broker_id = s.broker_id"
                 " AND b.heartbeat_at >= $1) RETURNING mesh_id, pubkey, broker_id, session_id,"
-                " display_name, profile, connected_at", alive_after)
+                " display_name, profile, connected_at, host", alive_after)
             await conn.execute("DELETE FROM mesh.broker_alive WHERE heartbeat_at < $1",
                                alive_after)
         return [_session(r) for r in rows]
 
     async def sessions(self, mesh_id: str, alive_after: int) -> list[SessionRow]:
         rows = await self.pool.fetch(
-            "SELECT mesh_id, pubkey, broker_id, session_id, display_name, profile, connected_at"
-            " FROM mesh.member_session s WHERE mesh_id = $1 AND EXISTS (SELECT 1"
+            "SELECT mesh_id, pubkey, broker_id, session_id, display_name, profile, connected_at,"
+            " host FROM mesh.member_session s WHERE mesh_id = $1 AND EXISTS (SELECT 1"
             " FROM mesh.broker_alive b WHERE b.broker_id = s.broker_id"
             " AND b.heartbeat_at >= $2) ORDER BY pubkey", mesh_id, alive_after)
         return [_session(r) for r in rows]
+
+    async def session_of(self, mesh_id: str, pubkey: str, alive_after: int) -> SessionRow | None:
+        row = await self.pool.fetchrow(
+            "SELECT mesh_id, pubkey, broker_id, session_id, display_name, profile, connected_at,"
+            " host FROM mesh.member_session s WHERE mesh_id = $1 AND pubkey = $2"
+            " AND EXISTS (SELECT 1 FROM mesh.broker_alive b WHERE b.broker_id = s.broker_id"
+            " AND b.heartbeat_at >= $3)", mesh_id, pubkey, alive_after)
+        return None if row is None else _session(row)
+
+    async def publish_clone(self, broker_id: str, mesh_id: str, pubkey: str, host: str,
+                            close: bool, policy: str) -> None:
+        await self._notify(SESSION_CHANNEL, {"b": broker_id, "m": mesh_id, "p": pubkey,
+                                             "h": host, "clone": "close" if close else "tell",
+                                             "policy": policy})
 
     async def save_profile(self, mesh_id: str, pubkey: str, profile: str) -> None:
         await self.pool.execute(
@@ -212,7 +227,13 @@ class PostgresCluster:
         try:
             message = json.loads(payload)
             if channel == SESSION_CHANNEL:
-                if message["b"] == self.broker_id:  # only the holder closes the session
+                if message["b"] != self.broker_id:  # only the holder acts on its session
+                    return
+                if "clone" in message:
+                    self._spawn(events.on_clone(str(message["m"]), str(message["p"]),
+                                                str(message["h"]), message["clone"] == "close",
+                                                str(message["policy"])))
+                else:
                     self._spawn(events.on_taken_over(str(message["m"]), str(message["p"]),
                                                      str(message["s"])))
             elif message["b"] == self.broker_id:
@@ -238,19 +259,20 @@ class PostgresCluster:
 
 
 SESSION_COLUMNS_SQL = ("SELECT mesh_id, pubkey, broker_id, session_id, display_name, profile,"
-                       " connected_at FROM mesh.member_session")
+                       " connected_at, host FROM mesh.member_session")
 INSERT_SESSION_SQL = ("INSERT INTO mesh.member_session (mesh_id, pubkey, broker_id, session_id,"
-                      " display_name, profile, connected_at) VALUES ($1, $2, $3, $4, $5, $6, $7)")
+                      " display_name, profile, connected_at, host)"
+                      " VALUES ($1, $2, $3, $4, $5, $6, $7, $8)")
 
 
 def _args(r: SessionRow) -> tuple[Any, ...]:
     return (r.mesh_id, r.pubkey, r.broker_id, r.session_id, r.display_name,
-            json.dumps(r.profile) if r.profile else None, r.connected_at)
+            json.dumps(r.profile) if r.profile else None, r.connected_at, r.host)
 
 
 def _session(r: Sequence[Any]) -> SessionRow:
     return SessionRow(r[0], r[1], r[2], r[3], r[4], json.loads(r[5]) if r[5] else {},
-                      int(r[6]))
+                      int(r[6]), r[7] if len(r) > 7 else None)
 
 
 def wake_payloads(broker_id: str, keys: set[Key]) -> Iterator[str]:

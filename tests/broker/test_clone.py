@@ -1,0 +1,53 @@
+"""Clone detection's decision (pure) and the registry's hand-over of deliveries."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tidemesh.broker.service.clone import NOT_SUSPECTED, ClonePolicy, CloneVerdict, judge
+from tidemesh.broker.service.connections import Connections
+from tidemesh.core import handshake
+
+
+def test_one_host_or_an_old_daemon_is_never_suspected() -> None:
+    for policy in ClonePolicy:
+        assert judge(policy, "h1", ["h1", "h1"]) == NOT_SUSPECTED     # reconnects of one host
+        assert judge(policy, None, ["h1"]) == NOT_SUSPECTED           # a daemon without a mark
+        assert judge(policy, "h1", [None]) == NOT_SUSPECTED           # beside one without
+        assert judge(policy, "h1", []) == NOT_SUSPECTED               # the first session
+
+
+def test_another_host_is_judged_by_the_policy() -> None:
+    assert judge(ClonePolicy.WARN, "h2", ["h1"]) == CloneVerdict(True, mute_live=True)
+    assert judge(ClonePolicy.REFUSE_NEW, "h2", [None, "h1"]) == CloneVerdict(True,
+                                                                              refuse_new=True)
+    assert judge(ClonePolicy.REFUSE_BOTH, "h2", ["h2", "h1"]) == CloneVerdict(
+        True, refuse_new=True, close_live=True)
+
+
+def test_the_host_mark_depends_on_key_and_host_only() -> None:
+    a, b = "a" * 64, "b" * 64
+    assert handshake.host_mark(a, "f1") == handshake.host_mark(a, "f1")
+    assert handshake.host_mark(a, "f1") != handshake.host_mark(a, "f2")
+    assert handshake.host_mark(a, "f1") != handshake.host_mark(b, "f1")
+
+
+class _Peer:
+    async def send_frame(self, frame: dict[str, Any]) -> None:
+        return None
+
+    def tell(self, frame: dict[str, Any]) -> None:
+        return None
+
+    async def close(self, code: int, reason: str) -> None:
+        return None
+
+
+def test_when_the_session_with_the_deliveries_ends_the_newest_muted_one_takes_them() -> None:
+    reg = Connections()
+    old, _ = reg.register(_Peer(), "m", "k", host="h1")
+    new, _ = reg.register(_Peer(), "m", "k", host="h2")
+    new.connected_at = old.connected_at + 1
+    old.muted = True
+    reg.unregister(new)
+    assert old.muted is False and old.wake.is_set()
