@@ -131,7 +131,7 @@ def test_an_inbox_from_before_search_is_indexed_on_its_first_start(tmp_path: Pat
             conn.execute(stmt).fetchall()
         conn.execute("INSERT INTO schema_migrations VALUES (?, ?, 0)", (mg.version, mg.name))
     _store(conn, delivery(1, body="older words"))
-    assert migrate.apply(conn, "inbox") == [6]
+    assert migrate.apply(conn, "inbox")[0] == 6   # search, then any later ones
     assert _found(conn, "older") == [], "migrated, not yet filled"
     assert search.configure(conn, True, NOW) == "filled"
     assert _found(conn, "older") == ["older words"]
