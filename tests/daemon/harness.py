@@ -78,9 +78,15 @@ class RunningDaemon:
             conn.close()
 
 
+# Test programs send in bursts far past the IPC rate limit's default (100/s, 1,000 at once);
+# its own tests (tests/daemon/test_rate_limit.py) set it back.
+NO_RATE_LIMIT = {"TIDEMESH_IPC_RATE_PER_S": "0"}
+
+
 def daemon_env(home: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIDEMESH_")}
-    return {**env, "TIDEMESH_HOME": str(home), "TIDEMESH_LOG_FORMAT": "json", **(extra or {})}
+    return {**env, "TIDEMESH_HOME": str(home), "TIDEMESH_LOG_FORMAT": "json", **NO_RATE_LIMIT,
+            **(extra or {})}
 
 
 # How a daemon process is started: the installed CLI, or a test's own launcher around it.
