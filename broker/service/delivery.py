@@ -153,4 +153,6 @@ def deliver_frame(row: DeliveryRow) -> dict[str, Any]:
         frame["reassigned"] = True
     if row.sender_name is not None:
         frame["sender_name"] = row.sender_name
+    if row.traceparent is not None:
+        frame["traceparent"] = row.traceparent
     return frame
