@@ -40,6 +40,7 @@ class AcceptInput:
     history_id: str
     now_ms: int
     expires_at: int | None
+    traceparent: str | None = None   # W3C trace context, kept with the message, not fingerprinted
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -162,7 +163,7 @@ def prepare(
                                         req.meta_jcs),
         broker_message_id=ids[0] if ids else new_ulid(now_ms),
         history_id=ids[1] if ids else new_ulid(now_ms),
-        now_ms=now_ms, expires_at=expires,
+        now_ms=now_ms, expires_at=expires, traceparent=req.traceparent,
     )
 
 

@@ -22,7 +22,12 @@ REQUIRED: tuple[str, ...] = (DEDUPE,)
 DELIVER_BATCH = "deliver_batch"
 DELIVER_BATCH_MAX_COUNT = 256
 DELIVER_BATCH_MAX_BYTES = 256 << 10
-OPTIONAL: tuple[str, ...] = (DELIVER_BATCH,)
+# Optional: ``traceparent`` in send and deliver frames (W3C trace context). A broker or
+# daemon from before it refuses the field (its frame schemas allow no other), so a daemon
+# sends it only to a broker that advertises this, and a broker delivers it only to a daemon
+# that asked for it.
+TRACE_CONTEXT = "trace_context"
+OPTIONAL: tuple[str, ...] = (DELIVER_BATCH, TRACE_CONTEXT)
 MODES = ("retention_scoped", "permanent")
 
 
@@ -47,6 +52,7 @@ def advertise(mode: str, retention_days: int, inline_bytes: int) -> dict[str, An
                                    "blob_bytes": inline_bytes}},
         DELIVER_BATCH: {"params": {"version": 1, "max_count": DELIVER_BATCH_MAX_COUNT,
                                    "max_bytes": DELIVER_BATCH_MAX_BYTES}},
+        TRACE_CONTEXT: {"params": {"version": 1}},
     }
 
 

@@ -21,6 +21,7 @@ from tidemesh.core.fingerprint import meta_canonical
 from tidemesh.core.ids import client_message_id_problem
 from tidemesh.core.jsonbounds import META_DEPTH, deeper_than
 from tidemesh.core.record import record
+from tidemesh.core.trace import checked_traceparent, new_traceparent
 
 
 class DestinationKind(StrEnum):
@@ -90,6 +91,8 @@ class SendRequest:
     reply_to: str | None
     client_message_id: str | None
     meta_jcs: bytes = b""        # RFC 8785 form of meta, computed once (empty when no meta)
+    # W3C traceparent; not fingerprinted, so a retry carrying another one is the same send.
+    traceparent: str | None = None
 
     def to_payload(self) -> dict[str, Any]:
         """The form stored in the outbox and sent to the broker (body as text or base64)."""
@@ -105,6 +108,7 @@ class SendRequest:
             "priority": self.priority.value,
             "meta": self.meta,
             "reply_to": self.reply_to,
+            "traceparent": self.traceparent,
         }
 
 
@@ -123,7 +127,17 @@ def pick_client_message_id(header: str | None, body_id: str | None) -> str | Non
     return chosen
 
 
-def parse_send_request(data: dict[str, Any], header_id: str | None = None) -> SendRequest:
+def pick_traceparent(header: str | None, field: str | None) -> str:
+    """The send's traceparent: the header's, else the body's, else a new one."""
+    if header is not None:
+        return checked_traceparent(header)
+    if field is not None:
+        return checked_traceparent(field)
+    return new_traceparent()
+
+
+def parse_send_request(data: dict[str, Any], header_id: str | None = None,
+                       header_traceparent: str | None = None) -> SendRequest:
     """Build a SendRequest from schema-valid JSON; raises InvalidRequest naming the field."""
     to = data["to"]
     dest = (
@@ -144,6 +158,7 @@ def parse_send_request(data: dict[str, Any], header_id: str | None = None) -> Se
         reply_to=data.get("reply_to") or None,
         client_message_id=pick_client_message_id(header_id, data.get("client_message_id")),
         meta_jcs=_canonical_meta(meta),
+        traceparent=pick_traceparent(header_traceparent, data.get("traceparent")),
     )
 
 

@@ -93,6 +93,8 @@ class BrokerLink:
         self.stall_timeout = stall_timeout
         self.hello_ack = hello_ack
         self.supported = supported
+        # A broker from before trace context refuses a send frame that carries one.
+        self._untraced = features.TRACE_CONTEXT not in supported
         self.url = ""                            # the broker's address (set by connect)
         self.broker_version: str | None = None   # as its challenge said
         # Bounded in frames, sized so that about ``delivery_buffer`` deliveries wait at most
@@ -181,6 +183,8 @@ class BrokerLink:
         answer is dropped); the send may still commit, and a retry gets 200 duplicate.
         """
         frame = {k: v for k, v in payload.items() if v is not None or k in ("meta", "reply_to")}
+        if self._untraced:
+            frame.pop("traceparent", None)
         frame.update(client_message_id=client_message_id, id=f"r{next(self._ids)}")
         fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         if self.closed:
@@ -206,6 +210,8 @@ class BrokerLink:
         for cmid, payload in items:
             frame = {k: v for k, v in payload.items()
                      if v is not None or k in ("meta", "reply_to")}
+            if self._untraced:
+                frame.pop("traceparent", None)
             frame.update(client_message_id=cmid, id=f"r{next(self._ids)}")
             fut: asyncio.Future[dict[str, Any]] = loop.create_future()
             self._pending[frame["id"]] = fut

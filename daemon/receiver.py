@@ -89,7 +89,7 @@ def delivery_of(f: dict[str, Any], key: SigningKey, mesh: str, now_ms: int,
         broker_message_id=f["broker_message_id"], dest_kind=f["to"]["kind"],
         dest_ref=f["to"]["ref"], body=body, body_encoding=encoding, priority=f["priority"],
         meta=meta, reply_to=reply_to, epoch=f["epoch"], seq=f["seq"],
-        sent_at=f["created_at"], received_at=now_ms,
+        sent_at=f["created_at"], received_at=now_ms, traceparent=f.get("traceparent"),
     )
 
 

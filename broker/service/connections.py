@@ -77,6 +77,7 @@ class Conn:
     sent_seq: int = 0
     pumping: bool = False
     batch_deliveries: bool = False  # the daemon negotiated deliver_batch frames
+    trace_context: bool = False     # the daemon negotiated traceparent in deliver frames
     # After a 429 the connection is not read again before this (ms): see service/send.py.
     hold_until_ms: int = 0
     host: str | None = None      # the hello's host_fingerprint (service/clone.py)

@@ -92,7 +92,7 @@ class Deliveries:
         while True:
             rows = await self.store.deliveries_after(conn.mesh_id, conn.pubkey, conn.epoch,
                                                      conn.sent_seq, PUMP_PAGE)
-            items = [deliver_frame(row) for row in rows]
+            items = [deliver_frame(row, conn.trace_context) for row in rows]
             groups = batch_frames(items) if conn.batch_deliveries else [[i] for i in items]
             for group in groups:
                 await conn.peer.send_frame(
@@ -137,7 +137,7 @@ def batch_frames(items: Sequence[dict[str, Any]], max_count: int = DELIVER_BATCH
     return groups
 
 
-def deliver_frame(row: DeliveryRow) -> dict[str, Any]:
+def deliver_frame(row: DeliveryRow, trace_context: bool = True) -> dict[str, Any]:
     body = (row.body.decode("utf-8") if row.body_encoding == "utf8"
             else base64.b64encode(row.body).decode("ascii"))
     frame: dict[str, Any] = {
@@ -153,4 +153,6 @@ def deliver_frame(row: DeliveryRow) -> dict[str, Any]:
         frame["reassigned"] = True
     if row.sender_name is not None:
         frame["sender_name"] = row.sender_name
+    if trace_context and row.traceparent is not None:
+        frame["traceparent"] = row.traceparent
     return frame

@@ -20,5 +20,6 @@ class Negotiation:
         # Frames a daemon did not ask for would be invalid to it: batches only on request.
         asked = (*frame["require"], *frame.get("optional", ()))
         conn.batch_deliveries = features.DELIVER_BATCH in asked
+        conn.trace_context = features.TRACE_CONTEXT in asked
         return {"type": "feature_negotiation_response", "id": frame["id"],
                 "supported": self.supported, "missing_required": missing}

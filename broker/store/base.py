@@ -105,13 +105,14 @@ class DeliveryRow:
     created_at: int
     reassigned: bool = False     # a lapsed queue lease: sent void, acked, never stored
     sender_name: str | None = None  # the sender's display name as the broker knows it now
+    traceparent: str | None = None  # W3C trace context the sender gave (or its daemon made)
 
     @classmethod
     def of_record(cls, r: Sequence[Any]) -> DeliveryRow:
         """A row of either store's DELIVERIES_SQL (same columns, same order)."""
         meta = stored_meta(r[11]) if r[11] is not None else None
         return cls(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], bytes(r[8]), r[9], r[10],
-                   meta, r[12], r[13], bool(r[14]), r[15])
+                   meta, r[12], r[13], bool(r[14]), r[15], r[16])
 
 
 @dataclass(frozen=True, slots=True)

@@ -97,16 +97,17 @@ async def get_health(request: web.Request) -> web.Response:
     })
 
 
-def _send_request(data: Any, header_id: str | None = None) -> SendRequest:
+def _send_request(data: Any, header_id: str | None = None,
+                  traceparent: str | None = None) -> SendRequest:
     """A send body validated against its schema and parsed, once."""
-    return parse_send_request(checked("send_request.schema.json", data), header_id)
+    return parse_send_request(checked("send_request.schema.json", data), header_id, traceparent)
 
 
-async def accept_send(outbox: OutboxService, raw: bytes, key: str | None
-                      ) -> tuple[int, dict[str, Any]]:
+async def accept_send(outbox: OutboxService, raw: bytes, key: str | None,
+                      traceparent: str | None = None) -> tuple[int, dict[str, Any]]:
     """POST /v1/send's status and body for a raw request body; the aiohttp route and the
     Unix socket's send lane (``send_lane``) both answer through it."""
-    req = _send_request(parse_json(raw), key)
+    req = _send_request(parse_json(raw), key, traceparent)
     return send_response(await outbox.submit(req))
 
 
@@ -115,7 +116,8 @@ async def post_send(request: web.Request) -> web.Response:
     if token is not None:
         return await _post_scoped_send(request, token)
     status, body = await accept_send(request.app[OUTBOX], await request.read(),
-                                     request.headers.get("Idempotency-Key"))
+                                     request.headers.get("Idempotency-Key"),
+                                     request.headers.get("traceparent"))
     return _json(body, status)
 
 
@@ -123,7 +125,7 @@ async def _post_scoped_send(request: web.Request, token: str) -> web.Response:
     """POST /v1/send with a hook's reply token: it sees only the rows its token made."""
     caps = request.app[CAPABILITIES]
     req = _send_request(parse_json(await request.read()),
-                        request.headers.get("Idempotency-Key"))
+                        request.headers.get("Idempotency-Key"), request.headers.get("traceparent"))
     out = await request.app[OUTBOX].submit(req)
     out = scoped_outcome(out, caps.owns(token, out.row.id))
     if out.kind is SendKind.NEW:

@@ -59,6 +59,7 @@ class SendHead:
     has_key: bool
     keep_alive: bool
     http10: bool
+    traceparent: str | None = None
 
 
 class _Fields:
@@ -93,12 +94,16 @@ def send_head(head: bytes, max_body: int) -> SendHead | None:
     length: int | None = None
     key: str | None = None
     has_key = False
+    traceparent: str | None = None
     for name, value in fields.headers:
         lname = name.lower()
         if lname == b"content-length":
             length = None if length is not None else numbers.decimal(value.strip(b" \t"))
             if length is None:
                 return None
+        elif lname == b"traceparent":
+            if traceparent is None:  # the first one counts, as for the key
+                traceparent = value.decode("utf-8", "surrogateescape")
         elif lname == b"idempotency-key":
             if not has_key:  # the first one counts, as aiohttp's headers.get does
                 key = value.decode("utf-8", "surrogateescape")
@@ -108,7 +113,7 @@ def send_head(head: bytes, max_body: int) -> SendHead | None:
     if length is None or length > max_body:
         return None
     return SendHead(path, length, key, has_key, parser.should_keep_alive(),
-                    parser.get_http_version() == "1.0")
+                    parser.get_http_version() == "1.0", traceparent)
 
 
 class _Date:
@@ -160,7 +165,8 @@ class Lane:
             admit(self.state)
             try:
                 if head.path == SEND:
-                    return (*await accept_send(self.outbox, body, head.key), b"")
+                    return (*await accept_send(self.outbox, body, head.key, head.traceparent),
+                            b"")
                 return 200, await accept_batch(self.outbox, body, head.has_key), b""
             finally:
                 self.state.inflight -= 1

@@ -15,5 +15,7 @@ async def run_for_event(folder: Path, mesh: str, socket: Path, cfg: HookConfig, 
                         doc: dict[str, object], sandbox: Sandbox,
                         token: str | None = None) -> RunResult:
     stdin = rules.encode_capped(rules.redact(dict(doc), cfg.redact_payload))
-    env = hook_env(mesh, cfg.name, key, socket, token)
+    traceparent = doc.get("traceparent")
+    env = hook_env(mesh, cfg.name, key, socket, token,
+                   traceparent if isinstance(traceparent, str) else None)
     return await run_hook(folder / cfg.name, cfg, stdin, env, sandbox)

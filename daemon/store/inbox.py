@@ -23,7 +23,7 @@ from tidemesh.storage.sqlite import BatchOp
 INBOX_COLUMNS = (
     "seq, id, mesh, sender_pubkey, sender_name, client_message_id, broker_message_id,"
     " dest_kind, dest_ref, body, body_encoding, priority, meta, reply_to, broker_epoch,"
-    " broker_seq, sent_at, received_at"
+    " broker_seq, sent_at, received_at, traceparent"
 )
 
 
@@ -49,6 +49,7 @@ class Delivery:
     sent_at: int
     received_at: int
     hooks: tuple[str, ...] = ()  # the hooks its event fires, recorded with it
+    traceparent: str | None = None  # W3C trace context the send carried
 
 
 @record
@@ -96,7 +97,7 @@ def _view(row: Sequence[Any], meta: Any) -> dict[str, Any]:
     builds its event from the values it just inserted, with no read-back and no second
     parse of the meta it serialised."""
     (seq, id_, mesh, sender, sender_name, cmid, bmid, kind, ref, body, encoding, priority,
-     _, reply_to, epoch, broker_seq, sent_at, received_at) = row
+     _, reply_to, epoch, broker_seq, sent_at, received_at, traceparent) = row
     text = (body.decode("utf-8") if encoding == "utf8"
             else base64.b64encode(body).decode("ascii"))
     return {
@@ -106,7 +107,7 @@ def _view(row: Sequence[Any], meta: Any) -> dict[str, Any]:
         "body": text, "body_encoding": encoding, "priority": priority,
         "meta": meta,
         "reply_to": reply_to, "sent_at": sent_at, "received_at": received_at,
-        "delivery": {"epoch": epoch, "seq": broker_seq},
+        "delivery": {"epoch": epoch, "seq": broker_seq}, "traceparent": traceparent,
     }
 
 
@@ -157,7 +158,7 @@ def store_frame(conn: sqlite3.Connection,
             seq + len(new), d.id, d.mesh, d.sender_pubkey, d.sender_name, d.client_message_id,
             d.broker_message_id, d.dest_kind, d.dest_ref, d.body, d.body_encoding, d.priority,
             orjson.dumps(d.meta) if d.meta is not None else None, d.reply_to, d.epoch, d.seq,
-            d.sent_at, d.received_at)))
+            d.sent_at, d.received_at, d.traceparent)))
         out.append(None)   # set below, with its event
     # The entries first: a delivery the database refuses fails the frame there, as one.
     insert_rows(conn, _INSERT_ENTRIES, [row for _, _, row in new])

@@ -514,3 +514,32 @@ async def test_a_member_reconnecting_in_a_loop_reaches_the_others_as_a_few_prese
     finally:
         listening.cancel()
         await alice.close()
+
+
+TRACE = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+async def test_the_traceparent_is_kept_and_delivered_only_to_a_daemon_that_asked(
+    broker: Broker
+) -> None:
+    async with await broker.link(broker.alice) as alice:
+        assert features.TRACE_CONTEXT in alice.supported
+        assert (await alice.send("t1", payload(traceparent=TRACE)))["status"] == 201
+    async with await broker.link(broker.bob) as bob:
+        assert (await bob.resume(0, 0))["result"] == "OK"
+        assert (await deliveries(bob, 1))[0]["traceparent"] == TRACE
+    # A daemon from before trace context (its deliver schema allows no such field).
+    async with await broker.link(broker.bob, optional=(features.DELIVER_BATCH,)) as old:
+        assert (await old.resume(0, 0))["result"] == "OK"
+        assert "traceparent" not in (await deliveries(old, 1))[0]
+
+
+async def test_a_daemon_sends_no_traceparent_to_a_broker_that_does_not_advertise_it(
+    broker: Broker
+) -> None:
+    # This broker as one from before trace context would advertise itself.
+    del broker.service.negotiation.supported[features.TRACE_CONTEXT]
+    async with await broker.link(broker.alice) as alice:
+        assert (await alice.send("t2", payload(traceparent=TRACE)))["status"] == 201
+    rows = await broker.store.deliveries_after(broker.mesh_id, pub(broker.bob), 1, 0, 10)
+    assert rows[0].traceparent != TRACE, "the frame carried it anyway"

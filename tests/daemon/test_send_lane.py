@@ -43,6 +43,15 @@ def test_the_first_idempotency_key_counts_as_in_aiohttp() -> None:
     assert head is not None and head.key == "a" and head.has_key
 
 
+def test_the_lane_reads_the_traceparent_header_the_first_one_counting() -> None:
+    t1 = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    head = send_head(_head(_post("/v1/send", BODY, f"TraceParent: {t1}",
+                                 "traceparent: other")), 1 << 20)
+    assert head is not None and head.traceparent == t1
+    plain = send_head(_head(_post("/v1/send", BODY)), 1 << 20)
+    assert plain is not None and plain.traceparent is None
+
+
 @pytest.mark.parametrize("raw", [
     b"GET /v1/send HTTP/1.1\r\nHost: x\r\n\r\n",
     _post("/v1/send?token=abc"),

@@ -212,7 +212,7 @@ def test_a_stored_broker_meta_too_deep_for_any_frame_is_delivered_as_a_marker() 
     or the recipient refuses the whole batch again on every resume."""
     def row(meta: bytes) -> DeliveryRow:
         return DeliveryRow.of_record((1, 1, "0" * 26, None, "a" * 64, "c", "topic", "ops",
-                                      b"x", "utf8", "next", meta, None, 1, 0, None))
+                                      b"x", "utf8", "next", meta, None, 1, 0, None, None))
 
     assert row(b'{"ok": 1}').meta == {"ok": 1}
     deep = row(("{\"a\": " * 250 + "1" + "}" * 250).encode())

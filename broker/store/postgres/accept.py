@@ -214,18 +214,19 @@ JOIN mesh.member mb ON mb.mesh_id = c.mesh_id AND mb.pubkey = c.member_pubkey
 MESSAGES_SQL = """
 WITH tm AS (
   INSERT INTO mesh.topic_message (id, mesh_id, sender_pubkey, client_message_id, topic, body,
-      body_encoding, priority, meta, reply_to, created_at)
+      body_encoding, priority, meta, reply_to, created_at, traceparent)
   SELECT * FROM unnest($1::text::text[], $2::text::text[], $3::text::text[], $4::text::text[],
                        $5::text::text[], $6::bytea[], $7::text::text[], $8::text::text[],
-                       $9::text::text[], $10::text::text[], $11::text::bigint[])
+                       $9::text::text[], $10::text::text[], $11::text::bigint[],
+                       $31::text::text[])
 ), mq AS (
   INSERT INTO mesh.message_queue (id, mesh_id, sender_pubkey, client_message_id,
       destination_kind, destination_ref, body, body_encoding, priority, meta, reply_to,
-      created_at)
+      created_at, traceparent)
   SELECT * FROM unnest($12::text::text[], $13::text::text[], $14::text::text[],
                        $15::text::text[], $16::text::text[], $17::text::text[], $18::bytea[],
                        $19::text::text[], $20::text::text[], $21::text::text[],
-                       $22::text::text[], $23::text::bigint[])
+                       $22::text::text[], $23::text::bigint[], $32::text::text[])
 )
 INSERT INTO mesh.message_history (history_id, broker_message_id, mesh_id, sender_pubkey,
     destination_kind, destination_ref, created_at)
@@ -295,4 +296,5 @@ def _message_args(items: Sequence[AcceptInput]) -> list[Any]:
         _texts(items, "history_id"), _texts(items, "broker_message_id"),
         _texts(items, "mesh_id"), _texts(items, "sender_pubkey"), _texts(items, "kind"),
         _texts(items, "ref"), _ints(items, "now_ms"),
+        _texts(t, "traceparent"), _texts(q, "traceparent"),
     ]

@@ -87,7 +87,7 @@ SELECT d.epoch, d.seq, d.broker_message_id, h.history_id,
        COALESCE(t.body, q.body), COALESCE(t.body_encoding, q.body_encoding),
        COALESCE(t.priority, q.priority), COALESCE(t.meta, q.meta),
        COALESCE(t.reply_to, q.reply_to), d.created_at, d.reassigned_at IS NOT NULL,
-       m.display_name
+       m.display_name, COALESCE(t.traceparent, q.traceparent)
 FROM mesh.delivery_queue d
 LEFT JOIN mesh.topic_message t ON t.id = d.broker_message_id
 LEFT JOIN mesh.message_queue q ON q.id = d.broker_message_id

@@ -171,11 +171,11 @@ class SqliteAcceptPort:
             if a.kind == "topic":
                 topic.append((a.broker_message_id, a.mesh_id, a.sender_pubkey,
                               a.client_message_id, a.ref, a.body, a.body_encoding, a.priority,
-                              meta, a.reply_to, a.now_ms))
+                              meta, a.reply_to, a.now_ms, a.traceparent))
             else:
                 queue.append((a.broker_message_id, a.mesh_id, a.sender_pubkey,
                               a.client_message_id, a.kind, a.ref, a.body, a.body_encoding,
-                              a.priority, meta, a.reply_to, a.now_ms))
+                              a.priority, meta, a.reply_to, a.now_ms, a.traceparent))
             history.append((a.history_id, a.broker_message_id, a.mesh_id, a.sender_pubkey,
                             a.kind, a.ref, a.now_ms))
         insert_rows(self.conn, TOPIC_MESSAGE_HEAD, topic)
@@ -238,11 +238,11 @@ RETURNING epoch, last_seq
 """
 TOPIC_MESSAGE_HEAD = (
     "INSERT INTO topic_message (id, mesh_id, sender_pubkey, client_message_id, topic,"
-    " body, body_encoding, priority, meta, reply_to, created_at) VALUES ")
+    " body, body_encoding, priority, meta, reply_to, created_at, traceparent) VALUES ")
 QUEUE_MESSAGE_HEAD = (
     "INSERT INTO message_queue (id, mesh_id, sender_pubkey, client_message_id,"
     " destination_kind, destination_ref, body, body_encoding, priority, meta, reply_to,"
-    " created_at) VALUES ")
+    " created_at, traceparent) VALUES ")
 HISTORY_HEAD = (
     "INSERT INTO message_history (history_id, broker_message_id, mesh_id, sender_pubkey,"
     " destination_kind, destination_ref, created_at) VALUES ")
