@@ -214,9 +214,10 @@ def _hops(results: list[tuple[str, float, float]], homes: dict[str, Path], names
 
 
 def _broker_created(store: str, ids: set[str]) -> list[tuple[str, int]]:
-    sql = "SELECT client_message_id, created_at FROM topic_message"
+    sql = "SELECT client_message_id, created_at FROM {}topic_message"
     if store.startswith("sqlite://"):
-        return [r for r in _q(Path(store[len("sqlite://"):]), sql) if r[0] in ids]
+        return [r for r in _q(Path(store[len("sqlite://"):]), sql.format("")) if r[0] in ids]
+    sql = sql.format("mesh.")   # the PostgreSQL store's schema
     import asyncpg
 
     async def fetch() -> list[tuple[str, int]]:
