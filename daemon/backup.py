@@ -14,7 +14,6 @@ Restore decides everything before it writes anything, and writes each file atomi
 from __future__ import annotations
 
 import base64
-import contextlib
 import hashlib
 import json
 import os
@@ -41,6 +40,7 @@ from tidemesh.core.errors import (
 )
 from tidemesh.core.paths import DaemonPaths
 from tidemesh.daemon import identity
+from tidemesh.daemon.private import write_atomically
 from tidemesh.daemon.store import inbox as inbox_sql
 from tidemesh.daemon.store import migrate
 
@@ -237,35 +237,13 @@ def restore(contents: dict[str, Any], paths: DaemonPaths, mesh: str, current_hos
 
 
 def write_private_text(path: Path, text: str) -> None:
-    """Write a 0600 text file atomically (temp file, fsync, rename)."""
-    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-        raise
+    """Write a 0600 text file atomically."""
+    write_atomically(path, text.encode("utf-8"))
 
 
 def write_private_bytes(path: Path, data: bytes) -> None:
     """Write a 0600 file atomically; the bundle's own output."""
-    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-        raise
+    write_atomically(path, data)
 
 
 def _write_memberships(db: Path, subs: list[dict[str, Any]]) -> None:

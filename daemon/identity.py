@@ -18,6 +18,8 @@ from pathlib import Path
 
 from nacl.signing import SigningKey
 
+from tidemesh.daemon.private import write_atomically
+
 _VIRTUAL_IF = re.compile(
     r"^(lo|docker|br-|veth|tap|tun|tailscale|wg|utun|ppp|vboxnet|vmnet|awdl|llw|virbr|cni|flannel)",
     re.IGNORECASE,
@@ -39,13 +41,7 @@ class Keypair:
 
 def write_private(path: Path, data: dict[str, object]) -> None:
     """Write a 0600 JSON file atomically (temp file, fsync, rename)."""
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_atomically(path, json.dumps(data, indent=2).encode("utf-8"))
 
 
 def load_or_create_keypair(path: Path) -> tuple[Keypair, bool]:

@@ -75,3 +75,20 @@ def _new_token(path: Path) -> str:
     with os.fdopen(fd, "w", encoding="ascii") as f:
         f.write(token + "\n")
     return token
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Write a 0600 file whole or not at all (temp file, fsync, rename): the one way the
+    daemon writes its keys, token, configuration and backups."""
+    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        raise

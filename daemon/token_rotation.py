@@ -8,27 +8,15 @@ sees the old token or the new one, never a half-written file.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import secrets
 from pathlib import Path
 
 from tidemesh.daemon.api.keys import IpcState
+from tidemesh.daemon.private import write_atomically
 
 
 def write_token(path: Path, token: str) -> None:
-    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        with os.fdopen(fd, "w", encoding="ascii") as f:
-            f.write(token + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-        raise
+    write_atomically(path, (token + "\n").encode("ascii"))
 
 
 def new_token() -> str:
