@@ -59,14 +59,21 @@ class AsyncClient(Located):
                                                connector=connector)
         return self._http
 
-    async def _open(self, call: Call[Any], limits: aiohttp.ClientTimeout, fresh: bool = False
-                    ) -> aiohttp.ClientResponse:
+    async def _open(self, call: Call[Any], limits: aiohttp.ClientTimeout, fresh: bool = False,
+                    moved: bool = False) -> aiohttp.ClientResponse:
         self.endpoint.check_socket()
         headers = {"Content-Type": "application/json", **self.auth_headers(fresh), **call.headers}
         try:
             return await self._session().request(call.method, call.path, data=call.payload(),
                                                  headers=headers, timeout=limits)
         except _UNREACHABLE as exc:
+            # A daemon that restarted listens on a new TCP port: follow it once.
+            if not moved and (there := self.endpoint.moved()) is not None:
+                self.endpoint = there
+                if self._http is not None:   # its base URL names the old port
+                    await self._http.close()
+                    self._http = None
+                return await self._open(call, limits, fresh, moved=True)
             raise self.endpoint.not_running(_os_error(exc)) from exc
 
     async def _call(self, call: Call[T]) -> T:

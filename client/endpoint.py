@@ -12,6 +12,7 @@ first could otherwise listen in the daemon's place. A refusal is ``NotPrivate``.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -37,6 +38,9 @@ class Endpoint:
     # The daemon's record that this member was revoked (core.paths); its presence changes
     # what "nothing answers" tells the caller to do.
     revoked_file: Path | None = None
+    # Where the daemon publishes its TCP port (found by mesh): a restarted daemon picks a new
+    # one (ipc.http_port = 0), which ``moved`` reads again.
+    port_file: Path | None = None
 
     def __post_init__(self) -> None:
         if (self.socket_path is None) == (self.port is None):
@@ -63,7 +67,18 @@ class Endpoint:
             raise _not_running(f"no daemon publishes a TCP port in {paths.port_file}", mesh,
                                paths.revoked_file) from exc
         return cls(port=port, token_file=paths.token_file, mesh=mesh, private_from=base,
-                   revoked_file=paths.revoked_file)
+                   revoked_file=paths.revoked_file, port_file=paths.port_file)
+
+    def moved(self) -> Endpoint | None:
+        """This endpoint at the port its daemon publishes now, when that is another one (the
+        daemon restarted); None when it has not moved or cannot be read."""
+        if self.port_file is None:
+            return None
+        try:
+            port = int(self.port_file.read_text("ascii").strip())
+        except (OSError, ValueError):
+            return None
+        return None if port == self.port else dataclasses.replace(self, port=port)
 
     @property
     def where(self) -> str:

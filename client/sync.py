@@ -51,8 +51,8 @@ class Client(Located):
             return _UnixConnection(str(self.endpoint.socket_path), timeout)
         return http.client.HTTPConnection(LOOPBACK, self.endpoint.port, timeout=timeout)
 
-    def _open(self, call: Call[Any], timeout: float | None, fresh: bool = False
-              ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+    def _open(self, call: Call[Any], timeout: float | None, fresh: bool = False,
+              moved: bool = False) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
         self.endpoint.check_socket()
         conn = self._connect(timeout)
         headers = {"Content-Type": "application/json", **self.auth_headers(fresh), **call.headers}
@@ -61,6 +61,10 @@ class Client(Located):
             return conn, conn.getresponse()
         except _UNREACHABLE as exc:
             conn.close()
+            # A daemon that restarted listens on a new TCP port: follow it once.
+            if not moved and (there := self.endpoint.moved()) is not None:
+                self.endpoint = there
+                return self._open(call, timeout, fresh, moved=True)
             raise self.endpoint.not_running(exc) from exc
 
     def _call(self, call: Call[T]) -> T:

@@ -64,3 +64,25 @@ def test_the_start_hint_is_said_once() -> None:
     err = DaemonNotRunning("no daemon answers on /s", hint="tidemesh daemon up --mesh m")
     assert str(err) == "no daemon answers on /s; start it with `tidemesh daemon up --mesh m`"
     assert err.reason == "no daemon answers on /s"
+
+
+async def test_a_tcp_client_follows_a_restarted_daemon_to_its_new_port(short_tmp: Path) -> None:
+    """A daemon picks a new loopback port at each start (ipc.http_port = 0); a client found by
+    mesh name kept the first one and failed with DaemonNotRunning for ever after."""
+    from tests.daemon.harness import start_daemon
+    from tidemesh.client import AsyncClient
+
+    env = {"TIDEMESH_HOME": str(short_tmp)}
+    d = start_daemon(short_tmp, "t")
+    try:
+        sync_client = Client.for_mesh("t", tcp=True, environ=env)
+        async_client = AsyncClient.for_mesh("t", tcp=True, environ=env)
+        first = sync_client.health()["pid"]
+        assert (await async_client.health())["pid"] == first
+        assert d.stop() == 0
+        d = start_daemon(short_tmp, "t")
+        assert sync_client.health()["pid"] == d.proc.pid != first
+        assert (await async_client.health())["pid"] == d.proc.pid
+        await async_client.aclose()
+    finally:
+        d.stop()
