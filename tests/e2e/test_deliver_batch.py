@@ -5,33 +5,16 @@ SQLite and the PostgreSQL broker store."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.daemon.harness import RunningDaemon
-from tests.e2e.harness import Broker, Mesh, connected, inbox, wait_for
+from tests.e2e.harness import Mesh, connected, inbox, wait_for
 from tests.e2e.test_faults import _exactly_once_in_order, _has, _send_many, _setup
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def any_mesh(request: pytest.FixtureRequest, short_tmp: Path) -> Iterator[Mesh]:
-    home = short_tmp / "broker"
-    home.mkdir()
-    store = (f"sqlite://{home}/broker.db" if request.param == "sqlite"
-             else request.getfixturevalue("pg_database"))
-    broker = Broker(home, store)
-    broker.cli("mesh", "create", "team")
-    broker.start()
-    mesh = Mesh(broker, "team")
-    try:
-        yield mesh
-    finally:
-        mesh.stop()
 
 
 async def _backlog(mesh: Mesh, root: Path, n: int) -> tuple[list[str], RunningDaemon]:
