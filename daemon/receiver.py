@@ -28,6 +28,7 @@ from tidemesh.core.metrics import BATCH_BUCKETS, CollectorRegistry
 from tidemesh.core.sealing import UnsealError, unseal
 from tidemesh.daemon import race
 from tidemesh.daemon.link import BrokerLink, LinkError
+from tidemesh.daemon.linkstate import resume_outcome
 from tidemesh.daemon.receive_order import Position, ReceiveOrder
 from tidemesh.daemon.service.inbox import InboxService
 from tidemesh.daemon.store.inbox import Delivery, StoreResult, Void
@@ -160,17 +161,16 @@ class Receiver:
 
     async def _resume(self, cursor: Position) -> Position:
         for _ in range(RESUME_TRIES):
-            ans = await self.link.resume(*cursor)
-            result = ans["result"]
-            if result == "OK":
-                return (ans["epoch"], ans.get("last_seq", cursor[1]))
-            target = (ans["epoch"], ans["compacted_seq"] if result == "STALE_SEQUENCE"
-                      else ans["broker_last_seq"])
-            event = log.warning if result == "STALE_SEQUENCE" else log.error
-            event("delivery_resume_refused", result=result, ours=cursor, resync_to=target)
+            outcome = resume_outcome(await self.link.resume(*cursor), cursor)
+            if outcome.ok:
+                return outcome.position
+            target = outcome.position
+            event = log.warning if outcome.result == "STALE_SEQUENCE" else log.error
+            event("delivery_resume_refused", result=outcome.result, ours=cursor,
+                  resync_to=target)
             await self.inbox.record_event("broker_status", {
-                "state": "resynced", "result": result, "our_position": list(cursor),
-                "resynced_to": list(target), "broker_last_seq": ans["broker_last_seq"]})
+                "state": "resynced", "result": outcome.result, "our_position": list(cursor),
+                "resynced_to": list(target), "broker_last_seq": outcome.broker_last_seq})
             await self.inbox.reset_receive_cursor(*target)
             cursor = target
         raise LinkError("the broker refused to resume three times")

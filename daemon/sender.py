@@ -102,7 +102,7 @@ class DeadLetters:
 
 class Sender:
     """Claims due rows in batches and keeps several batches on the wire at once; each batch
-    is one coalesced frame out, and its answers are settled in one write."""
+    is one frame out (one pending request), and its answers are settled in one write."""
 
     def __init__(self, link: BrokerLink, outbox: OutboxService, dead: DeadLetters,
                  settings: SenderSettings, metrics: SenderMetrics, max_age_ms: int,
@@ -157,12 +157,14 @@ class Sender:
 
     async def _send(self, rows: list[Claimed]) -> None:
         limit = self.settings.send_timeout_s
+        refused: LinkError | None = None
         try:
-            answers = await self.link.send_many(
+            answers = await self.link.send_batch(
                 [(r.client_message_id, orjson.loads(r.payload)) for r in rows], limit)
-        except LinkError:
-            answers = [None] * len(rows)
+        except LinkError as exc:   # refused as a whole, or the link was closed already
+            answers, refused = [None] * len(rows), exc
         error = ("LinkClosed: the broker link closed before the answer" if self.link.closed
+                 else f"LinkError: {refused}" if refused is not None
                  else f"TimeoutError: no answer within {limit:.0f} s")
         now = int(self.clock() * 1000)
         settled = [classify(r.id, r.attempts, a, None if a else error, now,

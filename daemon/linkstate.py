@@ -1,0 +1,467 @@
+"""The daemon's side of the broker protocol as a state machine, sans I/O (no sockets, no
+clock, no logging): ``LinkState`` takes the broker's frames, the link's end and ticks of a
+given ``now``, and returns what to do (``Send`` a frame, ``Close`` the socket) and what
+happened (the events below). ``link.py`` moves the bytes and carries these out; the broker's
+side of the same protocol is ``broker/session.py``.
+
+    AWAIT_CHALLENGE --challenge--> hello (or join)         AWAIT_HELLO_ACK
+    AWAIT_HELLO_ACK --hello_ack--> feature request          AWAIT_FEATURES
+    AWAIT_FEATURES  --response, required features usable--> READY (``Ready``)
+                    --a required feature unusable--> close 4010 (``Failed``)
+    READY: requests matched to answers by id; deliveries and presence routed (``ROUTES``)
+
+Every request waits as one pending entry, whatever it holds: a claimed batch of sends is one
+``send_batch`` frame (a ``send`` frame for one row) and its answers come back together, as
+one ``Settled``. Each entry carries an opaque ``waiter`` for the caller (``link.py`` keeps its
+future there); the machine never touches it. The handshake's deadline and the stall of a
+broker that leaves requests unanswered are decided by ``tick(now)``.
+
+Imports ``core``; never websockets, the daemon's stores or services.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Generic, TypeVar
+
+from nacl.signing import SigningKey
+
+from tidemesh.core import features, handshake
+from tidemesh.core.features import CloseReason
+from tidemesh.core.invite import explain_refusal
+from tidemesh.core.wire import CloseCode, FrameType, InvalidFrame, decode
+
+Frame = dict[str, Any]
+Position = tuple[int, int]   # (epoch, seq)
+W = TypeVar("W")
+# A broker with requests of ours waiting that sends no frame at all for this long has stalled
+# (its loop or its store is stuck while its socket stays open): the link is cut and the relay
+# reconnects. A busy broker still answers something well within it.
+STALL_TIMEOUT_S = 30.0
+
+
+class LinkError(Exception):
+    """The link to the broker failed; ``retryable`` says whether reconnecting may help."""
+
+    retryable = True
+
+
+class HandshakeRejected(LinkError):
+    """The broker closed during the handshake (unknown or revoked member, bad signature …)."""
+
+    def __init__(self, code: int | None, reason: str) -> None:
+        why = explain_refusal(reason) or (
+            "another host presents this member's key (a cloned data dir?); retrying with "
+            "backoff; see docs/operations.md, A cloned host" if reason == "clone_suspected"
+            else None)
+        super().__init__(f"the broker refused this member (close {code}: {reason})"
+                         + (f": {why}" if why else ""))
+        self.code = code
+        self.reason = reason
+        # Revocation or an unknown key will not fix itself; a transient close might. A hello
+        # that came too late (a stalled network) is a policy close that a retry does fix.
+        self.retryable = (code not in (CloseCode.AUTH, CloseCode.POLICY)
+                          or reason == "hello_timeout")
+
+
+class FeatureUnavailable(LinkError):
+    """A required broker feature is missing or unusable (spec §15.5); the daemon must exit."""
+
+    retryable = False
+
+    def __init__(self, reason: CloseReason, supported: Any,
+                 negotiation: Frame | None = None) -> None:
+        super().__init__(f"broker feature {reason.feature} is unusable ({reason.kind}): "
+                         f"{reason.detail}")
+        self.reason = reason
+        self.supported = supported
+        self.negotiation = negotiation   # the broker's whole answer, for the log
+
+
+class LinkClosed(LinkError):
+    """The connection ended while a request was waiting for its answer."""
+
+
+class Phase(StrEnum):
+    AWAIT_CHALLENGE = "await_challenge"
+    AWAIT_HELLO_ACK = "await_hello_ack"
+    AWAIT_FEATURES = "await_features"
+    READY = "ready"
+    CLOSED = "closed"
+
+
+# -- what to do --------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    frame: Frame
+
+
+@dataclass(frozen=True, slots=True)
+class Close:
+    """Close the socket with this code (the closing handshake, bounded by the shell)."""
+
+    code: int
+    reason: str
+
+
+# -- what happened -----------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """The handshake is done: the link may carry requests."""
+
+    hello_ack: Frame
+    supported: dict[str, Any]
+    broker_version: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """The handshake failed: raise ``error`` (after carrying out any ``Close`` before it)."""
+
+    error: LinkError
+
+
+@dataclass(frozen=True, slots=True)
+class Answered(Generic[W]):
+    """A request's answer frame (an ``error`` frame included: the caller reads it)."""
+
+    waiter: W
+    frame: Frame
+
+
+@dataclass(frozen=True, slots=True)
+class Settled(Generic[W]):
+    """A batch of sends answered at once: one result per send, in order, None for a send the
+    broker did not answer; ``refused`` when the broker refused the whole frame instead."""
+
+    waiter: W
+    results: list[Frame | None]
+    refused: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Delivered:
+    """One ``deliver`` or ``deliver_batch`` frame's deliveries, whole and in order: the unit
+    the receiver places against its cursor (``receive_order.py``) and stores."""
+
+    deliveries: list[Frame]
+
+
+@dataclass(frozen=True, slots=True)
+class Presence:
+    frame: Frame
+
+
+@dataclass(frozen=True, slots=True)
+class Unsolicited:
+    """An ``error`` frame that answers nothing waiting (late, or for a forgotten request)."""
+
+    frame: Frame
+
+
+@dataclass(frozen=True, slots=True)
+class Unreadable:
+    """A frame that did not decode; the link lives on."""
+
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Stalled:
+    """Requests wait and the broker said nothing for longer than the stall timeout: drop the
+    connection (the relay reconnects)."""
+
+    waiting: int
+    quiet_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Ended(Generic[W]):
+    """The connection ended: fail every waiter with ``error``."""
+
+    waiters: list[W]
+    error: LinkClosed
+
+
+Output = (Send | Close | Ready | Failed | Answered[W] | Settled[W] | Delivered | Presence
+          | Unsolicited | Unreadable | Stalled | Ended[W])
+
+
+@dataclass(slots=True)
+class Pending(Generic[W]):
+    waiter: W
+    items: list[str] | None = None   # a batch's send ids, in order; None for a single request
+
+
+# -- the machine ---------------------------------------------------------------------------
+
+@dataclass(slots=True)
+class LinkState(Generic[W]):
+    mesh_id: str
+    key: SigningKey
+    now: float                                   # when the socket opened
+    handshake_timeout: float = 10.0
+    stall_timeout: float = STALL_TIMEOUT_S
+    require: tuple[str, ...] = features.REQUIRED
+    optional: tuple[str, ...] = features.OPTIONAL
+    invite_token: str | None = None
+    display_name: str | None = None
+    host_fingerprint: str | None = None
+    url: str = "the broker"                      # for messages only
+    phase: Phase = Phase.AWAIT_CHALLENGE
+    hello_ack: Frame = field(default_factory=dict)
+    supported: dict[str, Any] = field(default_factory=dict)
+    broker_version: str | None = None
+    pending: dict[str, Pending[W]] = field(default_factory=dict)
+    held: bool = False                           # our own deliveries queue is full
+    quiet_since: float = 0.0                     # the last frame, or when waiting began
+    deadline: float = 0.0                        # the handshake's
+    _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+
+    def __post_init__(self) -> None:
+        self.deadline = self.now + self.handshake_timeout
+        self.quiet_since = self.now
+
+    # -- frames in -----------------------------------------------------------------------
+
+    def on_frame(self, raw: str | bytes, now: float) -> list[Output[W]]:
+        if self.phase is Phase.CLOSED:
+            return []
+        self.quiet_since = now
+        handshaking = self.phase is not Phase.READY
+        try:
+            frame = decode(raw)
+        except InvalidFrame as exc:
+            if handshaking:
+                return self._fail(LinkError(f"the broker sent a bad {self._expected} frame: "
+                                            f"{exc.message}"))
+            return [Unreadable(exc.message)]
+        if handshaking:
+            return self._handshake(frame)
+        route = ROUTES.get(frame["type"])
+        return route(self, frame) if route is not None else self._answer(frame)
+
+    def on_closed(self, code: int | None, reason: str) -> list[Output[W]]:
+        """The connection ended (``code`` None: no close frame came)."""
+        was = self.phase
+        self.phase = Phase.CLOSED
+        if was is Phase.CLOSED:
+            return []
+        if was is not Phase.READY:
+            return [Failed(HandshakeRejected(code, reason))]
+        waiters = [p.waiter for p in self.pending.values()]
+        self.pending.clear()
+        return [Ended(waiters, LinkClosed(f"the broker link closed ({code}): {reason}"))]
+
+    def tick(self, now: float) -> list[Output[W]]:
+        """Time passed: a handshake past its deadline fails; a broker that leaves our requests
+        unanswered and says nothing else for ``stall_timeout`` has stalled."""
+        if self.phase is Phase.CLOSED:
+            return []
+        if self.phase is not Phase.READY:
+            if now < self.deadline:
+                return []
+            return self._fail(LinkError(f"the broker at {self.url} did not finish the "
+                                        f"handshake within {self.handshake_timeout:g} s"))
+        if not self.pending or self.held:   # idle, or the broker waits for us: no stall
+            return []
+        quiet = now - self.quiet_since
+        if quiet <= self.stall_timeout:
+            return []
+        self.phase = Phase.CLOSED
+        return [Stalled(len(self.pending), quiet)]
+
+    def hold(self) -> None:
+        """Our deliveries queue is full: the broker's next frames wait for us (no stall)."""
+        self.held = True
+
+    def release(self, now: float) -> None:
+        self.held = False
+        self.quiet_since = now
+
+    # -- requests out --------------------------------------------------------------------
+
+    def call(self, frame: Frame, now: float, waiter: W) -> Send:
+        """A request that one frame answers (``resume``, ``peers``, ``profile``, ``request``
+        …): the frame with its new id, to send; its answer comes as ``Answered``."""
+        request_id = f"r{next(self._ids)}"
+        self._wait(request_id, Pending(waiter), now)
+        return Send({**frame, "id": request_id})
+
+    def send_batch(self, items: list[tuple[str, Frame]], now: float, waiter: W) -> Send:
+        """Outbox rows (client_message_id, ``SendRequest.to_payload()``) as one frame: a
+        ``send`` for one, else a ``send_batch``; their answers come as one ``Settled``."""
+        sends = [self._send_item(cmid, payload) for cmid, payload in items]
+        if len(sends) == 1:
+            self._wait(sends[0]["id"], Pending(waiter, [sends[0]["id"]]), now)
+            return Send({"type": FrameType.SEND.value, **sends[0]})
+        batch_id = f"b{next(self._ids)}"
+        self._wait(batch_id, Pending(waiter, [s["id"] for s in sends]), now)
+        return Send({"type": FrameType.SEND_BATCH.value, "id": batch_id, "sends": sends})
+
+    def ack(self, epoch: int, seq: int) -> Send:
+        """Cumulative ack, sent only after the inbox commit (nothing answers it)."""
+        return Send({"type": FrameType.ACK.value, "epoch": epoch, "seq": seq})
+
+    def forget(self, request_id: str) -> None:
+        """The caller stopped waiting (a timeout, a cancel): a late answer is dropped."""
+        self.pending.pop(request_id, None)
+
+    def _wait(self, request_id: str, pending: Pending[W], now: float) -> None:
+        if self.phase is not Phase.READY:
+            raise LinkClosed("the broker link is closed")
+        if not self.pending:
+            self.quiet_since = now   # the broker owes us nothing until now
+        self.pending[request_id] = pending
+
+    def _send_item(self, cmid: str, payload: Frame) -> Frame:
+        item = {k: v for k, v in payload.items() if v is not None or k in ("meta", "reply_to")}
+        if features.TRACE_CONTEXT not in self.supported:
+            # A broker from before trace context refuses a send frame that carries one.
+            item.pop("traceparent", None)
+        item.update(client_message_id=cmid, id=f"r{next(self._ids)}")
+        return item
+
+    # -- READY frames ----------------------------------------------------------------------
+
+    def _answer(self, frame: Frame) -> list[Output[W]]:
+        pending = self.pending.pop(frame.get("id") or "", None)
+        if pending is None:
+            return [Unsolicited(frame)] if frame["type"] == FrameType.ERROR else []
+        if pending.items is None:
+            return [Answered(pending.waiter, frame)]
+        if frame["type"] == FrameType.SEND_RESULTS:
+            by_id = {r.get("id"): r for r in frame["results"]}
+            return [Settled(pending.waiter, [by_id.get(i) for i in pending.items])]
+        if len(pending.items) == 1:    # a lone send's answer is its result, whatever it says
+            return [Settled(pending.waiter, [frame])]
+        error = frame.get("error") or {}
+        return [Settled(pending.waiter, [None] * len(pending.items),
+                        f"the broker refused the batch: {error.get('code', frame['type'])}: "
+                        f"{error.get('message', '')}")]
+
+    def _deliver(self, frame: Frame) -> list[Output[W]]:
+        return [Delivered([frame])]
+
+    def _deliver_batch(self, frame: Frame) -> list[Output[W]]:
+        return [Delivered(frame["deliveries"])]
+
+    def _presence(self, frame: Frame) -> list[Output[W]]:
+        return [Presence(frame)]
+
+    # -- the handshake -------------------------------------------------------------------
+
+    @property
+    def _expected(self) -> str:
+        return {Phase.AWAIT_CHALLENGE: FrameType.CHALLENGE,
+                Phase.AWAIT_HELLO_ACK: FrameType.HELLO_ACK}.get(
+                    self.phase, FrameType.FEATURE_RESPONSE).value
+
+    def _handshake(self, frame: Frame) -> list[Output[W]]:
+        kind = frame["type"]
+        if kind == FrameType.ERROR:
+            return self._fail(LinkError(f"the broker answered {frame['error']['code']}: "
+                                        f"{frame['error']['message']}"))
+        if self.phase is Phase.AWAIT_FEATURES and kind in PRESENCE_FRAMES:
+            # Once hello_ack is out the broker counts us as connected and may announce other
+            # members (many reconnect at once after a broker restart): not the answer.
+            return []
+        if kind != self._expected:
+            return self._fail(LinkError(f"expected {self._expected} from the broker, "
+                                        f"got {kind}"))
+        if self.phase is Phase.AWAIT_CHALLENGE:
+            return self._on_challenge(frame)
+        if self.phase is Phase.AWAIT_HELLO_ACK:
+            self.hello_ack = frame
+            self.phase = Phase.AWAIT_FEATURES
+            return [Send({"type": FrameType.FEATURE_REQUEST.value, "id": "features",
+                          "require": list(self.require), "optional": list(self.optional)})]
+        return self._on_features(frame)
+
+    def _on_challenge(self, challenge: Frame) -> list[Output[W]]:
+        self.broker_version = challenge.get("broker_version")
+        pubkey, signature = handshake.sign(self.key, self.mesh_id, challenge["nonce"])
+        hello: Frame = {"type": FrameType.HELLO.value, "mesh_id": self.mesh_id,
+                        "pubkey": pubkey, "nonce": challenge["nonce"], "signature": signature}
+        if self.invite_token is not None:
+            hello.update(type=FrameType.JOIN.value, invite_token=self.invite_token,
+                         display_name=self.display_name)
+        elif self.host_fingerprint is not None:
+            # Lets the broker tell a clone of this data dir (same key, other host) from a
+            # reconnect of this daemon (docs/operations.md "A cloned host").
+            hello["host_fingerprint"] = handshake.host_mark(pubkey, self.host_fingerprint)
+        self.phase = Phase.AWAIT_HELLO_ACK
+        return [Send(hello)]
+
+    def _on_features(self, answer: Frame) -> list[Output[W]]:
+        supported = answer["supported"]
+        reason = features.validate(supported, self.require)
+        if reason is None and answer["missing_required"]:
+            reason = CloseReason("feature_unavailable", answer["missing_required"][0],
+                                 "the broker reports it missing")
+        if reason is not None:
+            self.phase = Phase.CLOSED
+            return [Close(CloseCode.FEATURE, features.close_reason_text(reason)),
+                    Failed(FeatureUnavailable(reason, supported, answer))]
+        self.supported = dict(supported)
+        self.phase = Phase.READY
+        self.quiet_since = self.now
+        return [Ready(self.hello_ack, self.supported, self.broker_version)]
+
+    def _fail(self, error: LinkError) -> list[Output[W]]:
+        self.phase = Phase.CLOSED
+        return [Failed(error)]
+
+
+PRESENCE_FRAMES = frozenset({FrameType.PEER_JOIN, FrameType.PEER_LEAVE,
+                             FrameType.CLONE_SUSPECTED})
+
+# What a READY link does with each frame the broker starts; every frame not named here
+# answers a request of ours by its id (``_answer``). A new broker → daemon frame is one row.
+ROUTES: dict[str, Callable[[LinkState[Any], Frame], list[Any]]] = {
+    FrameType.DELIVER: LinkState._deliver,
+    FrameType.DELIVER_BATCH: LinkState._deliver_batch,
+    **dict.fromkeys(PRESENCE_FRAMES, LinkState._presence),
+}
+
+
+# -- answers read ------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class ResumeOutcome:
+    """What a ``resume_ack`` means for the receive cursor (DESIGN §6): ``OK`` the broker
+    delivers after ``position``; otherwise the cursor moves to ``position`` and the receiver
+    resumes again (STALE_SEQUENCE: past what the broker compacted; INVALID_SEQUENCE: back to
+    the broker's last seq)."""
+
+    result: str
+    position: Position
+    broker_last_seq: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.result == "OK"
+
+
+def resume_outcome(answer: Frame, cursor: Position) -> ResumeOutcome:
+    if answer.get("type") != FrameType.RESUME_ACK:
+        error = answer.get("error") or {}
+        raise LinkError(f"the broker refused the resume: {error.get('code', answer.get('type'))}"
+                        f": {error.get('message', '')}")
+    result = answer["result"]
+    if result == "OK":
+        return ResumeOutcome(result, (answer["epoch"], answer.get("last_seq", cursor[1])))
+    seq = answer["compacted_seq"] if result == "STALE_SEQUENCE" else answer["broker_last_seq"]
+    return ResumeOutcome(result, (answer["epoch"], seq), answer["broker_last_seq"])
+
+
+def refusal(answer: Frame) -> str | None:
+    """What a broker's ``error`` answer to a request says, or None for any other answer."""
+    if answer.get("type") != FrameType.ERROR:
+        return None
+    return f"{answer['error']['code']}: {answer['error']['message']}"
