@@ -42,6 +42,7 @@ from tidemesh.daemon.linkstate import (
     LinkError,
     LinkState,
     Output,
+    Phase,
     Presence,
     Ready,
     Send,
@@ -142,9 +143,9 @@ class BrokerLink:
         Bound it with ``asyncio.timeout`` in the caller: cancelling forgets the request (a late
         answer is dropped); the send may still commit, and a retry gets 200 duplicate.
         """
-        settled = await self._settle([(client_message_id, payload)])
-        answer = settled.results[0]
-        assert answer is not None   # a lone send's answer is always its result
+        [answer] = (await self._settle([(client_message_id, payload)])).results
+        if answer is None:
+            raise LinkError("the broker's answer held no result for the send")
         return answer
 
     async def send_batch(self, items: list[tuple[str, dict[str, Any]]],
@@ -350,3 +351,5 @@ async def _handshake(ws: ClientConnection, state: LinkState[Waiter]) -> Ready:
             except ConnectionClosed as exc:
                 # Lost while sending hello or the negotiation: a broken path, not a refusal.
                 raise LinkError(f"the broker link closed during the handshake: {exc}") from exc
+        if state.phase is Phase.CLOSED:   # every end says why (``Failed``); never read on
+            raise LinkError("the broker link closed during the handshake")

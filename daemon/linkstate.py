@@ -248,14 +248,14 @@ class LinkState(Generic[W]):
 
     def on_closed(self, code: int | None, reason: str) -> list[Output[W]]:
         """The connection ended (``code`` None: no close frame came)."""
-        was = self.phase
-        self.phase = Phase.CLOSED
-        if was is Phase.CLOSED:
-            return []
-        if was is not Phase.READY:
+        was, self.phase = self.phase, Phase.CLOSED
+        if was not in (Phase.READY, Phase.CLOSED):
             return [Failed(HandshakeRejected(code, reason))]
+        # After a stall too: what still waits learns that no answer will come.
         waiters = [p.waiter for p in self.pending.values()]
         self.pending.clear()
+        if was is Phase.CLOSED and not waiters:
+            return []
         return [Ended(waiters, LinkClosed(f"the broker link closed ({code}): {reason}"))]
 
     def tick(self, now: float) -> list[Output[W]]:

@@ -301,6 +301,8 @@ def test_a_broker_that_leaves_a_request_unanswered_and_says_nothing_has_stalled(
     [stalled] = m.tick(1050.5)
     assert stalled == Stalled(1, 30.5)
     assert m.phase is Phase.CLOSED and m.tick(2000) == []
+    [ended] = m.on_closed(None, "aborted")          # the link cut: the request learns it
+    assert isinstance(ended, Ended) and ended.waiters == ["w"]
 
 
 def test_no_stall_while_the_broker_waits_for_our_full_queue() -> None:
