@@ -7,7 +7,7 @@ socket and runs the handshake (a refusal, a missing required feature or a broker
 not finish in time raises a ``LinkError`` subclass); then one reader task feeds every frame
 to the machine, and callers' requests go straight to the socket, each waiting on a future
 the machine hands back with its answer. A claimed outbox batch is one frame and one future
-(``send_batch``). Deliveries go whole, frame by frame, to the bounded ``deliveries`` queue (a
+(``send_many``). Deliveries go whole, frame by frame, to the bounded ``deliveries`` queue (a
 full queue stops the reader, which pushes back on the broker); presence frames go to
 ``presence`` (oldest dropped when full). No outbox logic here.
 
@@ -148,8 +148,8 @@ class BrokerLink:
             raise LinkError("the broker's answer held no result for the send")
         return answer
 
-    async def send_batch(self, items: list[tuple[str, dict[str, Any]]],
-                         within: float) -> list[dict[str, Any] | None]:
+    async def send_many(self, items: list[tuple[str, dict[str, Any]]],
+                        within: float) -> list[dict[str, Any] | None]:
         """Send a claimed batch of outbox rows as one frame; returns each ``send_result`` in
         order, or None for every row when no answer came within ``within`` seconds or before
         the link closed. Raises ``LinkError`` when the broker refused the frame as a whole."""

@@ -422,7 +422,8 @@ PRESENCE_FRAMES = frozenset({FrameType.PEER_JOIN, FrameType.PEER_LEAVE,
                              FrameType.CLONE_SUSPECTED})
 
 # What a READY link does with each frame the broker starts; every frame not named here
-# answers a request of ours by its id (``_answer``). A new broker → daemon frame is one row.
+# answers a request of ours by its id (``_answer``), so a new request needs no row. A new
+# frame the broker starts is one row here, and its event one branch of ``link._carry``.
 ROUTES: dict[str, Callable[[LinkState[Any], Frame], list[Any]]] = {
     FrameType.DELIVER: LinkState._deliver,
     FrameType.DELIVER_BATCH: LinkState._deliver_batch,

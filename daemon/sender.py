@@ -159,7 +159,7 @@ class Sender:
         limit = self.settings.send_timeout_s
         refused: LinkError | None = None
         try:
-            answers = await self.link.send_batch(
+            answers = await self.link.send_many(
                 [(r.client_message_id, orjson.loads(r.payload)) for r in rows], limit)
         except LinkError as exc:   # refused as a whole, or the link was closed already
             answers, refused = [None] * len(rows), exc
