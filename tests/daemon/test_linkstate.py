@@ -11,8 +11,9 @@ from nacl.signing import SigningKey
 from tidemesh.broker.session import Authenticate, Session
 from tidemesh.broker.session import Send as BrokerSend
 from tidemesh.core import features, handshake
-from tidemesh.core.wire import encode
+from tidemesh.core.wire import FrameType, encode, load_schema
 from tidemesh.daemon.linkstate import (
+    ROUTES,
     Answered,
     Close,
     Delivered,
@@ -287,6 +288,18 @@ def test_presence_and_unreadable_frames() -> None:
     assert isinstance(presence, Presence) and presence.frame["type"] == "peer_join"
     [bad] = m.on_frame("[]", 101)
     assert isinstance(bad, Unreadable) and m.phase is Phase.READY
+
+
+def test_every_frame_the_broker_starts_has_a_route() -> None:
+    """A broker → daemon frame that answers no request (its schema asks no id) is a
+    handshake frame, an error, or a row of ``ROUTES``: a new one cannot be forgotten."""
+    started = set()
+    for kind in FrameType:
+        schema = load_schema(kind.value)
+        if (schema["title"].startswith("broker → daemon")
+                and "id" not in schema.get("required", [])):
+            started.add(kind.value)
+    assert started - {"challenge", "hello_ack", "error"} == set(ROUTES)
 
 
 # -- the stall, decided on now ---------------------------------------------------------------
