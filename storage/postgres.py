@@ -2,13 +2,13 @@
 group-commit batch operations.
 
 Concurrent submissions are drained into batches by several writer connections (so batches
-overlap each other's COMMIT; PostgreSQL flushes concurrent commits together). Each submission
-names a shard (the broker uses the sender). A shard with submissions in flight sends the next
-to the writer that holds them, which keeps its submissions in arrival order; a shard with none
-goes to the least loaded writer, so one member's big batches do not hold up another member's
-send while a writer is free (fair load). A batch runs each operation once for all its args, in one
-transaction; if a statement fails, the batch is redone in a new transaction with a savepoint per
-arg, so only the arg that fails again gets an error. Args of one ``key`` in one batch are split:
+overlap each other's COMMIT; PostgreSQL flushes concurrent commits together). Each submission's
+shard is its op's ``owner`` (the broker's accept: the sender). A shard with submissions in
+flight sends the next to the writer that holds them, which keeps its submissions in arrival
+order; a shard with none goes to the least loaded writer, so one member's big batches do not
+hold up another member's send while a writer is free (fair load). A batch runs each operation
+once for all its args, in one transaction, under the batch rules of ``engine`` (a savepoint per
+run, redone arg by arg when it fails). Args of one ``key`` in one batch are split:
 the later ones wait for the writer's next batch, so each is decided against what the first one
 wrote. Answers leave only after COMMIT.
 """
