@@ -31,7 +31,7 @@ import structlog
 
 from tidemesh.core import numbers
 from tidemesh.daemon.api.connections import HEADER_TIMEOUT_S, IDLE_TIMEOUT_S, MAX_HEAD
-from tidemesh.daemon.api.exchange import Answer, Answerer, Parsed
+from tidemesh.daemon.api.exchange import JSON_HEADERS, Answer, Answerer, Parsed
 from tidemesh.daemon.api.keys import STATE
 from tidemesh.daemon.api.middleware import plain_unix
 from tidemesh.daemon.api.routes import LANE
@@ -45,7 +45,7 @@ _HAND_OVER = {b"authorization", b"transfer-encoding", b"expect", b"upgrade"}
 _READ_AHEAD = 256 * 1024
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class LaneHead:
     """A request head the lane answers itself: which route, the body's length, the header
     fields as ``Parsed.headers``, and how the connection goes on."""
@@ -124,6 +124,8 @@ class _Date:
 
 
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
+# The header fields of nearly every answer, framed once.
+_JSON_FIELDS = b"".join(n.encode() + b": " + v.encode() + b"\r\n" for n, v in JSON_HEADERS)
 
 
 class Lane:
@@ -161,8 +163,9 @@ class Lane:
         connection = (b"Connection: keep-alive\r\n" if head.keep_alive and head.http10 else
                       b"Connection: close\r\n" if not head.keep_alive and not head.http10 else
                       b"")
-        fields = b"".join(name.encode() + b": " + value.encode() + b"\r\n"
-                          for name, value in answer.headers)
+        fields = (_JSON_FIELDS if answer.headers is JSON_HEADERS else
+                  b"".join(name.encode() + b": " + value.encode() + b"\r\n"
+                           for name, value in answer.headers))
         status = answer.status
         return b"".join((
             b"HTTP/1.0 " if head.http10 else b"HTTP/1.1 ", str(status).encode(), b" ",
