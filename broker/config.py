@@ -58,7 +58,12 @@ SETTINGS: tuple[Setting, ...] = (
             "applied when the bucket allows."),
     Setting("limits.profile_burst", int, 5, "Profile changes a member may make at once after a "
             "quiet spell."),
-    Setting("auth.hello_timeout_s", float, 10.0, "A connection must authenticate within this."),
+    Setting("auth.hello_timeout_s", float, 10.0, "A connection must send a good hello within "
+            "this, and once admitted be authenticated within it again (the wait for a "
+            "handshake slot is not counted)."),
+    Setting("server.handshake_concurrency", int, 64, "Hellos authenticated at once; the rest "
+            "wait for a slot, off the hello clock (a connect storm is admitted, not timed "
+            "out)."),
     Setting("auth.recheck_s", float, 5.0, "How often connected members are re-checked for "
             "revocation."),
     Setting("cluster.poll_s", float, 5.0, "With several brokers on PostgreSQL: how often each "
@@ -107,6 +112,7 @@ class BrokerSettings:
     limits_profile_rate: float
     limits_profile_burst: int
     auth_hello_timeout_s: float
+    server_handshake_concurrency: int
     auth_recheck_s: float
     cluster_poll_s: float
     cluster_heartbeat_s: float
@@ -183,6 +189,9 @@ def _validate(s: BrokerSettings) -> None:
                           field="limits.profile_rate")
     if s.clone_policy not in CLONE_POLICIES:
         raise ConfigError(f"clone.policy must be one of {CLONE_POLICIES}", field="clone.policy")
+    if s.server_handshake_concurrency < 1:
+        raise ConfigError("server.handshake_concurrency must be >= 1",
+                          field="server.handshake_concurrency")
     if s.limits_member_burst < 1:
         raise ConfigError("limits.member_burst must be >= 1", field="limits.member_burst")
     try:

@@ -34,6 +34,7 @@ WAKE_CHANNEL = "tidemesh_wake"          # {"b": sender broker, "k": [[mesh_id, p
 SESSION_CHANNEL = "tidemesh_session"    # {"b": holder broker, "m", "p", "s": session to close}
 #                     or {"b", "m", "p", "h": host, "clone": "close" | "tell", "policy"}
 PRESENCE_CHANNEL = "tidemesh_presence"  # {"b": sender broker, "f": peer_join/peer_leave frame}
+REVOKED_CHANNEL = "tidemesh_revoked"    # {"m", "p"}: a member revoked (or left), at commit
 # NOTIFY payloads must stay under 8000 bytes; keys are sent in chunks well below that.
 PAYLOAD_BUDGET = 7000
 # asyncpg notices a dead socket only when it uses it: the LISTEN connection is pinged.
@@ -60,26 +61,45 @@ class PostgresCluster:
         await self._notify(SESSION_CHANNEL, {"b": broker_id, "m": mesh_id, "p": pubkey,
                                              "s": session_id})
 
-    async def publish_presence(self, frame: dict[str, Any]) -> None:
-        await self._notify(PRESENCE_CHANNEL, {"b": self.broker_id, "f": frame})
+    async def publish_presence(self, frame: dict[str, Any]) -> bool:
+        # Not logged: a storm fails thousands of these at once; the caller counts them.
+        return await self._notify(PRESENCE_CHANNEL, {"b": self.broker_id, "f": frame},
+                                  quiet=True)
 
-    async def _notify(self, channel: str, message: dict[str, Any]) -> None:
+    async def _notify(self, channel: str, message: dict[str, Any], *,
+                      quiet: bool = False) -> bool:
         try:
             await self.pool.execute("SELECT pg_notify($1, $2)", channel,
                                     json.dumps(message, separators=(",", ":")))
         except DB_ERRORS as exc:  # presence is best effort; a takeover also ends on expiry
-            log.warning("broker_cluster_unsent", channel=channel, error=str(exc))
+            if not quiet:
+                log.warning("broker_cluster_unsent", channel=channel, error=str(exc))
+            return False
+        return True
 
-    async def heartbeat(self, now_ms: int, live: Sequence[SessionRow]) -> None:
+    async def heartbeat(self, now_ms: int, stale_before: int,
+                        live: Callable[[], Sequence[SessionRow]]) -> Sequence[SessionRow]:
         async with self.pool.acquire() as conn, conn.transaction():
+            last = await conn.fetchval(
+                "SELECT heartbeat_at FROM mesh.broker_alive WHERE broker_id = $1 FOR UPDATE",
+                self.broker_id)
             await conn.execute(
                 "INSERT INTO mesh.broker_alive (broker_id, heartbeat_at) VALUES ($1, $2)"
                 " ON CONFLICT (broker_id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at",
                 self.broker_id, now_ms)
-            if live:
-                # Only missing rows: a row another broker holds is its takeover, not ours.
-                await conn.executemany(INSERT_SESSION_SQL + " ON CONFLICT DO NOTHING",
-                                       [_args(r) for r in live])
+            if last is not None and last >= stale_before:
+                return ()   # nobody can have expired our sessions: nothing to put back
+            rows = live()
+            if rows:
+                # One statement for all; only missing rows: a row another broker holds is its
+                # takeover, not ours.
+                cols = list(zip(*(_args(r) for r in rows), strict=True))
+                await conn.execute(
+                    "INSERT INTO mesh.member_session (mesh_id, pubkey, broker_id, session_id,"
+                    " display_name, profile, connected_at, host) SELECT * FROM unnest("
+                    "$1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],"
+                    " $7::bigint[], $8::text[]) ON CONFLICT DO NOTHING", *cols)
+            return rows
 
     async def claim(self, row: SessionRow) -> SessionRow | None:
         async with self.pool.acquire() as conn, conn.transaction():
@@ -209,7 +229,7 @@ class PostgresCluster:
             def heard(_c: Any, _pid: int, channel: str, payload: str) -> None:
                 self._heard(events, channel, payload)
 
-            for channel in (WAKE_CHANNEL, SESSION_CHANNEL, PRESENCE_CHANNEL):
+            for channel in (WAKE_CHANNEL, SESSION_CHANNEL, PRESENCE_CHANNEL, REVOKED_CHANNEL):
                 await conn.add_listener(channel, heard)
             log.info("broker_cluster_listening", broker_id=self.broker_id)
             events.on_listening()
@@ -226,7 +246,9 @@ class PostgresCluster:
     def _heard(self, events: ClusterEvents, channel: str, payload: str) -> None:
         try:
             message = json.loads(payload)
-            if channel == SESSION_CHANNEL:
+            if channel == REVOKED_CHANNEL:   # from the revoking process, any broker's or CLI's
+                self._spawn(events.on_revoked(str(message["m"]), str(message["p"])))
+            elif channel == SESSION_CHANNEL:
                 if message["b"] != self.broker_id:  # only the holder acts on its session
                     return
                 if "clone" in message:
