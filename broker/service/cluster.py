@@ -72,8 +72,11 @@ class Cluster(Protocol):
     async def publish_taken_over(self, broker_id: str, mesh_id: str, pubkey: str,
                                  session_id: str) -> None: ...
 
-    async def publish_presence(self, frame: dict[str, Any]) -> bool:
-        """Tell the other brokers; False when it could not be sent (best effort)."""
+    presence_unsent: Callable[[int], None]
+
+    def publish_presence(self, frame: dict[str, Any]) -> None:
+        """Tell the other brokers, in the background (best effort: what cannot be sent is
+        counted through ``presence_unsent``)."""
         ...
 
     async def publish_clone(self, broker_id: str, mesh_id: str, pubkey: str, host: str,
@@ -153,14 +156,15 @@ class Peering:
         if not isinstance(cluster, SingleBroker):
             self.shared: Cluster = cluster
             connections.elsewhere = self
+            cluster.presence_unsent = lambda n: connections.presence_failed(n)
 
     # -- what the registry asks of the others (connections.Elsewhere) ---------------------
 
     def relay_wake(self, keys: set[Key]) -> None:
         self.cluster.publish_wake(keys)
 
-    async def relay_presence(self, frame: dict[str, Any]) -> bool:
-        return await self.shared.publish_presence(frame)
+    def relay_presence(self, frame: dict[str, Any]) -> None:
+        self.shared.publish_presence(frame)
 
     async def remote_peers(self, mesh_id: str, local: set[str]) -> list[dict[str, Any]]:
         out = []
@@ -312,8 +316,7 @@ class Peering:
             frame = {"type": "peer_leave", "mesh_id": gone.mesh_id, "pubkey": gone.pubkey,
                      "at": now}
             self.connections.tell_local(frame)
-            if not await self.shared.publish_presence(frame):
-                self.connections.presence_failed()
+            self.shared.publish_presence(frame)
 
     def _live_rows(self) -> list[SessionRow]:
         return [self._row(max(cs, key=lambda c: c.connected_at))

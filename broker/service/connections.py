@@ -47,8 +47,8 @@ class Elsewhere(Protocol):
 
     def relay_wake(self, keys: set[tuple[str, str]]) -> None: ...
 
-    async def relay_presence(self, frame: dict[str, Any]) -> bool:
-        """Tell the other brokers; False when it could not be sent."""
+    def relay_presence(self, frame: dict[str, Any]) -> None:
+        """Tell the other brokers, in the background; never waits."""
         ...
 
     async def remote_peers(self, mesh_id: str, local: set[str]) -> list[dict[str, Any]]: ...
@@ -113,7 +113,7 @@ class Connections:
         self._flush: asyncio.TimerHandle | None = None
         # Counted by the service's metrics: announcements the other brokers did not get, and
         # connections closed for a revocation.
-        self.presence_failed: Callable[[], None] = lambda: None
+        self.presence_failed: Callable[[int], None] = lambda _n: None
         self.revoked_closed: Callable[[], None] = lambda: None
         # The profiles in effect: what ``peers`` shows and presence was told.
         self.profiles: dict[Key, dict[str, Any]] = {}
@@ -199,8 +199,8 @@ class Connections:
 
     async def _tell_everywhere(self, _key: Hashable, frame: dict[str, Any]) -> None:
         self.tell_local(frame)
-        if self.elsewhere is not None and not await self.elsewhere.relay_presence(frame):
-            self.presence_failed()   # counted, never logged per member (a storm is thousands)
+        if self.elsewhere is not None:
+            self.elsewhere.relay_presence(frame)
 
     def tell_local(self, frame: dict[str, Any]) -> None:
         """A presence event for the members of its mesh connected here, but its subject:

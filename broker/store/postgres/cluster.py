@@ -33,10 +33,13 @@ T = TypeVar("T")
 WAKE_CHANNEL = "tidemesh_wake"          # {"b": sender broker, "k": [[mesh_id, pubkey], …]}
 SESSION_CHANNEL = "tidemesh_session"    # {"b": holder broker, "m", "p", "s": session to close}
 #                     or {"b", "m", "p", "h": host, "clone": "close" | "tell", "policy"}
-PRESENCE_CHANNEL = "tidemesh_presence"  # {"b": sender broker, "f": peer_join/peer_leave frame}
+PRESENCE_CHANNEL = "tidemesh_presence"  # {"b": sender broker, "fs": [peer_join/peer_leave]}
+#                     (or "f": one frame, from brokers before batches)
 REVOKED_CHANNEL = "tidemesh_revoked"    # {"m", "p"}: a member revoked (or left), at commit
 # NOTIFY payloads must stay under 8000 bytes; keys are sent in chunks well below that.
 PAYLOAD_BUDGET = 7000
+# Presence events waiting for their NOTIFY; past this the oldest are dropped (and counted).
+PRESENCE_BACKLOG = 10_000
 # asyncpg notices a dead socket only when it uses it: the LISTEN connection is pinged.
 PING_S = 5.0
 
@@ -49,6 +52,10 @@ class PostgresCluster:
         self.broker_id = broker_id
         self.backoff = backoff or Backoff()
         self._outgoing: set[Key] = set()
+        self._presence_out: list[dict[str, Any]] = []
+        # Presence events the others could not be told (counted by the service, not logged:
+        # a storm is thousands).
+        self.presence_unsent: Callable[[int], None] = lambda _n: None
         self._queued = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -61,21 +68,21 @@ class PostgresCluster:
         await self._notify(SESSION_CHANNEL, {"b": broker_id, "m": mesh_id, "p": pubkey,
                                              "s": session_id})
 
-    async def publish_presence(self, frame: dict[str, Any]) -> bool:
-        # Not logged: a storm fails thousands of these at once; the caller counts them.
-        return await self._notify(PRESENCE_CHANNEL, {"b": self.broker_id, "f": frame},
-                                  quiet=True)
+    def publish_presence(self, frame: dict[str, Any]) -> None:
+        # Sent in the background, many events per NOTIFY (a storm of joins was one pooled
+        # query each, queued in front of the handshakes' own).
+        self._presence_out.append(frame)
+        if len(self._presence_out) > PRESENCE_BACKLOG:
+            del self._presence_out[0]
+            self.presence_unsent(1)
+        self._queued.set()
 
-    async def _notify(self, channel: str, message: dict[str, Any], *,
-                      quiet: bool = False) -> bool:
+    async def _notify(self, channel: str, message: dict[str, Any]) -> None:
         try:
             await self.pool.execute("SELECT pg_notify($1, $2)", channel,
                                     json.dumps(message, separators=(",", ":")))
-        except DB_ERRORS as exc:  # presence is best effort; a takeover also ends on expiry
-            if not quiet:
-                log.warning("broker_cluster_unsent", channel=channel, error=str(exc))
-            return False
-        return True
+        except DB_ERRORS as exc:  # a takeover also ends on expiry
+            log.warning("broker_cluster_unsent", channel=channel, error=str(exc))
 
     async def heartbeat(self, now_ms: int, stale_before: int,
                         live: Callable[[], Sequence[SessionRow]]) -> Sequence[SessionRow]:
@@ -198,6 +205,13 @@ class PostgresCluster:
             await self._queued.wait()
             self._queued.clear()
             keys, self._outgoing = self._outgoing, set()
+            frames, self._presence_out = self._presence_out, []
+            for payload, count in presence_payloads(self.broker_id, frames):
+                try:
+                    await self.pool.execute("SELECT pg_notify($1, $2)", PRESENCE_CHANNEL,
+                                            payload)
+                except DB_ERRORS:
+                    self.presence_unsent(count)
             for payload in wake_payloads(self.broker_id, keys):
                 try:
                     await self.pool.execute("SELECT pg_notify($1, $2)", WAKE_CHANNEL, payload)
@@ -261,7 +275,8 @@ class PostgresCluster:
             elif message["b"] == self.broker_id:
                 return  # our own: told here already, when it happened
             elif channel == PRESENCE_CHANNEL:
-                self._spawn(events.on_presence(dict(message["f"])))
+                for frame in message.get("fs") or [message["f"]]:
+                    self._spawn(events.on_presence(dict(frame)))
             else:
                 events.on_wake((str(m), str(p)) for m, p in message["k"])
         except (ValueError, KeyError, TypeError) as exc:
@@ -310,3 +325,18 @@ def wake_payloads(broker_id: str, keys: set[Key]) -> Iterator[str]:
         size += item_size
     if chunk:
         yield json.dumps({"b": broker_id, "k": chunk}, separators=(",", ":"))
+
+
+def presence_payloads(broker_id: str, frames: list[dict[str, Any]]) -> Iterator[tuple[str, int]]:
+    """The frames as JSON payloads under PAYLOAD_BUDGET bytes, with how many each holds."""
+    chunk: list[str] = []
+    size = 0
+    for frame in frames:
+        text = json.dumps(frame, separators=(",", ":"))
+        if chunk and size + len(text) + 1 > PAYLOAD_BUDGET:
+            yield f'{{"b":{json.dumps(broker_id)},"fs":[{",".join(chunk)}]}}', len(chunk)
+            chunk, size = [], 0
+        chunk.append(text)
+        size += len(text) + 1
+    if chunk:
+        yield f'{{"b":{json.dumps(broker_id)},"fs":[{",".join(chunk)}]}}', len(chunk)
