@@ -170,7 +170,10 @@ def _start_broker(store_url: str, home: Path, extra: list[str]) -> tuple[subproc
                                                                            str]:
     port = _port()
     env = {**os.environ, "TIDEMESH_HOME": str(home), "TIDEMESH_LOG_LEVEL": "warning"}
-    proc = subprocess.Popen([sys.executable, "-m", "tidemesh", "broker", "up", "--store",
+    # BENCH_PROFILE=FILE: the broker runs under cProfile, its stats written to FILE at exit.
+    prof = os.environ.get("BENCH_PROFILE")
+    wrap = ["-m", "cProfile", "-o", prof] if prof else []
+    proc = subprocess.Popen([sys.executable, *wrap, "-m", "tidemesh", "broker", "up", "--store",
                              store_url, "--listen", f"127.0.0.1:{port}", *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
     assert proc.stdout is not None
@@ -230,6 +233,7 @@ async def run_tidemesh(store_kind: str, n: int, args: argparse.Namespace, root: 
 
         # Connect storm: all at once; each retries until in (a first failure is counted).
         failed = 0
+        acked: list[float] = []
 
         async def member(k: SigningKey) -> BrokerLink:
             nonlocal failed
@@ -240,6 +244,7 @@ async def run_tidemesh(store_kind: str, n: int, args: argparse.Namespace, root: 
                 except LinkError:
                     failed += 1
                     await asyncio.sleep(0.5)
+            acked.append(time.perf_counter())
             await link.set_profile(PROFILE)
             await link.resume(0, 0)
             await link.request("topic_subscribe", TOPIC)
@@ -249,6 +254,7 @@ async def run_tidemesh(store_kind: str, n: int, args: argparse.Namespace, root: 
             links = list(await asyncio.gather(*(member(k) for k in keys)))
         out["storm"] = storm
         out["failed"] = failed
+        out["handshaken"] = max(acked) - storm.t0
         tally = Tally(n)
         tasks = [asyncio.create_task(_consume(link, tally)) for link in links]
         sender = await BrokerLink.connect(url, mesh_id, sender_key, open_timeout=60)
@@ -371,7 +377,8 @@ async def run_jetstream(pid: int, url: str, n: int, args: argparse.Namespace
 def _report(label: str, n: int, r: dict[str, Any]) -> None:
     st, idle, lone, burst = r["storm"], r["idle"], r["lone"], r["burst"]
     print(f"  {label}")
-    failed = f", {r['failed']} handshakes failed the first try" if "failed" in r else ""
+    failed = (f" (handshakes done in {r['handshaken']:.2f} s), {r['failed']} handshakes failed"
+              " the first try" if "failed" in r else "")
     print(f"    connect storm      {st.wall:7.2f} s to all {n} connected{failed};"
           f" server {1e3 * st.server / n:6.2f} ms CPU per connection;"
           f" load process {st.pct(st.load):4.0f} %")

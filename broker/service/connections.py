@@ -38,8 +38,13 @@ PROFILE_RATE = Rate(per_s=0.5, burst=5)
 # member reconnecting in a loop is, past this, its latest state now and then.
 PRESENCE_RATE = Rate(per_s=1.0, burst=10)
 # How long presence changes gather before one flush tells them (issue #30: a storm of N
-# joins told one at a time was N walks of N listeners).
+# joins told one at a time was N walks of N listeners): at least this, and 2 ms more per
+# listener, since each flush is a frame to each of them: while changes keep coming, presence
+# then costs about 500 frames a second whatever the number of members (the window is 0.4 s
+# at 200 listeners, 2 s at 1,000; at most 3 s).
 PRESENCE_WINDOW_S = 0.05
+PRESENCE_WINDOW_PER_LISTENER_S = 0.002
+PRESENCE_WINDOW_MAX_S = 3.0
 
 
 class Elsewhere(Protocol):
@@ -107,6 +112,7 @@ class Connections:
                  presence_rate: Rate = PRESENCE_RATE,
                  presence_window_s: float = PRESENCE_WINDOW_S) -> None:
         self.conns: dict[Key, set[Conn]] = {}
+        self.count = 0   # connections registered
         # Presence not told yet: per mesh, the latest event per member, oldest first.
         self.pending: dict[str, dict[str, dict[str, Any]]] = {}
         self.presence_window_s = presence_window_s
@@ -126,7 +132,7 @@ class Connections:
                                                          self._tell_everywhere)
 
     def active(self) -> list[tuple[dict[str, str], float]]:
-        return [({}, float(sum(len(c) for c in self.conns.values())))]
+        return [({}, float(self.count))]
 
     def register(self, peer: Peer, mesh_id: str, pubkey: str,
                  display_name: str | None = None, host: str | None = None
@@ -135,6 +141,7 @@ class Connections:
         conn = Conn(peer, mesh_id, pubkey, new_ulid(), display_name=display_name, host=host)
         conns = self.conns.setdefault((mesh_id, pubkey), set())
         conns.add(conn)
+        self.count += 1
         log.info("broker_member_connected", mesh_id=mesh_id, pubkey=pubkey,
                  session_id=conn.session_id)
         return conn, len(conns) == 1
@@ -142,7 +149,9 @@ class Connections:
     def unregister(self, conn: Conn) -> bool:
         """Forget a connection; the bool says it was the member's last (a peer_leave)."""
         peers = self.conns.get((conn.mesh_id, conn.pubkey), set())
-        peers.discard(conn)
+        if conn in peers:
+            peers.discard(conn)
+            self.count -= 1
         if not peers:
             self.conns.pop((conn.mesh_id, conn.pubkey), None)
         elif all(c.muted for c in peers):
@@ -210,8 +219,9 @@ class Connections:
         events.pop(str(frame["pubkey"]), None)   # the latest goes last, in order
         events[str(frame["pubkey"])] = frame
         if self._flush is None:
-            self._flush = asyncio.get_running_loop().call_later(self.presence_window_s,
-                                                                self.flush)
+            window = min(PRESENCE_WINDOW_MAX_S, max(
+                self.presence_window_s, self.count * PRESENCE_WINDOW_PER_LISTENER_S))
+            self._flush = asyncio.get_running_loop().call_later(window, self.flush)
 
     def flush(self) -> None:
         """Tell what is pending: one walk of the registry, each mesh's batch encoded once."""
