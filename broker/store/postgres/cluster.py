@@ -109,15 +109,16 @@ class PostgresCluster:
             return rows
 
     async def claim(self, row: SessionRow) -> SessionRow | None:
-        async with self.pool.acquire() as conn, conn.transaction():
-            old = await conn.fetchrow(
-                SESSION_COLUMNS_SQL + " WHERE mesh_id = $1 AND pubkey = $2 FOR UPDATE",
-                row.mesh_id, row.pubkey)
-            await conn.execute(
-                INSERT_SESSION_SQL + " ON CONFLICT (mesh_id, pubkey) DO UPDATE SET"
-                " broker_id = excluded.broker_id, session_id = excluded.session_id,"
-                " display_name = excluded.display_name, profile = excluded.profile,"
-                " connected_at = excluded.connected_at, host = excluded.host", *_args(row))
+        # One statement, one round trip (it was four: BEGIN, the locking read, the upsert,
+        # COMMIT), taken by every handshake: the row it replaces is read, locked, then
+        # overwritten; a data-modifying WITH runs whether or not it is read.
+        old = await self.pool.fetchrow(
+            "WITH old AS (" + SESSION_COLUMNS_SQL + " WHERE mesh_id = $1 AND pubkey = $2"
+            " FOR UPDATE), upsert AS (" + INSERT_SESSION_SQL + " ON CONFLICT (mesh_id, pubkey)"
+            " DO UPDATE SET broker_id = excluded.broker_id, session_id = excluded.session_id,"
+            " display_name = excluded.display_name, profile = excluded.profile,"
+            " connected_at = excluded.connected_at, host = excluded.host RETURNING 1)"
+            " SELECT * FROM old", *_args(row))
         return None if old is None else _session(old)
 
     async def release(self, mesh_id: str, pubkey: str, session_id: str,
