@@ -379,8 +379,9 @@ def _report(label: str, n: int, r: dict[str, Any]) -> None:
     print(f"  {label}")
     failed = (f" (handshakes done in {r['handshaken']:.2f} s), {r['failed']} handshakes failed"
               " the first try" if "failed" in r else "")
+    pgs = f", PostgreSQL {1e3 * st.postgres / n:6.2f}" if st.postgres else ""
     print(f"    connect storm      {st.wall:7.2f} s to all {n} connected{failed};"
-          f" server {1e3 * st.server / n:6.2f} ms CPU per connection;"
+          f" server {1e3 * st.server / n:6.2f} ms CPU per connection{pgs};"
           f" load process {st.pct(st.load):4.0f} %")
     pg = f", PostgreSQL {idle.pct(idle.postgres):5.2f} %" if idle.postgres else ""
     print(f"    idle               server {idle.pct(idle.server):5.2f} % CPU{pg}"
