@@ -64,8 +64,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("server.handshake_concurrency", int, 64, "Hellos authenticated at once; the rest "
             "wait for a slot, off the hello clock (a connect storm is admitted, not timed "
             "out)."),
-    Setting("auth.recheck_s", float, 5.0, "How often connected members are re-checked for "
-            "revocation."),
+    Setting("auth.recheck_s", float, 5.0, "How often the broker looks for revocations, in one "
+            "statement for all members (on PostgreSQL they also arrive at once by NOTIFY)."),
     Setting("cluster.poll_s", float, 5.0, "With several brokers on PostgreSQL: how often each "
             "looks for deliveries whose wake-up from another broker was lost."),
     Setting("cluster.heartbeat_s", float, 2.0, "With several brokers on PostgreSQL: how often "
