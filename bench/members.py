@@ -295,6 +295,8 @@ async def run_tidemesh(store_kind: str, n: int, args: argparse.Namespace, root: 
             out["rows"] = int(await _pg(store_url, ROWS_SQL)) - int(rows0)
         await asyncio.sleep(5)
         out["rss_later"] = _rss_mb(broker.pid)
+        if args.trim_probe:
+            out["rss_trimmed"] = _trimmed_rss(broker.pid)
         await sender.close()
     finally:
         for t in tasks:
@@ -305,6 +307,14 @@ async def run_tidemesh(store_kind: str, n: int, args: argparse.Namespace, root: 
         if pg:
             await _admin(args.pg_dsn, f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
     return out
+
+
+def _trimmed_rss(pid: int) -> float:
+    """The broker's RSS once glibc has handed its free pages back (``malloc_trim(0)`` called
+    in the process through gdb): what RSS keeps beyond that is held by live objects."""
+    subprocess.run(["gdb", "-p", str(pid), "-batch", "-ex", "call (int)malloc_trim(0)"],
+                   capture_output=True, check=False, timeout=60)
+    return _rss_mb(pid)
 
 
 def _payload(body: str) -> dict[str, Any]:
@@ -399,8 +409,10 @@ def _report(label: str, n: int, r: dict[str, Any]) -> None:
           f" {burst.wall:.1f} s); server {1e6 * burst.server / bd:6.1f} µs CPU per delivery"
           f"{pgb}; load process {burst.pct(burst.load):4.0f} %")
     rss0, rss1 = r["rss"]
+    trimmed = (f", {r['rss_trimmed']:7.1f} MB after malloc_trim" if "rss_trimmed" in r
+               else "")
     print(f"    server RSS         {rss0:7.1f} MB before the burst, {rss1:7.1f} MB after,"
-          f" {r['rss_later']:7.1f} MB 5 s later")
+          f" {r['rss_later']:7.1f} MB 5 s later{trimmed}")
     if "wal" in r:
         print(f"    burst writes       {r['rows'] / r['burst_deliveries'] * n:8.1f} rows and"
               f" {float(r['wal']) / (r['burst_deliveries'] / n):9.0f} WAL bytes per message"
@@ -439,6 +451,9 @@ def main() -> int:
     ap.add_argument("--burst", type=int, default=500)
     ap.add_argument("--idle-s", type=float, default=5.0)
     ap.add_argument("--no-jetstream", action="store_true")
+    ap.add_argument("--trim-probe", action="store_true",
+                    help="after the burst, call malloc_trim(0) in the broker (gdb) and show "
+                         "its RSS again: is what it keeps free memory or live objects?")
     ap.add_argument("--broker-arg", action="append", default=[],
                     help="passed to `tidemesh broker up` (repeatable)")
     args = ap.parse_args()

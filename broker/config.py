@@ -61,6 +61,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("auth.hello_timeout_s", float, 10.0, "A connection must send a good hello within "
             "this, and once admitted be authenticated within it again (the wait for a "
             "handshake slot is not counted)."),
+    Setting("server.ping_interval_s", float, 20.0, "WebSocket keepalive: how often the broker "
+            "pings each connection (a dead peer is closed after one more interval without its "
+            "pong); each ping is a frame per member, so idle CPU grows with it at many "
+            "members."),
     Setting("server.handshake_concurrency", int, 64, "Hellos authenticated at once; the rest "
             "wait for a slot, off the hello clock (a connect storm is admitted, not timed "
             "out)."),
@@ -112,6 +116,7 @@ class BrokerSettings:
     limits_profile_rate: float
     limits_profile_burst: int
     auth_hello_timeout_s: float
+    server_ping_interval_s: float
     server_handshake_concurrency: int
     auth_recheck_s: float
     cluster_poll_s: float
@@ -189,6 +194,8 @@ def _validate(s: BrokerSettings) -> None:
                           field="limits.profile_rate")
     if s.clone_policy not in CLONE_POLICIES:
         raise ConfigError(f"clone.policy must be one of {CLONE_POLICIES}", field="clone.policy")
+    if s.server_ping_interval_s <= 0:
+        raise ConfigError("server.ping_interval_s must be > 0", field="server.ping_interval_s")
     if s.server_handshake_concurrency < 1:
         raise ConfigError("server.handshake_concurrency must be >= 1",
                           field="server.handshake_concurrency")

@@ -168,8 +168,10 @@ class BrokerServer:
     def __init__(self, service: BrokerService, *, max_inflight: int = 256, max_bad: int = 20,
                  bad_window_s: float = 10.0, max_frame_bytes: int = 4 << 20,
                  hello_timeout_s: float = 10.0, send_queue_frames: int = 1024,
-                 slow_reader_s: float = 30.0, handshake_concurrency: int = 64) -> None:
+                 slow_reader_s: float = 30.0, handshake_concurrency: int = 64,
+                 ping_interval_s: float = 20.0) -> None:
         self.service = service
+        self.ping_interval_s = ping_interval_s
         # Hellos authenticated at once (store lookups, the session claim); the others wait
         # their turn off the hello clock (issue #30: a storm of 1,000 overran it).
         self.admission = asyncio.Semaphore(handshake_concurrency)
@@ -187,7 +189,8 @@ class BrokerServer:
     async def start(self, host: str, port: int) -> BrokerServer:
         self.server = await serve(self.handler, host, port, process_request=self.http,
                                   max_size=self.max_frame_bytes, compression=None,
-                                  ping_interval=20, ping_timeout=20)
+                                  ping_interval=self.ping_interval_s,
+                                  ping_timeout=self.ping_interval_s)
         log.info("broker_listening", host=host, port=self.port)
         return self
 
