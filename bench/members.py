@@ -311,7 +311,8 @@ async def run_tidemesh(store_kind: str, n: int, args: argparse.Namespace, root: 
 
 def _trimmed_rss(pid: int) -> float:
     """The broker's RSS once glibc has handed its free pages back (``malloc_trim(0)`` called
-    in the process through gdb): what RSS keeps beyond that is held by live objects."""
+    in the process through gdb): what RSS keeps beyond that is held by Python (its live
+    objects, or its allocator's partly used arenas), not by the C heap's free lists."""
     subprocess.run(["gdb", "-p", str(pid), "-batch", "-ex", "call (int)malloc_trim(0)"],
                    capture_output=True, check=False, timeout=60)
     return _rss_mb(pid)
