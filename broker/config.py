@@ -194,14 +194,18 @@ def _validate(s: BrokerSettings) -> None:
                           field="limits.profile_rate")
     if s.clone_policy not in CLONE_POLICIES:
         raise ConfigError(f"clone.policy must be one of {CLONE_POLICIES}", field="clone.policy")
-    if s.server_ping_interval_s <= 0:
-        raise ConfigError("server.ping_interval_s must be > 0", field="server.ping_interval_s")
-    if s.server_handshake_concurrency < 1:
-        raise ConfigError("server.handshake_concurrency must be >= 1",
-                          field="server.handshake_concurrency")
+    _validate_server(s)
     if s.limits_member_burst < 1:
         raise ConfigError("limits.member_burst must be >= 1", field="limits.member_burst")
     try:
         s.host_port  # noqa: B018
     except ValueError as exc:
         raise ConfigError("broker.listen must be HOST:PORT", field="broker.listen") from exc
+
+
+def _validate_server(s: BrokerSettings) -> None:
+    if s.server_ping_interval_s <= 0:
+        raise ConfigError("server.ping_interval_s must be > 0", field="server.ping_interval_s")
+    if s.server_handshake_concurrency < 1:
+        raise ConfigError("server.handshake_concurrency must be >= 1",
+                          field="server.handshake_concurrency")

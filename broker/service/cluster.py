@@ -285,7 +285,7 @@ class Peering:
         self.connections.tell_local(frame)
 
     async def on_revoked(self, mesh_id: str, pubkey: str) -> None:
-        await self.connections.close_revoked(mesh_id, pubkey)
+        await self.connections.close_revoked(mesh_id, pubkey, leavers=False)
 
     # -- background jobs -------------------------------------------------------------------
 

@@ -99,6 +99,7 @@ class Conn:
     batch_deliveries: bool = False  # the daemon negotiated deliver_batch frames
     trace_context: bool = False     # the daemon negotiated traceparent in deliver frames
     presence_batch: bool = False    # the daemon negotiated presence_batch frames
+    leaving: bool = False           # it asked for member_leave: its answer must go out first
     # After a 429 the connection is not read again before this (ms): see service/send.py.
     hold_until_ms: int = 0
     host: str | None = None      # the hello's host_fingerprint (service/clone.py)
@@ -183,9 +184,14 @@ class Connections:
                 c.wake.set()
         return absent
 
-    async def close_revoked(self, mesh_id: str, pubkey: str) -> None:
-        """The member was revoked (or left): its connections here close 4002."""
+    async def close_revoked(self, mesh_id: str, pubkey: str, *, leavers: bool = True) -> None:
+        """The member was revoked (or left): its connections here close 4002. Without
+        ``leavers``, one that asked to leave is spared (the revocation's event can come
+        before that connection's answer is queued; its daemon closes it, else the next
+        recheck does)."""
         for c in list(self.conns.get((mesh_id, pubkey), ())):
+            if c.leaving and not leavers:
+                continue
             log.warning("broker_revoked_member_closed", mesh_id=mesh_id, pubkey=pubkey)
             self.revoked_closed()
             await c.peer.close(CloseCode.AUTH, "member_revoked")

@@ -109,16 +109,7 @@ class PostgresCluster:
             return rows
 
     async def claim(self, row: SessionRow) -> SessionRow | None:
-        # One statement, one round trip (it was four: BEGIN, the locking read, the upsert,
-        # COMMIT), taken by every handshake: the row it replaces is read, locked, then
-        # overwritten; a data-modifying WITH runs whether or not it is read.
-        old = await self.pool.fetchrow(
-            "WITH old AS (" + SESSION_COLUMNS_SQL + " WHERE mesh_id = $1 AND pubkey = $2"
-            " FOR UPDATE), upsert AS (" + INSERT_SESSION_SQL + " ON CONFLICT (mesh_id, pubkey)"
-            " DO UPDATE SET broker_id = excluded.broker_id, session_id = excluded.session_id,"
-            " display_name = excluded.display_name, profile = excluded.profile,"
-            " connected_at = excluded.connected_at, host = excluded.host RETURNING 1)"
-            " SELECT * FROM old", *_args(row))
+        old = await self.pool.fetchrow(CLAIM_SESSION_SQL, *_args(row))
         return None if old is None else _session(old)
 
     async def release(self, mesh_id: str, pubkey: str, session_id: str,
@@ -296,11 +287,23 @@ class PostgresCluster:
             log.error("broker_cluster_event_failed", error=repr(task.exception()))
 
 
-SESSION_COLUMNS_SQL = ("SELECT mesh_id, pubkey, broker_id, session_id, display_name, profile,"
-                       " connected_at, host FROM mesh.member_session")
-INSERT_SESSION_SQL = ("INSERT INTO mesh.member_session (mesh_id, pubkey, broker_id, session_id,"
-                      " display_name, profile, connected_at, host)"
-                      " VALUES ($1, $2, $3, $4, $5, $6, $7, $8)")
+# One statement, one round trip (it was four: BEGIN, the locking read, the upsert, COMMIT),
+# taken by every handshake: the row it replaces is read, locked, then overwritten; a
+# data-modifying WITH runs whether or not it is read.
+CLAIM_SESSION_SQL = """
+WITH old AS (
+  SELECT mesh_id, pubkey, broker_id, session_id, display_name, profile, connected_at, host
+  FROM mesh.member_session WHERE mesh_id = $1 AND pubkey = $2 FOR UPDATE),
+upsert AS (
+  INSERT INTO mesh.member_session (mesh_id, pubkey, broker_id, session_id, display_name,
+                                   profile, connected_at, host)
+  VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+  ON CONFLICT (mesh_id, pubkey) DO UPDATE SET broker_id = excluded.broker_id,
+    session_id = excluded.session_id, display_name = excluded.display_name,
+    profile = excluded.profile, connected_at = excluded.connected_at, host = excluded.host
+  RETURNING 1)
+SELECT * FROM old
+"""
 
 
 def _args(r: SessionRow) -> tuple[Any, ...]:
