@@ -181,20 +181,11 @@ def _start_broker(store_url: str, home: Path, extra: list[str]) -> tuple[subproc
     return proc, f"ws://127.0.0.1:{port}"
 
 
-async def _admin(dsn: str, sql: str) -> None:
+async def _pg(dsn: str, sql: str) -> Any:
+    """One statement on its own connection (CREATE DATABASE cannot run in a transaction)."""
     import asyncpg
 
     conn = await asyncpg.connect(dsn)
-    try:
-        await conn.execute(sql)
-    finally:
-        await conn.close()
-
-
-async def _pg(store_url: str, sql: str) -> Any:
-    import asyncpg
-
-    conn = await asyncpg.connect(store_url)
     try:
         return await conn.fetchval(sql)
     finally:
@@ -210,7 +201,7 @@ async def run_tidemesh(store_kind: str, n: int, args: argparse.Namespace, root: 
     pg = store_kind == "postgres"
     db = f"tm_members_{secrets.token_hex(4)}"
     if pg:   # a database of its own, dropped afterwards
-        await _admin(args.pg_dsn, f'CREATE DATABASE "{db}"')
+        await _pg(args.pg_dsn, f'CREATE DATABASE "{db}"')
     store_url = (args.pg_dsn.rsplit("/", 1)[0] + "/" + db if pg
                  else f"sqlite:///{root / f'broker-{n}.db'}")
     mesh_id, token = await _prepare(store_url, n)
@@ -305,7 +296,7 @@ async def run_tidemesh(store_kind: str, n: int, args: argparse.Namespace, root: 
         broker.terminate()
         broker.wait(30)
         if pg:
-            await _admin(args.pg_dsn, f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+            await _pg(args.pg_dsn, f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
     return out
 
 
