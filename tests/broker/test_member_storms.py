@@ -94,7 +94,16 @@ async def test_storms_in_and_out_leave_nothing_registered_and_nobody_present(
         # raises, so gather fails unless every handshake succeeds the first time.
         return await BrokerLink.connect(url, mesh.id, key, open_timeout=60)
 
+    async def beating() -> None:
+        # The heartbeat, as fast as it goes, and each beat late enough to put every live
+        # session row back (the path that once resurrected sessions ending meanwhile).
+        service.peering.expiry_ms = 1
+        while True:
+            await service.peering.heartbeat()
+            await asyncio.sleep(0.02)
+
     kept: list[BrokerLink] = []
+    heart = asyncio.create_task(beating())
     try:
         kept = list(await asyncio.gather(*(join(k) for k in stayers)))
         for _ in range(ROUNDS):
@@ -117,6 +126,9 @@ async def test_storms_in_and_out_leave_nothing_registered_and_nobody_present(
         assert peers == {pub(k) for k in (*stayers, fresh)}
         await settled(STAYERS, STAYERS)
     finally:
+        heart.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await heart
         await server.stop()
         for link in kept:
             await link.close()
