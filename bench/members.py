@@ -23,7 +23,7 @@ the broker and the database; its own CPU is printed for each phase: when it is n
 of a core, the figure is the load process's limit, not the server's.
 
     .venv/bin/python bench/members.py [--members 50,200,500,1000] [--store postgres|sqlite]
-                                      [--lone 20] [--burst 500] [--idle-s 5] [--no-jetstream]
+                                      [--lone 20] [--burst 500] [--idle-s 25] [--no-jetstream]
 """
 
 from __future__ import annotations
@@ -441,7 +441,8 @@ def main() -> int:
     ap.add_argument("--pg-dsn", default=PG_DSN)
     ap.add_argument("--lone", type=int, default=20)
     ap.add_argument("--burst", type=int, default=500)
-    ap.add_argument("--idle-s", type=float, default=5.0)
+    ap.add_argument("--idle-s", type=float, default=25.0,
+                    help="long enough for one round of keepalive pings (server.ping_interval_s)")
     ap.add_argument("--no-jetstream", action="store_true")
     ap.add_argument("--trim-probe", action="store_true",
                     help="after the burst, call malloc_trim(0) in the broker (gdb) and show "
