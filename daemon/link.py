@@ -8,8 +8,9 @@ not finish in time raises a ``LinkError`` subclass); then one reader task feeds 
 to the machine, and callers' requests go straight to the socket, each waiting on a future
 the machine hands back with its answer. A claimed outbox batch is one frame and one future
 (``send_many``). Deliveries go whole, frame by frame, to the bounded ``deliveries`` queue (a
-full queue stops the reader, which pushes back on the broker); presence frames go to
-``presence`` (oldest dropped when full). No outbox logic here.
+full queue stops the reader, which pushes back on the broker); presence events, alone or
+from the optional ``presence_batch`` frames, go to ``presence`` one by one (oldest dropped
+when full). No outbox logic here.
 
 Imports ``core``, the machine and websockets; never ``broker`` or ``cli``.
 """
@@ -252,6 +253,11 @@ class BrokerLink:
             log.warning("broker_frame_invalid", error=out.message)
         elif isinstance(out, Send):
             await self._send(out.frame)
+
+    def _presence(self, frame: dict[str, Any]) -> None:
+        if self.presence.full():  # presence is best effort; never stall deliveries for it
+            self.presence.get_nowait()
+        self.presence.put_nowait(frame)
 
     async def _deliver(self, deliveries: list[dict[str, Any]]) -> None:
         if self.deliveries.full():

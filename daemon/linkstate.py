@@ -354,6 +354,11 @@ class LinkState(Generic[W]):
     def _presence(self, frame: Frame) -> list[Output[W]]:
         return [Presence(frame)]
 
+    def _presence_batch(self, frame: Frame) -> list[Output[W]]:
+        me = self.hello_ack.get("pubkey")
+        # The mesh's one frame names us too.
+        return [Presence(event) for event in frame["events"] if event["pubkey"] != me]
+
     # -- the handshake -------------------------------------------------------------------
 
     @property
@@ -367,7 +372,8 @@ class LinkState(Generic[W]):
         if kind == FrameType.ERROR:
             return self._fail(LinkError(f"the broker answered {frame['error']['code']}: "
                                         f"{frame['error']['message']}"))
-        if self.phase is Phase.AWAIT_FEATURES and kind in PRESENCE_FRAMES:
+        if self.phase is Phase.AWAIT_FEATURES and (kind in PRESENCE_FRAMES
+                                                   or kind == FrameType.PRESENCE_BATCH):
             # Once hello_ack is out the broker counts us as connected and may announce other
             # members (many reconnect at once after a broker restart): not the answer.
             return []
@@ -428,6 +434,7 @@ ROUTES: dict[str, Callable[[LinkState[Any], Frame], list[Any]]] = {
     FrameType.DELIVER: LinkState._deliver,
     FrameType.DELIVER_BATCH: LinkState._deliver_batch,
     **dict.fromkeys(PRESENCE_FRAMES, LinkState._presence),
+    FrameType.PRESENCE_BATCH: LinkState._presence_batch,
 }
 
 

@@ -286,6 +286,10 @@ def test_presence_and_unreadable_frames() -> None:
     m = _ready()
     [presence] = m.on_frame(_join(), 101)
     assert isinstance(presence, Presence) and presence.frame["type"] == "peer_join"
+    other = {"type": "peer_leave", "mesh_id": MESH, "pubkey": "cd" * 32, "at": 2}
+    batch = {"type": "presence_batch", "mesh_id": MESH,
+             "events": [{"type": "peer_join", "mesh_id": MESH, "pubkey": PUBKEY, "at": 1}, other]}
+    assert m.on_frame(encode(batch), 101) == [Presence(other)]   # the one naming us is ours
     [bad] = m.on_frame("[]", 101)
     assert isinstance(bad, Unreadable) and m.phase is Phase.READY
 
