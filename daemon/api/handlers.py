@@ -94,6 +94,7 @@ async def get_health(request: web.Request) -> web.Response:
         "broker_url": state.link.broker_url,
         "pid": os.getpid(),
         "disk": request.app[DISK].view(),
+        "environment": info.environment,
     })
 
 

@@ -67,6 +67,7 @@ class DaemonInfo:
     member_pubkey: str = ""
     schema_version: int = 0
     started_monotonic: float = 0.0
+    environment: dict[str, Any] = field(default_factory=dict)   # core.environment's view
 
 
 @dataclass(slots=True)
