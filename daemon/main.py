@@ -195,8 +195,9 @@ def _run_locked(start: Startup) -> int:
                                identity.current_host_fingerprint(start.environ)):
         log.error(
             "daemon_start_refused", reason="host_fingerprint_mismatch",
-            hint="this data dir was made on another host; if that is intended run "
-                 "`tidemesh daemon accept-host`",
+            hint="this data dir was made on another host; if it moved here, run "
+                 "`tidemesh daemon accept-host`; if it is a copy of a host that still runs, "
+                 "give it a member key of its own: `tidemesh daemon join INVITE --remint`",
         )
         return Exit.HOST_MISMATCH
     revoked = revocation.load(paths.revoked_file)
