@@ -52,7 +52,14 @@ def take(paths: DaemonPaths) -> tuple[identity.EphemeralKey | None, identity.Key
     """The leftover key of a killed daemon (to retire first), and the key to run with: the
     one `daemon join` left unclaimed, now claimed; else a new one kept in memory only (not a
     member of any mesh: nothing to clean up)."""
-    found = identity.load_ephemeral(paths.ephemeral_keypair)
+    try:
+        found = identity.load_ephemeral(paths.ephemeral_keypair)
+    except (ValueError, KeyError) as exc:
+        # Half a key (a disk filled mid-write) identifies nobody: nothing to leave with.
+        log.warning("ephemeral_keypair_unreadable", path=str(paths.ephemeral_keypair),
+                    error=str(exc))
+        paths.ephemeral_keypair.unlink(missing_ok=True)
+        found = None
     if found is not None and found.claimed_by is None:
         identity.save_ephemeral(paths.ephemeral_keypair, found.keypair.signing_key,
                                 claimed_by=os.getpid())

@@ -409,10 +409,19 @@ def status(mesh: str, as_json: bool) -> None:
     if as_json:
         emit_json(report)
     else:
-        fields(report)
+        fields({**report, "environment": _environment_line(report["environment"])}
+               if report.get("environment") else report)
         if revoked is not None:
             click.echo(f"error: {revoked.message}", err=True)
     sys.exit(int(code))
+
+
+def _environment_line(env: object) -> str:
+    """e.g. ``ci (CI variable CI); changed: ipc.tcp_enabled, hooks.enabled``."""
+    assert isinstance(env, dict)
+    changed = env.get("changed") or []
+    return f"{env['kind']} ({env['reason']})" + (f"; changed: {', '.join(changed)}"
+                                                 if changed else "")
 
 
 def _read_port(paths: DaemonPaths) -> int | None:

@@ -9,9 +9,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tests.daemon.harness import RunningDaemon, start_daemon, tcp_listeners
+from tests.daemon.harness import RunningDaemon, run_cli, start_daemon, tcp_listeners
 from tests.daemon.test_hooks import PRE_SEND, hooks_folder
 from tidemesh.core.environment import CI_VARIABLES, KUBERNETES_VARIABLE
+from tidemesh.core.paths import daemon_paths
 from tidemesh.daemon.environment import marker_reader
 
 # Nothing of the machine the suite runs on decides: no CI variable, no container marker
@@ -58,6 +59,10 @@ async def test_in_a_container_the_daemon_serves_the_socket_only(short_tmp: Path)
         assert tcp_listeners(d.proc.pid) == []
         assert not d.paths.port_file.exists()
         assert d.client.version()["mesh"] == "t"    # the socket answers
+        status = run_cli(short_tmp, "daemon", "status", "--mesh", "t", "--json")
+        assert json.loads(status.stdout)["environment"] == env, status.stderr
+        human = run_cli(short_tmp, "daemon", "status", "--mesh", "t").stdout
+        assert "container (/.dockerenv); changed: ipc.tcp_enabled" in human
     finally:
         assert d.stop() == 0
 
@@ -127,3 +132,28 @@ async def test_in_ci_a_daemon_keeps_no_key_and_warns_when_asked_to(short_tmp: Pa
         assert again.stop() == 0
     warned = logged(again, "persistent_keypair_in_ci_environment")
     assert len(warned) == 1 and warned[0]["level"] == "warning"
+
+
+def test_an_unreadable_ephemeral_key_is_removed_at_start(short_tmp: Path) -> None:
+    paths = daemon_paths("t", {"TIDEMESH_HOME": str(short_tmp)})
+    paths.runtime_dir.mkdir(parents=True, mode=0o700)
+    paths.ephemeral_keypair.write_text('{"version": 1, "ed25519_se')
+    d = start_daemon(short_tmp, extra_env=CI)
+    try:
+        assert not d.paths.ephemeral_keypair.exists()
+    finally:
+        assert d.stop() == 0
+    assert logged(d, "ephemeral_keypair_unreadable")
+
+
+def test_config_show_says_what_the_environment_set(short_tmp: Path) -> None:
+    res = run_cli(short_tmp, "config", "show", "--mesh", "t", "--json",
+                  extra_env={**CI, "TIDEMESH_IPC_TCP_ENABLED": "true"})
+    assert res.returncode == 0, res.stderr
+    rows = {r["name"]: r for r in json.loads(res.stdout)["settings"]}
+    assert (rows["hooks.enabled"]["value"], rows["hooks.enabled"]["source"]) == \
+        (False, "environment:ci")
+    assert (rows["identity.persistent"]["value"], rows["identity.persistent"]["source"]) == \
+        (False, "environment:ci")
+    assert (rows["ipc.tcp_enabled"]["value"], rows["ipc.tcp_enabled"]["source"]) == \
+        (True, "env")
