@@ -69,18 +69,19 @@ def take(paths: DaemonPaths) -> tuple[identity.EphemeralKey | None, identity.Key
 
 async def retire(paths: DaemonPaths, key: identity.Keypair, why: str,
                  timeout_s: float = LEAVE_TIMEOUT_S) -> dict[str, Any]:
-    """Leave the mesh with ``key`` when it is the joined member, then remove the key file
-    and mesh.json. Logs ``ephemeral_identity_removed``; a broker that cannot be reached is
-    said (``left: false``) and the files go anyway: the key must not outlive the job."""
+    """Remove the key file (and mesh.json when ``key`` is the joined member), then leave the
+    mesh with the key held in memory. Logs ``ephemeral_identity_removed``; a broker that
+    cannot be reached is said (``left: false``): the key must not outlive the job whatever
+    happens, so the files go first (a stop cut short by the watchdog still removed them)."""
     mesh = bound_to(paths)
     joined = mesh is not None and mesh.member_pubkey == key.public_hex
     outcome: dict[str, Any] = {"pubkey": key.public_hex, "why": why, "left": False}
-    if joined:
-        assert mesh is not None
-        outcome.update(await _leave(mesh, key, timeout_s))
-        paths.mesh_file.unlink(missing_ok=True)
     with contextlib.suppress(FileNotFoundError):
         paths.ephemeral_keypair.unlink()
+    if joined:
+        assert mesh is not None
+        paths.mesh_file.unlink(missing_ok=True)
+        outcome.update(await _leave(mesh, key, timeout_s))
     log.info("ephemeral_identity_removed", **outcome)
     if joined and not outcome["left"] and "already" not in outcome:
         log.warning("ephemeral_member_not_left", pubkey=key.public_hex,

@@ -90,6 +90,19 @@ async def test_after_a_kill_the_next_start_leaves_and_removes_the_leftover_key(
     assert not again.paths.ephemeral_keypair.exists()
 
 
+async def test_without_a_broker_the_key_goes_anyway_and_the_member_is_said_to_remain(
+        mesh: Mesh, short_tmp: Path) -> None:
+    member = _ci_join(mesh, short_tmp / "job")
+    d = await _ci_daemon(mesh, short_tmp / "job", member)
+    mesh.broker.stop()
+    assert d.stop() == 0
+    assert not d.paths.ephemeral_keypair.exists() and not d.paths.mesh_file.exists()
+    [removed] = logged(d, "ephemeral_identity_removed")
+    assert removed["left"] is False and "cannot reach" in removed["error"]
+    [warned] = logged(d, "ephemeral_member_not_left")
+    assert warned["pubkey"] == member and "member revoke" in warned["hint"]
+
+
 async def test_a_ci_job_joins_again_after_a_run(mesh: Mesh, short_tmp: Path) -> None:
     home = short_tmp / "job"
     first = _ci_join(mesh, home)
