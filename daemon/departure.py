@@ -25,7 +25,7 @@ from tidemesh.core.failover import BrokerRotation
 from tidemesh.core.paths import DaemonPaths, meshes_dir
 from tidemesh.daemon import revocation
 from tidemesh.daemon.dial import dial_first
-from tidemesh.daemon.identity import load_or_create_keypair
+from tidemesh.daemon.identity import load_ephemeral, load_or_create_keypair
 from tidemesh.daemon.join import MeshConfig
 from tidemesh.daemon.link import HandshakeRejected, LinkError
 
@@ -84,12 +84,21 @@ async def leave_broker(mesh: MeshConfig, key: SigningKey, timeout_s: float) -> d
 def leave(paths: DaemonPaths, mesh: str, timeout_s: float = 20.0) -> Left:
     """Leave at the broker, then remove this mesh's local folders. The broker goes first:
     were the local files gone and the broker unreachable, the member could never leave."""
-    if not paths.mesh_file.exists() or not paths.keypair.exists():
+    if not paths.mesh_file.exists() or not (paths.keypair.exists()
+                                            or paths.ephemeral_keypair.exists()):
         raise NotJoined(f"mesh {mesh} is not joined here (no mesh.json and keypair)")
     config = MeshConfig.load(paths.mesh_file)
-    keypair, _ = load_or_create_keypair(paths.keypair)
-    broker = asyncio.run(leave_broker(config, keypair.signing_key, timeout_s))
+    broker = asyncio.run(leave_broker(config, _member_key(paths, config), timeout_s))
     return Left(mesh, config.member_pubkey, broker, remove_local(paths))
+
+
+def _member_key(paths: DaemonPaths, config: MeshConfig) -> SigningKey:
+    """The joined member's key: an ephemeral one (joined in CI, no daemon run yet) or the
+    data folder's."""
+    ephemeral = load_ephemeral(paths.ephemeral_keypair)
+    if ephemeral is not None and ephemeral.keypair.public_hex == config.member_pubkey:
+        return ephemeral.keypair.signing_key
+    return load_or_create_keypair(paths.keypair)[0].signing_key
 
 
 def remove_local(paths: DaemonPaths) -> list[str]:

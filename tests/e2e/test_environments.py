@@ -103,6 +103,18 @@ async def test_without_a_broker_the_key_goes_anyway_and_the_member_is_said_to_re
     assert warned["pubkey"] == member and "member revoke" in warned["hint"]
 
 
+def test_daemon_leave_uses_the_ephemeral_key_of_a_job_that_never_started(
+        mesh: Mesh, short_tmp: Path) -> None:
+    member = _ci_join(mesh, short_tmp / "job")
+    res = run_cli(short_tmp / "job", "daemon", "leave", "--mesh", "m", "--yes", "--json",
+                  extra_env=CI)
+    assert res.returncode == 0, res.stderr + res.stdout
+    assert json.loads(res.stdout)["broker"]["left"] is True
+    assert _members(mesh.broker)[member]["revoked_at"] is not None
+    assert not daemon_paths("m", {"TIDEMESH_HOME": str(short_tmp / "job")}
+                            ).ephemeral_keypair.exists()
+
+
 async def test_a_ci_job_joins_again_after_a_run(mesh: Mesh, short_tmp: Path) -> None:
     home = short_tmp / "job"
     first = _ci_join(mesh, home)
