@@ -53,6 +53,13 @@ class FrameType(StrEnum):
     PEER_JOIN = "peer_join"
     PEER_LEAVE = "peer_leave"
     CLONE_SUSPECTED = "clone_suspected"
+    # Shared files (core/files.py): the upload, in order, and the fetch of a chunk.
+    FILE_OPEN = "file_open"
+    FILE_CHUNK = "file_chunk"
+    FILE_CLOSE = "file_close"
+    FILE_FETCH = "file_fetch"
+    FILE_STATE = "file_state"
+    FILE_DATA = "file_data"
 
 
 class CloseCode:

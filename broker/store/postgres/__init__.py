@@ -3,7 +3,7 @@
 
 One module per group of tables: ``membership`` (meshes, invites, members, topics, queues),
 ``accept`` (the accept transaction, through ``broker/store/accept.py``), ``delivery`` (the
-receive path) and ``retention``.
+receive path), ``retention`` and ``files`` (shared files' chunks).
 """
 
 from __future__ import annotations
@@ -14,12 +14,14 @@ from tidemesh.broker.store import migrate
 from tidemesh.broker.store.base import TABLES, OnEngine
 from tidemesh.broker.store.postgres.accept import Accept
 from tidemesh.broker.store.postgres.delivery import Delivery
+from tidemesh.broker.store.postgres.files import Files
 from tidemesh.broker.store.postgres.membership import Membership
 from tidemesh.broker.store.postgres.retention import Retention
 from tidemesh.storage.postgres import Database
 
 
-class PostgresStore(OnEngine[Database], Membership, Accept, Delivery, Retention):
+class PostgresStore(OnEngine[Database], Membership, Accept, Delivery, Retention,
+                    Files):
     """The ``Store`` on PostgreSQL; construct with ``PostgresStore.open``."""
 
     outage_errors: tuple[type[Exception], ...] = Database.outage_errors
