@@ -176,10 +176,7 @@ class FileService:
 
     async def share(self, path: str, to: Destination, message: str | None,
                     persistent: bool) -> Shared:
-        src = Path(path)
-        if not src.is_absolute():
-            raise InvalidRequest("path must be absolute (the daemon does not share your "
-                                 "working directory)", field="path")
+        src = _absolute(path, "path")
         try:
             before = await asyncio.to_thread(src.stat)
         except OSError as exc:
@@ -260,9 +257,7 @@ class FileService:
             self.spool.mkdir(mode=0o700, exist_ok=True)
             target = self.spool / fm.id
         else:
-            target = Path(out)
-            if not target.is_absolute():
-                raise InvalidRequest("out must be an absolute path", field="out")
+            target = _absolute(out, "out")
             if not target.parent.is_dir():
                 raise NotFound(f"no folder {target.parent} to write into", field="out")
         part = target.with_name(target.name + ".part")
@@ -352,6 +347,22 @@ class FileService:
 
     async def list(self, limit: int) -> dict[str, Any]:
         return {"files": await self.db.read(partial(files_store.page, limit=limit))}
+
+
+def _absolute(text: str, field: str) -> Path:
+    """A path from a request: absolute (the daemon has no working directory of the caller's)
+    and one the file system can be asked about."""
+    if "\x00" in text or not text.isprintable():
+        raise InvalidRequest(f"{field} has a character no path can hold", field=field)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidRequest(f"{field} is not valid UTF-8", field=field) from exc
+    path = Path(text)
+    if not path.is_absolute():
+        raise InvalidRequest(f"{field} must be an absolute path (the daemon does not share "
+                             "the caller's working directory)", field=field)
+    return path
 
 
 def _drop(window: deque[asyncio.Future[dict[str, Any]]]) -> None:

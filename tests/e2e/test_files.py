@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import os
 import re
 import sqlite3
@@ -18,7 +19,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from tests.daemon.harness import RunningDaemon
+from tests.daemon.harness import RunningDaemon, run_cli
 from tests.e2e.harness import Mesh, connected, inbox, pubkey, wait_for
 from tidemesh.core.errors import TidemeshError
 from tidemesh.core.files import FileIntegrityError, FileTooLarge
@@ -226,3 +227,22 @@ async def test_kill_9_of_the_receiver_mid_download_resumes(any_mesh: Mesh, short
     assert answer["resumed_from"] >= written // CHUNK > 0
     assert out.read_bytes() == data
     assert not part.exists() and not os.path.exists(f"{out}.part.json")
+
+
+async def test_the_cli_shares_lists_and_gets(mesh: Mesh, short_tmp: Path) -> None:
+    a, b = await _pair(mesh, short_tmp)
+    src = short_tmp / "notes.txt"
+    src.write_text("minutes\n")
+    res = run_cli(a.home, "file", "share", str(src), "--to", "topic:ops", "--mesh", "m",
+                  "--message", "today", "--json")
+    assert res.returncode == 0, res.stderr + res.stdout
+    fid = json.loads(res.stdout)["file"]["id"]
+    await _announced(b, fid)
+    listed = run_cli(b.home, "file", "list", "--mesh", "m", "--json")
+    assert [f["name"] for f in json.loads(listed.stdout)["files"]] == ["notes.txt"]
+    out = short_tmp / "copy.txt"
+    got = run_cli(b.home, "file", "get", fid, "--out", str(out), "--mesh", "m")
+    assert got.returncode == 0, got.stderr + got.stdout
+    assert out.read_text() == "minutes\n"
+    missing = run_cli(b.home, "file", "get", "f" * 32, "--out", str(out), "--mesh", "m")
+    assert missing.returncode == 8 and "no file" in missing.stderr + missing.stdout
