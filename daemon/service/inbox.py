@@ -45,7 +45,8 @@ class InboxService:
         (group-committed with other frames); publish their events after COMMIT. None for a
         void delivery, which only moves the receive cursor."""
         items = [self._with_hooks(d) if isinstance(d, inbox.Delivery) else d for d in items]
-        results = await self.db.submit(files.STORE_FRAMES, items)
+        results = await self.db.submit(
+            files.STORE_FRAMES, (items, self.hooks.for_event("file_shared", {})))
         for result in results:
             if result is not None and result.event is not None:
                 self.bus.publish(result.event)

@@ -70,9 +70,11 @@ def page(conn: sqlite3.Connection, limit: int) -> list[dict[str, Any]]:
 
 
 def record_received(conn: sqlite3.Connection, items: Sequence[Delivery | Void],
-                    results: list[StoreResult | None]) -> list[StoreResult | None]:
+                    results: list[StoreResult | None], hooks: tuple[str, ...] = ()
+                    ) -> list[StoreResult | None]:
     """For each newly stored delivery that announces a file: its row, and a ``file_shared``
-    event after its ``message`` event (carried in the result's ``extra``)."""
+    event after its ``message`` event (carried in the result's ``extra``), with the
+    ``hooks`` it fires recorded."""
     out = list(results)
     for n, (d, res) in enumerate(zip(items, results, strict=True)):
         if isinstance(d, Void) or res is None or res.inbox_seq is None:
@@ -87,16 +89,20 @@ def record_received(conn: sqlite3.Connection, items: Sequence[Delivery | Void],
             continue
         ev = add_event(conn, NewEvent(
             "file_shared", {**rec.view(), "inbox_seq": res.inbox_seq, "message_id": d.id},
-            d.received_at, f"file_shared:{fm.id}:{d.sender_pubkey}"))
+            d.received_at, f"file_shared:{fm.id}:{d.sender_pubkey}", hooks))
         if ev is not None:
             out[n] = dataclasses.replace(res, extra=(ev,))
     return out
 
 
-def _store_frames(conn: sqlite3.Connection, frames: Sequence[Sequence[Delivery | Void]]
+Frame = tuple[Sequence[Delivery | Void], tuple[str, ...]]
+
+
+def _store_frames(conn: sqlite3.Connection, frames: Sequence[Frame]
                   ) -> list[list[StoreResult | None]]:
-    return [record_received(conn, f, store_frame(conn, f)) for f in frames]
+    return [record_received(conn, f, store_frame(conn, f), hooks) for f, hooks in frames]
 
 
-# ``inbox.STORE_FRAMES`` with the files the frames announce, in the same transaction.
+# ``inbox.STORE_FRAMES`` with the files the frames announce, in the same transaction; each
+# frame comes with the hooks a ``file_shared`` event fires.
 STORE_FRAMES = BatchOp("inbox_store_frames", _store_frames)

@@ -21,6 +21,7 @@ import pytest
 
 from tests.daemon.harness import RunningDaemon, run_cli
 from tests.e2e.harness import Mesh, connected, inbox, pubkey, wait_for
+from tests.e2e.test_hooks import add_with_hooks
 from tidemesh.core.errors import TidemeshError
 from tidemesh.core.files import FileIntegrityError, FileTooLarge
 
@@ -246,3 +247,22 @@ async def test_the_cli_shares_lists_and_gets(mesh: Mesh, short_tmp: Path) -> Non
     assert out.read_text() == "minutes\n"
     missing = run_cli(b.home, "file", "get", "f" * 32, "--out", str(out), "--mesh", "m")
     assert missing.returncode == 8 and "no file" in missing.stderr + missing.stdout
+
+
+async def test_a_received_file_fires_on_file_share_with_the_file(mesh: Mesh, short_tmp: Path
+                                                                 ) -> None:
+    seen = short_tmp / "hook.json"
+    a = mesh.add("a", short_tmp, SMALL)
+    b = add_with_hooks(mesh, "b", short_tmp,
+                       {"on-file-share": f"#!/bin/sh\ncat > {seen}\n"}, "[on-file-share]\n")
+    await wait_for(lambda: connected(a))
+    await wait_for(lambda: connected(b))
+    src = short_tmp / "plan.txt"
+    src.write_text("the plan\n")
+    fid = a.client.file_share(src, f"dm:{pubkey(b)}", message="read me")["file"]["id"]
+    await wait_for(lambda: seen.exists() and seen.stat().st_size > 0)
+    event = json.loads(seen.read_text())
+    assert (event["type"], event["hook"], event["id"]) == ("file_shared", "on-file-share", fid)
+    assert event["name"] == "plan.txt" and event["message"] == "read me" and "key" not in event
+    kinds = [e.type for e in b.client.events(0, idle_timeout=1.0)]
+    assert kinds.index("file_shared") > kinds.index("message")
