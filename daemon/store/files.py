@@ -69,6 +69,16 @@ def page(conn: sqlite3.Connection, limit: int) -> list[dict[str, Any]]:
     return [_record(r).view() for r in rows]
 
 
+def prune(conn: sqlite3.Connection, before_ms: int, dry_run: bool = False) -> int:
+    """Forget the files recorded before ``before_ms`` (the inbox's retention): a received
+    one's announcement is gone by then, and the broker's copy lasts files.retention_days
+    unless persistent. A partial download beside its ``out`` is the user's to keep."""
+    if dry_run:
+        return int(conn.execute("SELECT COUNT(*) FROM files WHERE created_at < ?",
+                                (before_ms,)).fetchone()[0])
+    return conn.execute("DELETE FROM files WHERE created_at < ?", (before_ms,)).rowcount
+
+
 def record_received(conn: sqlite3.Connection, items: Sequence[Delivery | Void],
                     results: list[StoreResult | None], hooks: tuple[str, ...] = ()
                     ) -> list[StoreResult | None]:
