@@ -312,6 +312,7 @@ class Daemon:
         app[FILES] = FileService(inbox_db, live, app[OUTBOX], disk, bytes(key),
                                  self.keypair.public_hex, paths.data_dir / "files",
                                  FileSettings(s.files_chunk_bytes, s.files_window), self.clock)
+        app[FILES].clear_spool()
         reloader = Reloader(s, self._read_settings, app[STATE], bus)
         budget = StopBudget()
         drain = Drain(app[STATE], lambda: budget.left(

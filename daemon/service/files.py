@@ -20,10 +20,12 @@ import base64
 import contextlib
 import hashlib
 import os
+import secrets
+import shutil
 import stat
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -144,6 +146,24 @@ class FileService:
         self.spool = spool
         self.settings = settings
         self.clock = clock
+        # Shares (by file id) and gets (by target path) running now: a second one of the
+        # same would write over the first's work, so it is refused while the first runs.
+        self._running: set[str] = set()
+
+    @contextlib.contextmanager
+    def _alone(self, key: str, what: str) -> Iterator[None]:
+        if key in self._running:
+            raise Conflict(f"{what} is already running; wait for it (or run it again after "
+                           "it ended to resume)", reason="file_transfer_running")
+        self._running.add(key)
+        try:
+            yield
+        finally:
+            self._running.discard(key)
+
+    def clear_spool(self) -> None:
+        """Remove the copies of streamed gets a previous run left (at start, before IPC)."""
+        shutil.rmtree(self.spool, ignore_errors=True)
 
     # -- the link, across cuts -------------------------------------------------------------
 
@@ -191,11 +211,13 @@ class FileService:
         fm = FileMeta(fid, core_files.safe_name(src.name), size, sha,
                       self.settings.chunk_bytes, key, persistent)
         req = self._announcement(fm, to, message)   # refused before any upload if invalid
-        fd = await asyncio.to_thread(os.open, src, os.O_RDONLY)
-        try:
-            have, sent = await self._retrying(lambda link: self._upload(link, fd, fm), "share")
-        finally:
-            os.close(fd)
+        with self._alone(f"share:{fid}", f"a share of {src} to {to.kind.value}:{to.ref}"):
+            fd = await asyncio.to_thread(os.open, src, os.O_RDONLY)
+            try:
+                have, sent = await self._retrying(lambda link: self._upload(link, fd, fm),
+                                                  "share")
+            finally:
+                os.close(fd)
         after = await asyncio.to_thread(src.stat)
         if (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns):
             raise Conflict(f"{src} changed while it was being shared; share it again",
@@ -253,13 +275,18 @@ class FileService:
         """Fetch the file to ``out`` (absolute), or when None to a spool file that the
         caller streams and removes; verified before it is there."""
         fm = (await self.find(file_id)).meta
-        if out is None:
+        # A stream's copy is its request's alone; what a daemon that died left there goes at
+        # the next start (``clear_spool``).
+        target = (self.spool / f"{fm.id}.{secrets.token_hex(8)}" if out is None
+                  else _absolute(out, "out"))
+        with self._alone(f"get:{target}", f"a get to {target}"):
+            return await self._get(fm, target, out is None)
+
+    async def _get(self, fm: FileMeta, target: Path, spooled: bool) -> Fetched:
+        if spooled:
             self.spool.mkdir(mode=0o700, exist_ok=True)
-            target = self.spool / fm.id
-        else:
-            target = _absolute(out, "out")
-            if not target.parent.is_dir():
-                raise NotFound(f"no folder {target.parent} to write into", field="out")
+        elif not target.parent.is_dir():
+            raise NotFound(f"no folder {target.parent} to write into", field="out")
         part = target.with_name(target.name + ".part")
         state = target.with_name(target.name + ".part.json")
         resume = core_files.resume_point(

@@ -22,7 +22,7 @@ import pytest
 from tests.daemon.harness import RunningDaemon, run_cli
 from tests.e2e.harness import Mesh, connected, inbox, pubkey, wait_for
 from tests.e2e.test_hooks import add_with_hooks
-from tidemesh.core.errors import TidemeshError
+from tidemesh.core.errors import Conflict, TidemeshError
 from tidemesh.core.files import FileIntegrityError, FileTooLarge
 
 pytestmark = pytest.mark.timeout(180)
@@ -217,6 +217,8 @@ async def test_kill_9_of_the_receiver_mid_download_resumes(any_mesh: Mesh, short
     t, _ = _in_thread(lambda: b.client.file_get(fid, out))
     await wait_for(lambda: part.exists() and CHUNK * 4 < part.stat().st_size < BIG // 2,
                    interval=0.01)
+    with pytest.raises(Conflict):   # a second get to the same path would spoil the first's
+        b.client.file_get(fid, out)
     b.kill()
     t.join(10)
     assert not out.exists()
@@ -266,3 +268,27 @@ async def test_a_received_file_fires_on_file_share_with_the_file(mesh: Mesh, sho
     assert event["name"] == "plan.txt" and event["message"] == "read me" and "key" not in event
     kinds = [e.type for e in b.client.events(0, idle_timeout=1.0)]
     assert kinds.index("file_shared") > kinds.index("message")
+
+
+async def test_a_broker_restart_mid_upload_is_ridden_out_by_the_share(mesh: Mesh,
+                                                                     short_tmp: Path) -> None:
+    a, b = await _pair(mesh, short_tmp)
+    src = short_tmp / "large.bin"
+    data = _blob(src, BIG, seed=6)
+    t, result = _in_thread(lambda: a.client.file_share(src, "topic:ops"))
+
+    async def partly_stored() -> bool:
+        rows = await _store(mesh, "SELECT stored_chunks FROM mesh.file_object")
+        return bool(rows) and 0 < rows[0][0] < BIG // CHUNK // 2
+
+    await wait_for(partly_stored, interval=0.01)
+    mesh.broker.kill()
+    mesh.broker.start()
+    t.join(60)
+    shared = result[0]
+    assert isinstance(shared, dict), shared
+    assert shared["sent_chunks"] < BIG // CHUNK   # the part stored before the cut stayed
+    await _announced(b, shared["file"]["id"])
+    out = short_tmp / "large.out"
+    b.client.file_get(shared["file"]["id"], out)
+    assert out.read_bytes() == data
