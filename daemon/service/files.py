@@ -292,7 +292,7 @@ class FileService:
         resume = core_files.resume_point(
             fm, await asyncio.to_thread(_read_state, state),
             part.stat().st_size if part.exists() else 0)
-        self._check_room(fm.size - resume.keep_bytes)
+        self._check_room(target, fm.size - resume.keep_bytes)
         await asyncio.to_thread(_write_state, state, fm)
         fd = await asyncio.to_thread(os.open, part, os.O_RDWR | os.O_CREAT, 0o600)
         try:
@@ -320,13 +320,19 @@ class FileService:
         log.info("file_fetched", file_id=fm.id, size=fm.size, resumed_from=resume.next_seq)
         return Fetched(fm, target, resume.next_seq)
 
-    def _check_room(self, more: int) -> None:
-        st = self.disk.state()
-        if st.floor_bytes and st.free_bytes - more < st.floor_bytes:
+    def _check_room(self, target: Path, more: int) -> None:
+        """Room for the ``more`` bytes still to come: on the daemon's own file system above
+        its floor (disk.reserved_bytes), elsewhere at least the bytes themselves."""
+        here = os.statvfs(target.parent)
+        free = here.f_bavail * here.f_frsize
+        floor = 0
+        if os.stat(target.parent).st_dev == os.stat(self.disk.data_dir).st_dev:
+            floor = self.disk.state().floor_bytes
+        if free - more < floor:
             raise InsufficientStorage(
-                f"the file needs {more} more bytes and only {st.free_bytes} are free, over the "
-                f"floor of {st.floor_bytes} (disk.reserved_bytes); nothing was fetched",
-                free_bytes=st.free_bytes, floor_bytes=st.floor_bytes)
+                f"the file needs {more} more bytes and {target.parent} has {free} free"
+                + (f", under the floor of {floor} (disk.reserved_bytes)" if floor else "")
+                + "; nothing was fetched", free_bytes=free, floor_bytes=floor)
 
     async def _download(self, link: LiveLink, fd: int, fm: FileMeta, hasher: Any,
                         progress: list[int]) -> None:

@@ -22,7 +22,7 @@ import pytest
 from tests.daemon.harness import RunningDaemon, run_cli
 from tests.e2e.harness import Mesh, connected, inbox, pubkey, wait_for
 from tests.e2e.test_hooks import add_with_hooks
-from tidemesh.core.errors import Conflict, TidemeshError
+from tidemesh.core.errors import Conflict, InsufficientStorage, TidemeshError
 from tidemesh.core.files import FileIntegrityError, FileTooLarge
 
 pytestmark = pytest.mark.timeout(180)
@@ -292,3 +292,21 @@ async def test_a_broker_restart_mid_upload_is_ridden_out_by_the_share(mesh: Mesh
     out = short_tmp / "large.out"
     b.client.file_get(shared["file"]["id"], out)
     assert out.read_bytes() == data
+
+
+async def test_a_get_that_would_cross_the_disk_floor_is_507_and_fetches_nothing(
+        mesh: Mesh, short_tmp: Path, small_fs: Path) -> None:
+    a = mesh.add("a", short_tmp)
+    b = mesh.add("b", small_fs, {"TIDEMESH_DISK_RESERVED_BYTES": str(30 << 20)})
+    await wait_for(lambda: connected(a))
+    await wait_for(lambda: connected(b))
+    b.client.membership("topic", "subscribe", "ops", create=True)
+    src = short_tmp / "big.bin"
+    _blob(src, 20 << 20, seed=7)
+    fid = a.client.file_share(src, "topic:ops")["file"]["id"]
+    await _announced(b, fid)
+    out = small_fs / "big.out"
+    with pytest.raises(InsufficientStorage) as err:
+        b.client.file_get(fid, out)
+    assert "disk.reserved_bytes" in err.value.message
+    assert not list(small_fs.glob("big.out*"))
