@@ -86,10 +86,13 @@ def chunk_span(seq: int, size: int, chunk_size: int) -> int:
     return min(chunk_size, size - seq * chunk_size)
 
 
-def file_id(sender_pubkey: str, sha256_hex: str, to_kind: str, to_ref: str) -> str:
-    """32 hex digits for (sender, content, destination): a retried share is the same file."""
-    h = hashlib.blake2b(digest_size=16, person=b"tm-file-id-v1")
-    for part in (sender_pubkey, sha256_hex, to_kind, to_ref):
+def file_id(sender_secret: bytes, sha256_hex: str, to_kind: str, to_ref: str) -> str:
+    """32 hex digits for (sender, content, destination): a retried share is the same file.
+    Keyed by the sender's secret: an unkeyed hash would let whoever sees the id (the broker)
+    confirm a guess at a DM file's content."""
+    h = hashlib.blake2b(digest_size=16, person=b"tm-file-id-v1", key=hashlib.blake2b(
+        sender_secret, digest_size=32, person=b"tm-file-id-key").digest())
+    for part in (sha256_hex, to_kind, to_ref):
         data = part.encode("utf-8")
         h.update(len(data).to_bytes(4, "big") + data)
     return h.hexdigest()

@@ -205,7 +205,7 @@ class FileService:
             raise InvalidRequest(f"{src} is not a regular file", field="path")
         self.disk.check_send()
         sha, size = await asyncio.to_thread(_hash_file, src)
-        fid = core_files.file_id(self.pubkey, sha, to.kind.value, to.ref)
+        fid = core_files.file_id(self.secret, sha, to.kind.value, to.ref)
         key = (core_files.file_key(self.secret, fid).hex()
                if to.kind is DestinationKind.DM else None)
         fm = FileMeta(fid, core_files.safe_name(src.name), size, sha,

@@ -4,13 +4,15 @@ resumes."""
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 
 from tidemesh.core import files
 from tidemesh.core.files import FileIntegrityError, FileMeta
 
 SHA = "ab" * 32
-A, B = "11" * 32, "22" * 32
+A, B = b"\x11" * 32, b"\x22" * 32   # two senders' secret keys
 
 
 def test_the_id_is_one_per_sender_content_and_destination() -> None:
@@ -22,14 +24,19 @@ def test_the_id_is_one_per_sender_content_and_destination() -> None:
     # Length-prefixed parts: moving a character between parts is another id.
     assert files.file_id(A, SHA, "topic", "o:ps") != files.file_id(A, SHA, "topic:o", "ps")
     assert files.client_message_id(fid) == f"file-{fid}"
+    # Keyed by the sender's secret: without it, a guessed content's id cannot be computed.
+    unkeyed = hashlib.blake2b(digest_size=16, person=b"tm-file-id-v1")
+    for part in (SHA, "topic", "ops"):
+        unkeyed.update(len(part).to_bytes(4, "big") + part.encode())
+    assert unkeyed.hexdigest() != fid
 
 
 def test_the_key_is_the_senders_and_the_files_alone() -> None:
-    fid = files.file_id(A, SHA, "dm", B)
+    fid = files.file_id(A, SHA, "dm", "22" * 32)
     k = files.file_key(b"s" * 32, fid)
     assert k == files.file_key(b"s" * 32, fid) and len(k) == 32
     assert k != files.file_key(b"t" * 32, fid)
-    assert k != files.file_key(b"s" * 32, files.file_id(A, SHA, "dm", A))
+    assert k != files.file_key(b"s" * 32, files.file_id(A, SHA, "dm", "11" * 32))
 
 
 def test_a_sealed_chunk_opens_in_its_place_only() -> None:
