@@ -59,7 +59,7 @@ async def get_version(request: web.Request) -> web.Response:
         "daemon_version": info.version,
         "ipc_api": compat.IPC_API,
         "ipc_features": ["version", "compat", "health", "send", "send_batch", "outbox", "inbox",
-                         "consumers", "events", "metrics", *search],
+                         "consumers", "events", "metrics", "files", *search],
         "schema_version": info.schema_version,
         "mesh": info.mesh,
         "broker_features": state.link.broker_features,

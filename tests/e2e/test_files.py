@@ -77,6 +77,7 @@ async def _store(mesh: Mesh, sql: str, *args: Any) -> list[tuple[Any, ...]]:
 async def test_share_list_get_and_a_retried_share_is_one(any_mesh: Mesh, short_tmp: Path
                                                          ) -> None:
     a, b = await _pair(any_mesh, short_tmp)
+    assert "files" in a.client.version()["ipc_features"]
     src = short_tmp / "report.bin"
     data = _blob(src, 5 * CHUNK + 123)
     shared = a.client.file_share(src, "topic:ops", message="the report")
