@@ -32,6 +32,7 @@ TABLES = (
     "mesh", "member", "invite", "topic", "topic_subscription", "queue_consumer",
     "client_message_dedupe", "topic_message", "message_queue", "message_history",
     "recipient_cursor", "delivery_queue", "broker_info",
+    "file_object", "file_chunk",   # shared files (store/files.py)
 )
 
 
