@@ -28,6 +28,8 @@ from tidemesh.core.files import FileIntegrityError, FileTooLarge
 pytestmark = pytest.mark.timeout(180)
 CHUNK = 16384
 SMALL = {"TIDEMESH_FILES_CHUNK_BYTES": str(CHUNK), "TIDEMESH_FILES_WINDOW": "4"}
+# One chunk in flight: a transfer slow enough to be cut in its middle on a fast machine too.
+ONE_BY_ONE = {**SMALL, "TIDEMESH_FILES_WINDOW": "1"}
 
 
 def _blob(path: Path, size: int, seed: int = 1) -> bytes:
@@ -36,12 +38,12 @@ def _blob(path: Path, size: int, seed: int = 1) -> bytes:
     return data
 
 
-async def _pair(mesh: Mesh, root: Path, topic: str = "ops"
+async def _pair(mesh: Mesh, root: Path, env: dict[str, str] = SMALL
                 ) -> tuple[RunningDaemon, RunningDaemon]:
-    a, b = mesh.add("a", root, SMALL), mesh.add("b", root, SMALL)
+    a, b = mesh.add("a", root, env), mesh.add("b", root, env)
     await wait_for(lambda: connected(a))
     await wait_for(lambda: connected(b))
-    b.client.membership("topic", "subscribe", topic, create=True)
+    b.client.membership("topic", "subscribe", "ops", create=True)
     return a, b
 
 
@@ -176,7 +178,7 @@ BIG = 6 << 20   # 384 chunks of 16 KiB: long enough to be cut in the middle
 
 async def test_kill_9_of_the_sender_mid_upload_resumes(any_mesh: Mesh, short_tmp: Path
                                                        ) -> None:
-    a, b = await _pair(any_mesh, short_tmp)
+    a, b = await _pair(any_mesh, short_tmp, ONE_BY_ONE)
     src = short_tmp / "large.bin"
     data = _blob(src, BIG, seed=4)
     chunks = BIG // CHUNK
@@ -208,7 +210,7 @@ async def test_kill_9_of_the_sender_mid_upload_resumes(any_mesh: Mesh, short_tmp
 
 async def test_kill_9_of_the_receiver_mid_download_resumes(any_mesh: Mesh, short_tmp: Path
                                                            ) -> None:
-    a, b = await _pair(any_mesh, short_tmp)
+    a, b = await _pair(any_mesh, short_tmp, ONE_BY_ONE)
     src = short_tmp / "large.bin"
     data = _blob(src, BIG, seed=5)
     fid = a.client.file_share(src, "topic:ops")["file"]["id"]
@@ -273,7 +275,7 @@ async def test_a_received_file_fires_on_file_share_with_the_file(mesh: Mesh, sho
 
 async def test_a_broker_restart_mid_upload_is_ridden_out_by_the_share(mesh: Mesh,
                                                                      short_tmp: Path) -> None:
-    a, b = await _pair(mesh, short_tmp)
+    a, b = await _pair(mesh, short_tmp, ONE_BY_ONE)
     src = short_tmp / "large.bin"
     data = _blob(src, BIG, seed=6)
     t, result = _in_thread(lambda: a.client.file_share(src, "topic:ops"))
