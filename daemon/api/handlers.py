@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from functools import cache
@@ -344,9 +345,11 @@ async def get_file(request: web.Request) -> web.StreamResponse:
         "Content-Length": str(fetched.file.size),
         "X-Tidemesh-File-Sha256": fetched.file.sha256,
         "Content-Disposition": f"attachment; filename*=UTF-8''{quote(fetched.file.name)}"})
-    await resp.prepare(request)
-    async for block in svc.stream(fetched):
-        await resp.write(block)
+    # Closed however the stream ends (a caller that goes away too): its copy is removed then.
+    async with contextlib.aclosing(svc.stream(fetched)) as blocks:
+        await resp.prepare(request)
+        async for block in blocks:
+            await resp.write(block)
     await resp.write_eof()
     return resp
 

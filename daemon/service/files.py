@@ -25,7 +25,7 @@ import shutil
 import stat
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -366,7 +366,7 @@ class FileService:
                                      seq=seq)
         return plain
 
-    async def stream(self, fetched: Fetched) -> AsyncIterator[bytes]:
+    async def stream(self, fetched: Fetched) -> AsyncGenerator[bytes, None]:
         """The bytes of a spooled get, then the spool file removed."""
         try:
             with fetched.path.open("rb") as f:
