@@ -2,6 +2,7 @@ package tidemesh
 
 import (
 	"context"
+	"io"
 	"net/url"
 	"path/filepath"
 	"strconv"
@@ -97,4 +98,23 @@ func (c *Client) FileList(ctx context.Context, limit int) ([]FileEntry, error) {
 	}
 	err := c.call(ctx, "GET", "/v1/file/list?limit="+strconv.Itoa(limit), nil, nil, &out)
 	return out.Files, err
+}
+
+// FileStream is file id's bytes, verified by the daemon before the first one comes; the
+// caller reads and closes it. ctx bounds the whole read.
+func (c *Client) FileStream(ctx context.Context, id string) (io.ReadCloser, error) {
+	resp, err := c.openWith(ctx, c.files, "GET", "/v1/file/get?"+url.Values{"id": {id}}.Encode(),
+		nil, nil)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode >= 400 {
+		defer resp.Body.Close()
+		raw, err := io.ReadAll(resp.Body)
+		if err != nil {
+			return nil, c.Endpoint.notRunning(err)
+		}
+		return nil, FromBody(resp.StatusCode, raw)
+	}
+	return resp.Body, nil
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"testing"
@@ -72,6 +73,18 @@ func TestFileShareListAndGet(t *testing.T) {
 	}
 	if back, _ := os.ReadFile(got.Path); !bytes.Equal(back, data) {
 		t.Fatal("the copy differs")
+	}
+	stream, err := bob.FileStream(ctx, shared.File.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	streamed, err := io.ReadAll(stream)
+	stream.Close()
+	if err != nil || !bytes.Equal(streamed, data) {
+		t.Fatalf("the stream differs: %v", err)
+	}
+	if _, err := bob.FileStream(ctx, "ff"+shared.File.ID[2:]); err == nil {
+		t.Fatal("an unknown file streamed")
 	}
 	_, err = bob.FileGet(ctx, "ff"+shared.File.ID[2:], out)
 	var tmErr *tidemesh.Error

@@ -281,6 +281,18 @@ export class Client {
                      Math.max(this.timeoutMs, FILE_TIMEOUT_MS));
   }
 
+  /** File `id`'s bytes, verified by the daemon before the first one comes. */
+  async *fileStream(id: string): AsyncGenerator<Buffer> {
+    const { req, res } = await this.open("GET", "/v1/file/get" + query({ id }), undefined, {},
+                                         Math.max(this.timeoutMs, FILE_TIMEOUT_MS));
+    try {
+      if ((res.statusCode ?? 0) >= 400) answer(res, await readAll(res));   // throws
+      for await (const block of res) yield block as Buffer;
+    } finally {
+      req.destroy();
+    }
+  }
+
   /** Files this member shared or was announced, newest first. */
   fileList(opts: { limit?: number } = {}): Promise<{ files: FileEntry[] }> {
     return this.call("GET", "/v1/file/list" + query({ limit: opts.limit ?? 100 }));

@@ -42,5 +42,11 @@ test("fileShare, fileList and fileGet move a file between members", async () => 
   assert.equal(entry.message, "notes");
   const got = await bob.fileGet(shared.file.id, join(world.root, "copy.txt"));
   assert.equal(readFileSync(got.path, "utf8"), data);
+  const blocks: Buffer[] = [];
+  for await (const block of bob.fileStream(shared.file.id)) blocks.push(block);
+  assert.equal(Buffer.concat(blocks).toString("utf8"), data);
   await assert.rejects(bob.fileGet("f".repeat(32), join(world.root, "none.txt")), NotFound);
+  await assert.rejects((async () => {
+    for await (const _ of bob.fileStream("f".repeat(32))) { /* nothing */ }
+  })(), NotFound);
 });
