@@ -20,6 +20,14 @@ from tidemesh.broker.store.postgres.base import PostgresBase
 _ROW = f"SELECT {ROW_COLUMNS} FROM mesh.file_object WHERE mesh_id = $1 AND id = $2"  # noqa: S608
 
 
+_PUT = (
+    "WITH c AS (INSERT INTO mesh.file_chunk (mesh_id, file_id, seq, data)"  # noqa: S608
+    " VALUES ($1, $2, $3, $4) RETURNING octet_length(data) AS n)"
+    " UPDATE mesh.file_object SET stored_chunks = stored_chunks + 1,"
+    " stored_bytes = stored_bytes + (SELECT n FROM c) WHERE mesh_id = $1 AND id = $2"
+    f" RETURNING {ROW_COLUMNS}")
+
+
 async def _row(conn: Any, mesh_id: str, file_id: str, lock: bool = False) -> FileRow | None:
     r = await conn.fetchrow(_ROW + (" FOR UPDATE" if lock else ""), mesh_id, file_id)
     return None if r is None else FileRow.of_record(tuple(r))
@@ -59,14 +67,13 @@ class Files(PostgresBase):
                        data: bytes) -> FileRow:
         async with self.pool.acquire() as conn, conn.transaction():
             row = await _row(conn, mesh_id, file_id, lock=True)
-            if check_put(row, owner, seq, len(data)):
-                await conn.execute("INSERT INTO mesh.file_chunk (mesh_id, file_id, seq, data)"
-                                   " VALUES ($1, $2, $3, $4)", mesh_id, file_id, seq, data)
-                await conn.execute(
-                    "UPDATE mesh.file_object SET stored_chunks = stored_chunks + 1,"
-                    " stored_bytes = stored_bytes + $1 WHERE mesh_id = $2 AND id = $3",
-                    len(data), mesh_id, file_id)
-            return await _must(conn, mesh_id, file_id)
+            if not check_put(row, owner, seq, len(data)):
+                assert row is not None
+                return row
+            # One round trip for the chunk and its count: a statement per chunk is what an
+            # upload's rate is made of.
+            r = await conn.fetchrow(_PUT, mesh_id, file_id, seq, data)
+            return FileRow.of_record(tuple(r))
 
     async def file_complete(self, mesh_id: str, file_id: str, owner: str,
                             now_ms: int) -> FileRow:
