@@ -309,9 +309,13 @@ class Daemon:
         live = relay.live.if_open if relay is not None else not_joined
         app[MEMBERSHIP] = MembershipService(inbox_db, live)
         app[PRESENCE] = PresenceService(inbox_db, live, self.keypair.public_hex)
+        file_bytes = Counter("cm_daemon_file_bytes_total", "Plaintext bytes of shared files "
+                             "sent to and received from the broker", ["direction"],
+                             registry=app[STATE].registry)
         app[FILES] = FileService(inbox_db, live, app[OUTBOX], disk, bytes(key),
                                  self.keypair.public_hex, paths.data_dir / "files",
-                                 FileSettings(s.files_chunk_bytes, s.files_window), self.clock)
+                                 FileSettings(s.files_chunk_bytes, s.files_window), self.clock,
+                                 lambda d, n: file_bytes.labels(direction=d).inc(n))
         app[FILES].clear_spool()
         reloader = Reloader(s, self._read_settings, app[STATE], bus)
         budget = StopBudget()

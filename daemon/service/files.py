@@ -135,8 +135,8 @@ def _read_state(path: Path) -> dict[str, Any] | None:
 class FileService:
     def __init__(self, db: Database, live: Callable[[], LiveLink | None], outbox: OutboxService,
                  disk: DiskMonitor, secret: bytes, pubkey: str, spool: Path,
-                 settings: FileSettings = FileSettings(), clock: Callable[[], float] = time.time
-                 ) -> None:
+                 settings: FileSettings = FileSettings(), clock: Callable[[], float] = time.time,
+                 moved: Callable[[str, int], None] = lambda direction, n: None) -> None:
         self.db = db
         self.live = live
         self.outbox = outbox
@@ -146,6 +146,8 @@ class FileService:
         self.spool = spool
         self.settings = settings
         self.clock = clock
+        # Plaintext bytes through the link ("sent", "received"): cm_daemon_file_bytes_total.
+        self.moved = moved
         # Shares (by file id) and gets (by target path) running now: a second one of the
         # same would write over the first's work, so it is refused while the first runs.
         self._running: set[str] = set()
@@ -253,6 +255,7 @@ class FileService:
                 window.append(await link.file_submit({
                     "type": "file_chunk", "file_id": fm.id, "seq": seq,
                     "data": base64.b64encode(data).decode("ascii")}))
+                self.moved("sent", len(plain))
                 if len(window) >= self.settings.window:
                     await file_answer(window.popleft())
             while window:
@@ -349,6 +352,7 @@ class FileService:
                 answer = await file_answer(window.popleft())
                 plain = self._opened(answer, fm, key, seq)
                 await asyncio.to_thread(os.pwrite, fd, plain, seq * fm.chunk_size)
+                self.moved("received", len(plain))
                 hasher.update(plain)
                 progress[0] = seq + 1
         finally:

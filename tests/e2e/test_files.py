@@ -94,6 +94,10 @@ async def test_share_list_get_and_a_retried_share_is_one(any_mesh: Mesh, short_t
     answer = b.client.file_get(fid, out)
     assert out.read_bytes() == data and answer["resumed_from"] == 0
     assert b"".join(b.client.file_stream(fid)) == data   # no out: the bytes themselves
+    assert f'cm_daemon_file_bytes_total{{direction="sent"}} {float(len(data))}' in \
+        a.client.metrics()
+    assert f'cm_daemon_file_bytes_total{{direction="received"}} {float(2 * len(data))}' in \
+        b.client.metrics()
 
     again = a.client.file_share(src, "topic:ops", message="the report")
     assert again["file"]["id"] == fid
