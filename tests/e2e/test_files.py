@@ -11,6 +11,8 @@ import json
 import os
 import re
 import sqlite3
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +21,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from tests.daemon.harness import RunningDaemon, run_cli
+from tests.daemon.harness import RunningDaemon, daemon_env, run_cli
 from tests.e2e.harness import Mesh, connected, inbox, pubkey, wait_for
 from tests.e2e.test_hooks import add_with_hooks
 from tidemesh.core.errors import Conflict, InsufficientStorage, TidemeshError
@@ -254,6 +256,14 @@ async def test_the_cli_shares_lists_and_gets(mesh: Mesh, short_tmp: Path) -> Non
     got = run_cli(b.home, "file", "get", fid, "--out", str(out), "--mesh", "m")
     assert got.returncode == 0, got.stderr + got.stdout
     assert out.read_text() == "minutes\n"
+    # Without --out: the announced name, in the working folder.
+    here = short_tmp / "downloads"
+    here.mkdir()
+    named = subprocess.run([sys.executable, "-m", "tidemesh", "file", "get", fid, "--mesh", "m"],
+                           cwd=here, env=daemon_env(b.home), capture_output=True, text=True,
+                           timeout=60, check=False)
+    assert named.returncode == 0, named.stderr + named.stdout
+    assert (here / "notes.txt").read_text() == "minutes\n"
     missing = run_cli(b.home, "file", "get", "f" * 32, "--out", str(out), "--mesh", "m")
     assert missing.returncode == 8 and "no file" in missing.stderr + missing.stdout
 
