@@ -22,14 +22,15 @@ CREATE TABLE files (
 
 CREATE INDEX files_created ON files (created_at);
 
--- The event log gains `file_shared`. SQLite cannot change a CHECK in place, so the table is
--- rebuilt as in 0007; ids, the AUTOINCREMENT high-water mark and the partial index are kept.
+-- The event log gains `file_shared`, and keeps `peer_key_rotated` (the key rotation's 0009).
+-- SQLite cannot change a CHECK in place, so the table is rebuilt as in 0007; ids, the
+-- AUTOINCREMENT high-water mark and the partial index are kept.
 CREATE TABLE events_new (
     id          INTEGER PRIMARY KEY AUTOINCREMENT,
     type        TEXT NOT NULL
                 CHECK (type IN ('message', 'peer_join', 'peer_leave', 'broker_status',
                                 'outbox_dead', 'hook_failed', 'clone_suspected',
-                                'file_shared')),
+                                'peer_key_rotated', 'file_shared')),
     inbox_seq   INTEGER REFERENCES inbox (seq),
     data        TEXT NOT NULL,
     dedupe_key  TEXT UNIQUE,
