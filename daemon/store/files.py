@@ -18,7 +18,7 @@ from tidemesh.daemon.store.inbox import (
     add_event,
     store_frame,
 )
-from tidemesh.storage.sqlite import BatchOp
+from tidemesh.storage.engine import BatchOp
 
 _COLUMNS = ("id, direction, name, size, sha256, chunk_size, file_key, persistent, sender_pubkey,"
             " dest_kind, dest_ref, message, inbox_seq, created_at")
