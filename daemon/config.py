@@ -77,6 +77,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("retention.batch_rows", int, 500, "Rows deleted per transaction by a sweep."),
     Setting("disk.reserved_bytes", int, 134217728, "Free-space floor of the data directory's "
             "file system: under it new sends get 507 (receiving goes on); 0 disables it."),
+    Setting("files.chunk_bytes", int, 262144, "Plaintext bytes per chunk of a shared file "
+            "(`tidemesh file share`), 4096-1048576; a resumed share keeps the chunk size its "
+            "upload began with only if this is unchanged."),
+    Setting("files.window", int, 8, "Chunks of a file in flight to or from the broker at once "
+            "(each holds chunk_bytes in memory)."),
     Setting("reconnect.initial_backoff_ms", int, 500, "First retry delay to the broker."),
     Setting("reconnect.max_backoff_ms", int, 30000, "Longest retry delay to the broker."),
     Setting("reconnect.jitter_pct", int, 25, "Random spread of each retry delay, in percent."),
@@ -137,6 +142,8 @@ class DaemonSettings:
     retention_sweep_interval_s: float
     retention_batch_rows: int
     disk_reserved_bytes: int
+    files_chunk_bytes: int
+    files_window: int
     reconnect_initial_backoff_ms: int
     reconnect_max_backoff_ms: int
     reconnect_jitter_pct: int
@@ -177,4 +184,8 @@ def load(
         raise ConfigError("ipc.rate_per_s must be 0 (no limit) or more and ipc.rate_burst at "
                           "least 1", field="ipc.rate_burst" if settings.ipc_rate_burst < 1
                           else "ipc.rate_per_s")
+    if not 4096 <= settings.files_chunk_bytes <= 1 << 20 or settings.files_window < 1:
+        raise ConfigError("files.chunk_bytes must be 4096-1048576 and files.window at least 1",
+                          field="files.chunk_bytes" if settings.files_window >= 1
+                          else "files.window")
     return settings, resolved

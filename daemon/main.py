@@ -43,6 +43,7 @@ from tidemesh.daemon.api.keys import (
     BUS,
     CAPABILITIES,
     DISK,
+    FILES,
     INBOX,
     MEMBERSHIP,
     OUTBOX,
@@ -63,6 +64,7 @@ from tidemesh.daemon.server import IpcServer, build_app
 from tidemesh.daemon.service.backup import BackupService
 from tidemesh.daemon.service.disk import DiskMonitor
 from tidemesh.daemon.service.events import EventBus
+from tidemesh.daemon.service.files import FileService, FileSettings
 from tidemesh.daemon.service.inbox import InboxService
 from tidemesh.daemon.service.membership import MembershipService
 from tidemesh.daemon.service.outbox import OutboxService
@@ -339,6 +341,14 @@ class Daemon:
         live = relay.live.if_open if relay is not None else not_joined
         app[MEMBERSHIP] = MembershipService(inbox_db, live)
         app[PRESENCE] = PresenceService(inbox_db, live, self.keypair.public_hex)
+        file_bytes = Counter("cm_daemon_file_bytes_total", "Plaintext bytes of shared files "
+                             "sent to and received from the broker", ["direction"],
+                             registry=app[STATE].registry)
+        app[FILES] = FileService(inbox_db, live, app[OUTBOX], disk, bytes(key),
+                                 self.keypair.public_hex, paths.data_dir / "files",
+                                 FileSettings(s.files_chunk_bytes, s.files_window), self.clock,
+                                 lambda d, n: file_bytes.labels(direction=d).inc(n))
+        app[FILES].clear_spool()
         reloader = Reloader(s, self._read_settings, app[STATE], bus)
         budget = StopBudget()
         drain = Drain(app[STATE], lambda: budget.left(

@@ -16,6 +16,7 @@ from tidemesh.daemon.hooks.capability import Capabilities
 from tidemesh.daemon.service.backup import BackupService
 from tidemesh.daemon.service.disk import DiskMonitor
 from tidemesh.daemon.service.events import EventBus
+from tidemesh.daemon.service.files import FileService
 from tidemesh.daemon.service.inbox import InboxService
 from tidemesh.daemon.service.membership import MembershipService
 from tidemesh.daemon.service.outbox import OutboxService
@@ -152,3 +153,4 @@ CAPABILITIES = web.AppKey("capabilities", Capabilities)
 # sees only the outbox rows its own token made.
 REPLY_TOKEN = web.RequestKey("reply_token", str)
 BACKUP = web.AppKey("backup", BackupService)
+FILES = web.AppKey("files", FileService)
