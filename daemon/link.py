@@ -193,11 +193,24 @@ class BrokerLink:
         """Cumulative ack, sent only after the inbox commit (no answer comes back)."""
         await self._send(self.state.ack(epoch, seq).frame)
 
+    async def file_submit(self, frame: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
+        """Send a shared file's frame (core/files.py) and return the future of its answer
+        without waiting for it: the caller keeps a window of them in flight, and the broker
+        answers them in order."""
+        fut: Waiter = self._loop.create_future()
+        out = self.state.call(frame, self._loop.time(), fut)
+        fut.add_done_callback(lambda _: self.state.forget(out.frame["id"]))
+        try:
+            await self._send(out.frame)
+        except BaseException:
+            fut.cancel()
+            raise
+        return fut
+
     async def _call(self, frame: dict[str, Any]) -> dict[str, Any]:
         fut: Waiter = self._loop.create_future()
-        answered: Answered[Waiter] = await self._await(
+        return await self._await(  # type: ignore[no-any-return]
             self.state.call(frame, self._loop.time(), fut), fut)
-        return answered.frame
 
     async def _await(self, out: Send, fut: Waiter) -> Any:
         """Write a request's frame and wait for what the reader hands its future; a caller
@@ -240,7 +253,10 @@ class BrokerLink:
     async def _carry(self, out: Output[Waiter]) -> None:
         if isinstance(out, Delivered):
             await self._deliver(out.deliveries)
-        elif isinstance(out, Answered | Settled):
+        elif isinstance(out, Answered):   # a call's future holds the answer frame
+            if not out.waiter.done():
+                out.waiter.set_result(out.frame)
+        elif isinstance(out, Settled):    # a batch's, the whole settlement
             if not out.waiter.done():
                 out.waiter.set_result(out)
         elif isinstance(out, Presence):
