@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tidemesh.core import tracing
 from tidemesh.core.settings import ConfigError, Resolved, Setting, build
 
 SETTINGS: tuple[Setting, ...] = (
@@ -73,6 +74,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("hooks.enabled", bool, True, "Run the executables of the hooks/ folder that "
             "hooks.toml enables (docs/daemon.md, Hooks)."),
     Setting("hooks.concurrency", int, 8, "Most hook processes running at once."),
+    *tracing.SETTINGS,
     Setting("log.level", str, "info", "debug, info, warning or error.", reloadable=True),
     Setting("log.format", str, "auto", "json, console, or auto (console on a TTY)."),
     Setting("log.file", str, None, "Append JSON lines to this file, rotated by size; unset: "
@@ -126,6 +128,8 @@ class DaemonSettings:
     reconnect_stall_timeout_s: float
     hooks_enabled: bool
     hooks_concurrency: int
+    metrics_otel_endpoint: str
+    metrics_otel_export_delay_ms: int
     log_level: str
     log_format: str
     log_file: str | None
@@ -156,4 +160,5 @@ def load(
         raise ConfigError("ipc.rate_per_s must be 0 (no limit) or more and ipc.rate_burst at "
                           "least 1", field="ipc.rate_burst" if settings.ipc_rate_burst < 1
                           else "ipc.rate_per_s")
+    tracing.check_settings(settings.metrics_otel_endpoint, settings.metrics_otel_export_delay_ms)
     return settings, resolved

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import time
 from functools import cache
@@ -12,7 +13,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from tidemesh.core import compat, metrics, numbers
+from tidemesh.core import compat, metrics, numbers, tracing
 from tidemesh.core.errors import InvalidRequest
 from tidemesh.core.send import SendRequest, parse_send_request
 from tidemesh.daemon import token_rotation
@@ -30,7 +31,7 @@ from tidemesh.daemon.api.keys import (
 )
 from tidemesh.daemon.api.responses import batch_item, scoped_outcome, send_response
 from tidemesh.daemon.api.validation import checked, parse_json
-from tidemesh.daemon.records import BatchItem, Page, SendKind
+from tidemesh.daemon.records import BatchItem, Page, SendKind, SendOutcome
 from tidemesh.daemon.service.outbox import OutboxService
 
 _STATUSES = ("pending", "inflight", "done", "dead", "aborted")
@@ -107,8 +108,31 @@ async def accept_send(outbox: OutboxService, raw: bytes, key: str | None,
                       traceparent: str | None = None) -> tuple[int, dict[str, Any]]:
     """POST /v1/send's status and body for a raw request body; the aiohttp route and the
     Unix socket's send lane (``send_lane``) both answer through it."""
-    req = _send_request(parse_json(raw), key, traceparent)
-    return send_response(await outbox.submit(req))
+    data = parse_json(raw)
+    req = _send_request(data, key, traceparent)
+    return send_response(await _submit(outbox, req, _given(data, traceparent)))
+
+
+def _given(data: dict[str, Any], header: str | None) -> str | None:
+    """The traceparent the caller gave (header, else field); None when the daemon made it."""
+    return header if header is not None else data.get("traceparent")
+
+
+def _traced(req: SendRequest, hop: tracing.Hop) -> SendRequest:
+    """``req`` carrying the accept span's traceparent (the same request when tracing is off)."""
+    onward = hop.onward(req.traceparent)
+    return req if onward is req.traceparent else dataclasses.replace(req, traceparent=onward)
+
+
+async def _submit(outbox: OutboxService, req: SendRequest, given: str | None) -> SendOutcome:
+    """One send into the outbox inside its accept span, a child of the caller's trace
+    context (a root when the caller gave none); the row keeps the span's traceparent."""
+    with tracing.span("tidemesh.daemon.accept", (given,),
+                      {"tidemesh.kind": req.to.kind.value}) as hop:
+        out = await outbox.submit(_traced(req, hop))
+        hop.set("tidemesh.client_message_id", out.client_message_id)
+        hop.set("tidemesh.outcome", out.kind.value)
+        return out
 
 
 async def post_send(request: web.Request) -> web.Response:
@@ -124,9 +148,9 @@ async def post_send(request: web.Request) -> web.Response:
 async def _post_scoped_send(request: web.Request, token: str) -> web.Response:
     """POST /v1/send with a hook's reply token: it sees only the rows its token made."""
     caps = request.app[CAPABILITIES]
-    req = _send_request(parse_json(await request.read()),
-                        request.headers.get("Idempotency-Key"), request.headers.get("traceparent"))
-    out = await request.app[OUTBOX].submit(req)
+    data, header = parse_json(await request.read()), request.headers.get("traceparent")
+    req = _send_request(data, request.headers.get("Idempotency-Key"), header)
+    out = await _submit(request.app[OUTBOX], req, _given(data, header))
     out = scoped_outcome(out, caps.owns(token, out.row.id))
     if out.kind is SendKind.NEW:
         caps.made(token, out.row.id)
@@ -149,8 +173,22 @@ async def accept_batch(outbox: OutboxService, raw: bytes, has_key: bool) -> dict
         raise InvalidRequest("a batch takes no Idempotency-Key header; give each send its own "
                              "client_message_id", field="Idempotency-Key")
     data = checked("send_batch_request.schema.json", parse_json(raw))
-    outcomes = await outbox.submit_many([_batch_item(d) for d in data["sends"]])
+    items = [_batch_item(d) for d in data["sends"]]
+    with tracing.span("tidemesh.daemon.accept", _batch_parents(data["sends"], items),
+                      {"tidemesh.batch_size": len(items)}) as hop:
+        if len(items) == 1 and isinstance(items[0], SendRequest):
+            items[0] = _traced(items[0], hop)
+        outcomes = await outbox.submit_many(items)
     return {"results": [batch_item(o) for o in outcomes]}
+
+
+def _batch_parents(sends: list[dict[str, Any]], items: list[BatchItem]) -> list[str | None]:
+    """A batch span's parents: a lone send's given traceparent, or each send's to link."""
+    if not tracing.enabled():
+        return []
+    if len(items) == 1 and isinstance(items[0], SendRequest):
+        return [_given(sends[0], None)]
+    return [it.traceparent for it in items if isinstance(it, SendRequest)]
 
 
 async def post_send_batch(request: web.Request) -> web.Response:
