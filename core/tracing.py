@@ -23,6 +23,7 @@ the network. Spans carry ids, counts and outcomes, never bodies, meta or keys.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any, Protocol
@@ -42,6 +43,7 @@ Attribute = str | int | float | bool
 # The SDK's own default cap (OTEL_SPAN_LINK_COUNT_LIMIT); a bigger batch links its first ones.
 MAX_LINKS = 128
 TRACES_PATH = "/v1/traces"
+SHUTDOWN_S = 2.0   # the longest an exit waits for the last spans to go out
 
 # Declared once, in the daemon's and the broker's tables alike.
 SETTINGS: tuple[Setting, ...] = (
@@ -116,8 +118,12 @@ class _Exporting:
         finally:
             otel.end()
 
-    def shutdown(self) -> None:
-        self.provider.shutdown()   # flushes what the batch processor still holds
+    def shutdown(self, within_s: float) -> None:
+        """Export what the batch processor still holds, waiting at most ``within_s``: the
+        SDK retries an unreachable receiver for up to 30 s, which must not hold up an exit."""
+        done = threading.Thread(target=self.provider.shutdown, name="otel-shutdown", daemon=True)
+        done.start()
+        done.join(within_s)
 
 
 class _Recording:
@@ -193,9 +199,10 @@ def install(endpoint: str, service: str, version: str, export_delay_ms: int,
         log.warning("tracing_unavailable", endpoint=endpoint, error=str(exc),
                     hint="install the otel extra: pip install 'tidemesh[otel]'")
         return False
+    # shutdown() below ends it, bounded; the SDK's own exit hook would wait unbounded.
     provider = TracerProvider(resource=Resource.create({
         "service.name": service, "service.version": version, "process.pid": os.getpid(),
-        **(resource or {})}))
+        **(resource or {})}), shutdown_on_exit=False)
     provider.add_span_processor(BatchSpanProcessor(
         OTLPSpanExporter(endpoint=traces_url(endpoint)), schedule_delay_millis=export_delay_ms))
     _exporting = _Exporting(provider)
@@ -203,9 +210,9 @@ def install(endpoint: str, service: str, version: str, export_delay_ms: int,
     return True
 
 
-def shutdown() -> None:
+def shutdown(within_s: float = SHUTDOWN_S) -> None:
     """Export what is still buffered and stop (the composition root, at exit)."""
     global _exporting
     if _exporting is not None:
         exporting, _exporting = _exporting, None
-        exporting.shutdown()
+        exporting.shutdown(within_s)
