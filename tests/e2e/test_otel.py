@@ -18,6 +18,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
+from tests.daemon.harness import RunningDaemon
 from tests.e2e.harness import Broker, Mesh, connected, inbox, sqlite_broker_with_team, wait_for
 from tests.e2e.test_hooks import add_with_hooks
 
@@ -39,6 +40,7 @@ class Span:
     service: str
     pid: int
     attributes: dict[str, Any]
+    links: tuple[str, ...]   # the traceparents (flags left out) of the spans it links to
 
 
 def _value(v: Any) -> Any:
@@ -54,7 +56,8 @@ def _spans(body: bytes) -> Iterator[Span]:
             for s in ss.spans:
                 yield Span(s.name, s.trace_id.hex(), s.span_id.hex(), s.parent_span_id.hex(),
                            s.start_time_unix_nano, res["service.name"], res["process.pid"],
-                           {a.key: _value(a.value) for a in s.attributes})
+                           {a.key: _value(a.value) for a in s.attributes},
+                           tuple(f"00-{k.trace_id.hex()}-{k.span_id.hex()}" for k in s.links))
 
 
 @pytest.fixture
@@ -116,17 +119,9 @@ async def test_one_message_is_one_trace_across_three_processes(
             headers={"traceparent": CLIENT}) as r:
         assert r.status == 202, await r.text()
 
-    def traced() -> dict[str, Span]:
-        return {s.name: s for s in spans if s.trace_id == TRACE_ID}
-
-    await wait_for(lambda: set(HOPS) <= set(traced()))
-    by_name = traced()
+    by_name = await _chain(spans, TRACE_ID)
     chain = [by_name[h] for h in HOPS]
-    # Causal order: each hop is the child of the one before, the first of the caller's span.
     assert chain[0].parent_id == CLIENT[36:52]
-    for parent, child in itertools.pairwise(chain):
-        assert child.parent_id == parent.span_id, (parent.name, child.name)
-        assert child.start_ns >= parent.start_ns, (parent.name, child.name)
     # Three processes: the sender's daemon, the broker, the recipient's daemon.
     assert [(s.service, s.pid) for s in chain] == [
         ("tidemesh-daemon", a.proc.pid), ("tidemesh-daemon", a.proc.pid),
@@ -141,3 +136,46 @@ async def test_one_message_is_one_trace_across_three_processes(
     assert broker_accept["tidemesh.client_message_id"] == "c1"
     assert broker_accept["tidemesh.broker_message_id"] == item["broker_message_id"]
     assert all("secret body" not in str(s.attributes) for s in spans)
+
+    # A send that names no trace: its daemon's accept span starts one, and the chain follows.
+    async with a.session() as s, s.post("/v1/send", json={"to": "topic:ops", "body": "two"}) as r:
+        assert r.status == 202, await r.text()
+    await wait_for(lambda: _count(b, 2))
+    made = next(m for m in await inbox(b) if m["body"] == "two")["traceparent"]
+    second = await _chain(spans, made[3:35])
+    assert second["tidemesh.daemon.accept"].parent_id == ""
+
+    # A batch is one accept span, a root linked to each of its sends' traces.
+    traces = ["00-" + c * 32 + "-" + c * 16 + "-01" for c in "ab"]
+    async with a.session() as s, s.post("/v1/send_batch", json={"sends": [
+            {"to": "topic:ops", "body": f"batch {i}", "traceparent": t}
+            for i, t in enumerate(traces)]}) as r:
+        assert r.status == 200, await r.text()
+
+    def batch_accept() -> Span | None:
+        return next((s for s in spans if s.name == "tidemesh.daemon.accept"
+                     and s.attributes.get("tidemesh.batch_size") == 2), None)
+
+    await wait_for(lambda: batch_accept() is not None)
+    span = batch_accept()
+    assert span is not None and span.parent_id == ""
+    assert span.trace_id not in (traces[0][3:35], traces[1][3:35])
+    assert span.links == tuple(t[:-3] for t in traces)
+
+
+async def _count(d: RunningDaemon, n: int) -> bool:
+    return len(await inbox(d)) >= n
+
+
+async def _chain(spans: list[Span], trace_id: str) -> dict[str, Span]:
+    """The six hops of one message's trace, once all are exported, checked to be one causal
+    chain: each a child of the one before, started after it."""
+    def traced() -> dict[str, Span]:
+        return {s.name: s for s in spans if s.trace_id == trace_id}
+
+    await wait_for(lambda: set(HOPS) <= set(traced()))
+    by_name = traced()
+    for parent, child in itertools.pairwise(by_name[h] for h in HOPS):
+        assert child.parent_id == parent.span_id, (parent.name, child.name)
+        assert child.start_ns >= parent.start_ns, (parent.name, child.name)
+    return by_name
