@@ -170,7 +170,7 @@ class Sender:
                 answers = [None] * len(rows)
             if len(rows) == 1 and answers[0] is not None:
                 hop.set("tidemesh.status", answers[0].get("status", 0))
-                hop.set("tidemesh.broker_message_id", answers[0].get("broker_message_id", ""))
+                hop.set("tidemesh.broker_message_id", answers[0].get("broker_message_id") or "")
         error = ("LinkClosed: the broker link closed before the answer" if self.link.closed
                  else f"TimeoutError: no answer within {limit:.0f} s")
         now = int(self.clock() * 1000)
