@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import structlog
 
 from tidemesh.core.settings import ConfigError, Setting
+from tidemesh.core.trace import traceparent_problem
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
@@ -102,10 +103,11 @@ class _Exporting:
         links: list[Any] = []
         ctx = self._empty
         if len(parents) == 1:
-            if parents[0] is not None:
-                ctx = trace.set_span_in_context(trace.NonRecordingSpan(_context(parents[0])))
+            parent = _context(parents[0])
+            if parent is not None:
+                ctx = trace.set_span_in_context(trace.NonRecordingSpan(parent))
         else:
-            links = [trace.Link(_context(tp)) for tp in parents[:MAX_LINKS] if tp is not None]
+            links = [trace.Link(c) for c in map(_context, parents[:MAX_LINKS]) if c is not None]
         otel = self.tracer.start_span(name, context=ctx, links=links,
                                       attributes=dict(attributes))
         hop = _Recording(otel, own=len(parents) == 1)
@@ -142,8 +144,11 @@ class _Recording:
         self._otel.set_attribute(key, value)
 
 
-def _context(traceparent: str) -> SpanContext:
-    """A checked traceparent (core/trace) as a remote span context."""
+def _context(traceparent: str | None) -> SpanContext | None:
+    """A traceparent as a remote span context; None for none or a malformed one (every
+    path checks it on the way in, but a trace must never fail a message)."""
+    if traceparent is None or traceparent_problem(traceparent) is not None:
+        return None
     from opentelemetry.trace import SpanContext, TraceFlags
 
     return SpanContext(int(traceparent[3:35], 16), int(traceparent[36:52], 16), is_remote=True,

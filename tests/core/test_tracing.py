@@ -121,6 +121,18 @@ def test_a_batch_hop_is_one_span_linked_to_each_message(
         (int(T1[3:35], 16), int(T1[36:52], 16)), (int(T2[3:35], 16), int(T2[36:52], 16))]
 
 
+def test_a_malformed_traceparent_is_no_parent_and_no_link(
+    exported: InMemorySpanExporter
+) -> None:
+    with tracing.span("tidemesh.daemon.store", ["00-zz"]):
+        pass
+    with tracing.span("tidemesh.daemon.store", ["00-zz", T1]):
+        pass
+    lone, batch = exported.get_finished_spans()
+    assert lone.parent is None
+    assert [link.context.span_id for link in batch.links] == [int(T1[36:52], 16)]
+
+
 def test_a_failed_hop_names_the_error_class_only(exported: InMemorySpanExporter) -> None:
     with pytest.raises(ValueError, match="secret"), tracing.span("tidemesh.daemon.hook", [T1]):
         raise ValueError("secret")
