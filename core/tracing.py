@@ -201,7 +201,8 @@ def install(endpoint: str, service: str, version: str, export_delay_ms: int,
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
     except ImportError as exc:
-        log.warning("tracing_unavailable", endpoint=endpoint, error=str(exc),
+        log.warning("tracing_disabled", reason="otel_extra_missing", endpoint=endpoint,
+                    error=str(exc),
                     hint="install the otel extra: pip install 'tidemesh[otel]'")
         return False
     # shutdown() below ends it, bounded; the SDK's own exit hook would wait unbounded.

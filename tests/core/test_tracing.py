@@ -53,7 +53,7 @@ def test_an_endpoint_without_the_extra_is_a_warning_and_no_tracing() -> None:
                "print(tracing.install('http://127.0.0.1:9', 'tidemesh-broker', '0', 5000),"
                " tracing.enabled())")
     assert "False False" in out.splitlines()
-    assert "tracing_unavailable" in out and "tidemesh[otel]" in out
+    assert "tracing_disabled" in out and "tidemesh[otel]" in out
 
 
 @pytest.mark.parametrize(("endpoint", "delay", "field"), [
