@@ -23,6 +23,7 @@ the network. Spans carry ids, counts and outcomes, never bodies, meta or keys.
 from __future__ import annotations
 
 import os
+import re
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
@@ -44,6 +45,7 @@ Attribute = str | int | float | bool
 # The SDK's own default cap (OTEL_SPAN_LINK_COUNT_LIMIT); a bigger batch links its first ones.
 MAX_LINKS = 128
 TRACES_PATH = "/v1/traces"
+_USERINFO = re.compile(r"//[^@/]*@")
 SHUTDOWN_S = 2.0   # the longest an exit waits for the last spans to go out
 
 # Declared once, in the daemon's and the broker's tables alike.
@@ -187,6 +189,11 @@ def traces_url(endpoint: str) -> str:
     return base if base.endswith(TRACES_PATH) else base + TRACES_PATH
 
 
+def _shown(url: str) -> str:
+    """``url`` as logs may show it: without user and password."""
+    return _USERINFO.sub("//", url, count=1)
+
+
 def install(endpoint: str, service: str, version: str, export_delay_ms: int,
             resource: Mapping[str, Attribute] | None = None) -> bool:
     """Export spans to ``endpoint`` from now on (the composition root calls it once). Returns
@@ -201,7 +208,7 @@ def install(endpoint: str, service: str, version: str, export_delay_ms: int,
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
     except ImportError as exc:
-        log.warning("tracing_disabled", reason="otel_extra_missing", endpoint=endpoint,
+        log.warning("tracing_disabled", reason="otel_extra_missing", endpoint=_shown(endpoint),
                     error=str(exc),
                     hint="install the otel extra: pip install 'tidemesh[otel]'")
         return False
@@ -212,7 +219,7 @@ def install(endpoint: str, service: str, version: str, export_delay_ms: int,
     provider.add_span_processor(BatchSpanProcessor(
         OTLPSpanExporter(endpoint=traces_url(endpoint)), schedule_delay_millis=export_delay_ms))
     _exporting = _Exporting(provider)
-    log.info("tracing_started", endpoint=traces_url(endpoint), service=service)
+    log.info("tracing_started", endpoint=_shown(traces_url(endpoint)), service=service)
     return True
 
 

@@ -50,10 +50,11 @@ def test_an_endpoint_without_the_extra_is_a_warning_and_no_tracing() -> None:
     out = _run("import sys\n"
                "sys.modules['opentelemetry.exporter.otlp.proto.http.trace_exporter'] = None\n"
                "from tidemesh.core import tracing\n"
-               "print(tracing.install('http://127.0.0.1:9', 'tidemesh-broker', '0', 5000),"
+               "print(tracing.install('http://u:pw@127.0.0.1:9', 'tidemesh-broker', '0', 5000),"
                " tracing.enabled())")
     assert "False False" in out.splitlines()
     assert "tracing_disabled" in out and "tidemesh[otel]" in out
+    assert "pw" not in out and "http://127.0.0.1:9" in out
 
 
 @pytest.mark.parametrize(("endpoint", "delay", "field"), [
