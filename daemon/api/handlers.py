@@ -18,6 +18,7 @@ from tidemesh.core import compat, metrics, numbers, tracing
 from tidemesh.core.errors import InvalidRequest
 from tidemesh.core.send import SendRequest, parse_send_request
 from tidemesh.daemon import token_rotation
+from tidemesh.daemon.api.exchange import Answer, Parsed, json_answer
 from tidemesh.daemon.api.keys import (
     BACKUP,
     CAPABILITIES,
@@ -26,7 +27,6 @@ from tidemesh.daemon.api.keys import (
     MEMBERSHIP,
     OUTBOX,
     PRESENCE,
-    REPLY_TOKEN,
     RETENTION,
     STATE,
 )
@@ -105,15 +105,6 @@ def _send_request(data: Any, header_id: str | None = None,
     return parse_send_request(checked("send_request.schema.json", data), header_id, traceparent)
 
 
-async def accept_send(outbox: OutboxService, raw: bytes, key: str | None,
-                      traceparent: str | None = None) -> tuple[int, dict[str, Any]]:
-    """POST /v1/send's status and body for a raw request body; the aiohttp route and the
-    Unix socket's send lane (``send_lane``) both answer through it."""
-    data = parse_json(raw)
-    req = _send_request(data, key, traceparent)
-    return send_response(await _submit(outbox, req, data, traceparent))
-
-
 def _given(data: dict[str, Any], header: str | None) -> str | None:
     """The traceparent the caller gave (header, else field); None when the daemon made it."""
     return header if header is not None else data.get("traceparent")
@@ -145,27 +136,20 @@ async def _submit_traced(outbox: OutboxService, req: SendRequest,
         return out
 
 
-async def post_send(request: web.Request) -> web.Response:
-    token = request.get(REPLY_TOKEN)
+async def post_send(app: web.Application, req: Parsed) -> Answer:
+    """POST /v1/send, on aiohttp and on the Unix socket's send lane alike. With a hook's
+    reply token it sees only the rows its token made."""
+    data, header = parse_json(req.body), req.headers.get("traceparent")
+    sreq = _send_request(data, req.headers.get("idempotency-key"), header)
+    out = await _submit(app[OUTBOX], sreq, data, header)
+    token = req.reply_token
     if token is not None:
-        return await _post_scoped_send(request, token)
-    status, body = await accept_send(request.app[OUTBOX], await request.read(),
-                                     request.headers.get("Idempotency-Key"),
-                                     request.headers.get("traceparent"))
-    return _json(body, status)
-
-
-async def _post_scoped_send(request: web.Request, token: str) -> web.Response:
-    """POST /v1/send with a hook's reply token: it sees only the rows its token made."""
-    caps = request.app[CAPABILITIES]
-    data, header = parse_json(await request.read()), request.headers.get("traceparent")
-    req = _send_request(data, request.headers.get("Idempotency-Key"), header)
-    out = await _submit(request.app[OUTBOX], req, data, header)
-    out = scoped_outcome(out, caps.owns(token, out.row.id))
-    if out.kind is SendKind.NEW:
-        caps.made(token, out.row.id)
+        caps = app[CAPABILITIES]
+        out = scoped_outcome(out, caps.owns(token, out.row.id))
+        if out.kind is SendKind.NEW:
+            caps.made(token, out.row.id)
     status, body = send_response(out)
-    return _json(body, status)
+    return json_answer(body, status)
 
 
 def _batch_item(data: Any) -> BatchItem:
@@ -176,20 +160,20 @@ def _batch_item(data: Any) -> BatchItem:
         return exc
 
 
-async def accept_batch(outbox: OutboxService, raw: bytes, has_key: bool) -> dict[str, Any]:
-    """POST /v1/send_batch's 200 body for a raw request body (``has_key``: the request
-    carried an Idempotency-Key header, which a batch refuses)."""
-    if has_key:
+async def post_send_batch(app: web.Application, req: Parsed) -> Answer:
+    """POST /v1/send_batch, on aiohttp and on the send lane alike: 1-1000 sends, each
+    answered as /v1/send would, in one 200. An Idempotency-Key header is refused."""
+    if "idempotency-key" in req.headers:
         raise InvalidRequest("a batch takes no Idempotency-Key header; give each send its own "
                              "client_message_id", field="Idempotency-Key")
-    data = checked("send_batch_request.schema.json", parse_json(raw))
+    data = checked("send_batch_request.schema.json", parse_json(req.body))
     items = [_batch_item(d) for d in data["sends"]]
     with tracing.span("tidemesh.daemon.accept", _batch_parents(data["sends"], items),
                       {"tidemesh.batch_size": len(items)}) as hop:
         if len(items) == 1 and isinstance(items[0], SendRequest):
             items[0] = _traced(items[0], hop)
-        outcomes = await outbox.submit_many(items)
-    return {"results": [batch_item(o) for o in outcomes]}
+        outcomes = await app[OUTBOX].submit_many(items)
+    return json_answer({"results": [batch_item(o) for o in outcomes]})
 
 
 def _batch_parents(sends: list[dict[str, Any]], items: list[BatchItem]) -> list[str | None]:
@@ -199,11 +183,6 @@ def _batch_parents(sends: list[dict[str, Any]], items: list[BatchItem]) -> list[
     if len(items) == 1 and isinstance(items[0], SendRequest):
         return [_given(sends[0], None)]
     return [it.traceparent for it in items if isinstance(it, SendRequest)]
-
-
-async def post_send_batch(request: web.Request) -> web.Response:
-    return _json(await accept_batch(request.app[OUTBOX], await request.read(),
-                                    "Idempotency-Key" in request.headers))
 
 
 async def get_outbox(request: web.Request) -> web.Response:
