@@ -54,6 +54,13 @@ class FrameType(StrEnum):
     PEER_LEAVE = "peer_leave"
     PRESENCE_BATCH = "presence_batch"
     CLONE_SUSPECTED = "clone_suspected"
+    # Shared files (core/files.py): the upload, in order, and the fetch of a chunk.
+    FILE_OPEN = "file_open"
+    FILE_CHUNK = "file_chunk"
+    FILE_CLOSE = "file_close"
+    FILE_FETCH = "file_fetch"
+    FILE_STATE = "file_state"
+    FILE_DATA = "file_data"
 
 
 class CloseCode:

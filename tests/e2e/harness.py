@@ -100,7 +100,7 @@ class Mesh:
 
     def restart(self, label: str) -> RunningDaemon:
         old = self.daemons[label]
-        d = start_daemon(old.home, "m")
+        d = start_daemon(old.home, "m", old.extra_env or None)
         self.daemons[label] = d
         return d
 
