@@ -27,7 +27,12 @@ DELIVER_BATCH_MAX_BYTES = 256 << 10
 # sends it only to a broker that advertises this, and a broker delivers it only to a daemon
 # that asked for it.
 TRACE_CONTEXT = "trace_context"
-OPTIONAL: tuple[str, ...] = (DELIVER_BATCH, TRACE_CONTEXT)
+# Optional: the ``key_rotate`` frame (a member moves to a new key in one signed step) and the
+# ``peer_key_rotated`` events it causes. A broker from before it refuses the frame type, so
+# ``daemon rotate-keypair`` checks the advertisement first and names the missing feature; a
+# broker tells the event only to daemons that asked for it.
+KEY_ROTATION = "key_rotation"
+OPTIONAL: tuple[str, ...] = (DELIVER_BATCH, TRACE_CONTEXT, KEY_ROTATION)
 MODES = ("retention_scoped", "permanent")
 
 
@@ -53,6 +58,7 @@ def advertise(mode: str, retention_days: int, inline_bytes: int) -> dict[str, An
         DELIVER_BATCH: {"params": {"version": 1, "max_count": DELIVER_BATCH_MAX_COUNT,
                                    "max_bytes": DELIVER_BATCH_MAX_BYTES}},
         TRACE_CONTEXT: {"params": {"version": 1}},
+        KEY_ROTATION: {"params": {"version": 1}},
     }
 
 

@@ -10,6 +10,7 @@ import structlog
 
 from tidemesh.broker.service.connections import Connections, now_ms
 from tidemesh.broker.service.metrics import Metrics
+from tidemesh.broker.session import ROTATED_OUT
 from tidemesh.broker.store.base import Store
 from tidemesh.core.errors import NotFound
 from tidemesh.core.invite import token_hash
@@ -51,6 +52,8 @@ class Auth:
         member = await self.store.get_member(mesh_id, pubkey)
         if member is None:
             return self._rejected(mesh_id, pubkey, "unknown_member")
+        if member.rotated_to is not None:
+            return self._rejected(mesh_id, pubkey, ROTATED_OUT)
         if member.revoked_at is not None:
             return self._rejected(mesh_id, pubkey, "member_revoked")
         return AuthOutcome(mesh_id, mesh.name, pubkey, None, display_name=member.display_name)
@@ -65,10 +68,14 @@ class Auth:
         log.warning("broker_handshake_rejected", reason=reason)
 
     async def recheck_members(self) -> None:
-        """Close the connections of members revoked since they connected."""
+        """Close the connections of members revoked (or whose key was rotated out) since they
+        connected."""
         for (mesh_id, pubkey), conns in list(self.connections.conns.items()):
             member = await self.store.get_member(mesh_id, pubkey)
             if member is None or member.revoked_at is not None:
+                rotated = member is not None and member.rotated_to is not None
                 for c in list(conns):
-                    log.warning("broker_revoked_member_closed", mesh_id=mesh_id, pubkey=pubkey)
-                    await c.peer.close(CloseCode.AUTH, "member_revoked")
+                    log.warning("broker_revoked_member_closed", mesh_id=mesh_id, pubkey=pubkey,
+                                rotated=rotated)
+                    await c.peer.close(*((CloseCode.ROTATED_OUT, ROTATED_OUT) if rotated
+                                         else (CloseCode.AUTH, "member_revoked")))

@@ -78,6 +78,7 @@ class Conn:
     pumping: bool = False
     batch_deliveries: bool = False  # the daemon negotiated deliver_batch frames
     trace_context: bool = False     # the daemon negotiated traceparent in deliver frames
+    key_rotation: bool = False      # the daemon negotiated key_rotation (peer_key_rotated)
     # After a 429 the connection is not read again before this (ms): see service/send.py.
     hold_until_ms: int = 0
     host: str | None = None      # the hello's host_fingerprint (service/clone.py)
@@ -179,6 +180,16 @@ class Connections:
                 continue
             for other in conns:
                 other.peer.tell(frame)
+
+    def tell_rotated(self, frame: dict[str, Any]) -> None:
+        """A ``peer_key_rotated`` to the mesh's members connected here whose daemons asked
+        for it (an older daemon would refuse the frame type)."""
+        for (mesh_id, pubkey), conns in self.conns.items():
+            if mesh_id != frame["mesh_id"] or pubkey in (frame["pubkey"], frame["old_pubkey"]):
+                continue
+            for other in conns:
+                if other.key_rotation:
+                    other.peer.tell(frame)
 
     async def peers(self, conn: Conn, frame: dict[str, Any]) -> dict[str, Any]:
         """Who is connected, with their profiles; hidden members only see themselves."""

@@ -51,6 +51,7 @@ def route_table(svc: BrokerService) -> dict[FrameType, Route]:
         FrameType.PEERS: Route(svc.connections.peers),
         FrameType.PROFILE: Route(svc.connections.set_profile),
         FrameType.FEATURE_REQUEST: Route(svc.negotiation.negotiate),
+        FrameType.KEY_ROTATE: Route(svc.rotations.rotate),
     }
 
 
