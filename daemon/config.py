@@ -10,6 +10,9 @@ from typing import Any
 
 from tidemesh.core.settings import ConfigError, Resolved, Setting, build
 
+# The longest grace a rotated-out key may have: past a month a leaked key's DMs must stop.
+MAX_GRACE_DAYS = 30
+
 SETTINGS: tuple[Setting, ...] = (
     Setting("daemon.mesh", str, "default", "Mesh this daemon serves; one per (user, mesh)."),
     Setting("ipc.tcp_enabled", bool, True, "Also listen on 127.0.0.1 (bearer token required)."),
@@ -70,6 +73,9 @@ SETTINGS: tuple[Setting, ...] = (
             "opening handshake (challenge, hello, features) within this is retried."),
     Setting("reconnect.stall_timeout_s", float, 30.0, "A broker link with requests waiting and "
             "no frame from the broker for this long is cut and reconnected."),
+    Setting("crypto.key_grace_period_days", int, 7, "After `daemon rotate-keypair`, how many "
+            "days the old key's X25519 half stays in keypair-archive.json so that DMs sealed "
+            "to it still open (0 to 30)."),
     Setting("hooks.enabled", bool, True, "Run the executables of the hooks/ folder that "
             "hooks.toml enables (docs/daemon.md, Hooks)."),
     Setting("hooks.concurrency", int, 8, "Most hook processes running at once."),
@@ -124,6 +130,7 @@ class DaemonSettings:
     reconnect_jitter_pct: int
     reconnect_handshake_timeout_s: float
     reconnect_stall_timeout_s: float
+    crypto_key_grace_period_days: int
     hooks_enabled: bool
     hooks_concurrency: int
     log_level: str
@@ -156,4 +163,7 @@ def load(
         raise ConfigError("ipc.rate_per_s must be 0 (no limit) or more and ipc.rate_burst at "
                           "least 1", field="ipc.rate_burst" if settings.ipc_rate_burst < 1
                           else "ipc.rate_per_s")
+    if not 0 <= settings.crypto_key_grace_period_days <= MAX_GRACE_DAYS:
+        raise ConfigError(f"crypto.key_grace_period_days must be 0 to {MAX_GRACE_DAYS}",
+                          field="crypto.key_grace_period_days")
     return settings, resolved

@@ -55,18 +55,24 @@ class HandshakeRejected(LinkError):
     """The broker closed during the handshake (unknown or revoked member, bad signature …)."""
 
     def __init__(self, code: int | None, reason: str) -> None:
-        why = explain_refusal(reason) or (
-            "another host presents this member's key (a cloned data dir?); retrying with "
-            "backoff; see docs/operations.md, A cloned host" if reason == "clone_suspected"
-            else None)
+        why = explain_refusal(reason) or _WHY.get(reason)
         super().__init__(f"the broker refused this member (close {code}: {reason})"
                          + (f": {why}" if why else ""))
         self.code = code
         self.reason = reason
         # Revocation or an unknown key will not fix itself; a transient close might. A hello
         # that came too late (a stalled network) is a policy close that a retry does fix.
-        self.retryable = (code not in (CloseCode.AUTH, CloseCode.POLICY)
-                          or reason == "hello_timeout")
+        self.retryable = (code not in (CloseCode.AUTH, CloseCode.POLICY,
+                                       CloseCode.ROTATED_OUT) or reason == "hello_timeout")
+
+
+_WHY = {
+    "clone_suspected": "another host presents this member's key (a cloned data dir?); "
+                       "retrying with backoff; see docs/operations.md, A cloned host",
+    "key_rotated_out": "this key was rotated out (daemon rotate-keypair); a rotation left "
+                       "unfinished here is finished by `tidemesh daemon rotate-keypair` or "
+                       "the next `daemon up`",
+}
 
 
 class FeatureUnavailable(LinkError):
@@ -242,6 +248,11 @@ class BrokerLink:
         answer = await self._call({"type": "peers"})
         return list(answer.get("peers", []))
 
+    async def rotate_key(self, signed: dict[str, str]) -> dict[str, Any]:
+        """``key_rotate`` (``handshake.sign_rotation``'s fields); the ``key_rotated`` answer
+        or an ``error`` frame."""
+        return await self._call({"type": "key_rotate", **signed})
+
     async def set_profile(self, profile: dict[str, Any]) -> None:
         """Replace this member's profile at the broker (what others see in peers)."""
         answer = await self._call({"type": "profile", "profile": profile})
@@ -329,7 +340,7 @@ class BrokerLink:
             for result in frame["results"]:
                 self._resolve(result)
             return
-        if frame["type"] in ("peer_join", "peer_leave", "clone_suspected"):
+        if frame["type"] in PRESENCE_FRAMES:
             if self.presence.full():  # presence is best effort; never stall deliveries for it
                 self.presence.get_nowait()
             self.presence.put_nowait(frame)
@@ -405,7 +416,7 @@ class BrokerLink:
                 return
 
 
-PRESENCE_FRAMES = frozenset({"peer_join", "peer_leave", "clone_suspected"})
+PRESENCE_FRAMES = frozenset({"peer_join", "peer_leave", "clone_suspected", "peer_key_rotated"})
 
 
 async def _recv(ws: ClientConnection, expect: str,
