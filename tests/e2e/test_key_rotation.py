@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 from nacl.signing import SigningKey
 
-from tests.daemon.harness import RunningDaemon, run_cli
+from tests.daemon.harness import RunningDaemon, run_cli, start_daemon
 from tests.e2e.harness import Mesh, connected, inbox, pubkey, two_on_topic, wait_for
+from tests.e2e.test_backup import SECRET, _backup, _restore
 from tidemesh.client import Client
 from tidemesh.core.wire import CloseCode
 from tidemesh.daemon.join import MeshConfig
@@ -153,3 +154,31 @@ async def test_a_broker_without_key_rotation_is_named_and_nothing_changes(
     assert res.returncode != 0 and "feature key_rotation missing" in res.stderr, res.stderr
     assert pubkey(b) == old
     del mesh.daemons["b"]
+
+
+async def test_a_backup_after_a_rotation_carries_the_archive_and_restore_puts_it_back(
+        mesh: Mesh, short_tmp: Path) -> None:
+    a, b = mesh.add("a", short_tmp), mesh.add("b", short_tmp)
+    await wait_for(lambda: connected(b))
+    old = pubkey(b)
+    assert b.stop() == 0
+    a.client.send({"to": {"kind": "dm", "ref": old}, "body": "sealed to the old key"})
+    await _sent(a, 1)
+    rotate(b)
+    del mesh.daemons["b"]
+    bundle = short_tmp / "b.backup"
+    assert "keypair_archive" in _backup(b, bundle)["holds"]  # type: ignore[operator]
+    new_home = short_tmp / "new"
+    new_home.mkdir()
+    code, _out, err = _restore(new_home, bundle, env={"TIDEMESH_BACKUP_PASSPHRASE": SECRET})
+    assert code == 0, err
+    restored = RunningDaemon(new_home, "m", b.proc, b.log).paths
+    assert json.loads(restored.keypair_archive.read_text()) == json.loads(
+        b.paths.keypair_archive.read_text())
+    assert stat.S_IMODE(restored.keypair_archive.stat().st_mode) == 0o600
+    # The restored member opens the DM sealed to its rotated-out key.
+    d = start_daemon(new_home, "m")
+    mesh.daemons["restored"] = d
+    await wait_for(lambda: len(_bodies_sync(d)) >= 1)
+    assert _bodies_sync(d) == ["sealed to the old key"]
+    assert await _metric(d, "cm_daemon_decrypt_archived_total") == 1
