@@ -182,3 +182,59 @@ async def test_a_backup_after_a_rotation_carries_the_archive_and_restore_puts_it
     await wait_for(lambda: len(_bodies_sync(d)) >= 1)
     assert _bodies_sync(d) == ["sealed to the old key"]
     assert await _metric(d, "cm_daemon_decrypt_archived_total") == 1
+
+
+async def test_a_running_daemon_is_stopped_rotated_and_started_again(
+        mesh: Mesh, short_tmp: Path) -> None:
+    b = mesh.add("b", short_tmp)
+    await wait_for(lambda: connected(b))
+    old = pubkey(b)
+    report = rotate(b)
+    assert report["restarted"] is True and report["new_pubkey"] == pubkey(b) != old
+    assert b.proc.wait(timeout=30) == 0, "the daemon was stopped, drained"
+    del mesh.daemons["b"]
+    try:
+        await wait_for(lambda: connected(b))
+        health = b.client.request("GET", "/v1/health").body
+        assert health["member_pubkey"] == pubkey(b)
+    finally:
+        assert run_cli(b.home, "daemon", "down", "--mesh", "m").returncode == 0
+
+
+async def test_rotation_waits_for_the_outbox_dms_and_changes_nothing(
+        mesh: Mesh, short_tmp: Path) -> None:
+    a, b = mesh.add("a", short_tmp), mesh.add("b", short_tmp)
+    await wait_for(lambda: connected(b))
+    mesh.broker.stop()
+    b.client.send({"to": {"kind": "dm", "ref": pubkey(a)}, "body": "sealed with the old key"})
+    assert b.stop() == 0
+    del mesh.daemons["b"]
+    old = pubkey(b)
+    res = run_cli(b.home, "daemon", "rotate-keypair", "--mesh", "m", "--json")
+    assert res.returncode != 0 and "1 DMs wait in the outbox" in res.stderr, res.stderr
+    assert pubkey(b) == old and not b.paths.keypair_pending.exists()
+
+
+async def test_the_broker_checks_both_signatures_and_the_session_key(
+        mesh: Mesh, short_tmp: Path) -> None:
+    from tidemesh.core import handshake
+
+    b = mesh.add("b", short_tmp)
+    await wait_for(lambda: connected(b))
+    key, other, new = _seed(b), SigningKey.generate(), SigningKey.generate()
+    cfg = MeshConfig.load(b.paths.mesh_file)
+    link = await BrokerLink.connect(cfg.broker_url, cfg.mesh_id, key)
+    try:
+        forged = handshake.sign_rotation(key, new, cfg.mesh_id)
+        forged["new_signature"] = handshake.sign_rotation(key, other, cfg.mesh_id)[
+            "new_signature"]
+        answer = await link.rotate_key(forged)
+        assert answer["type"] == "error" and "signature" in answer["error"]["message"]
+        not_mine = handshake.sign_rotation(other, new, cfg.mesh_id)
+        answer = await link.rotate_key(not_mine)
+        assert answer["type"] == "error" and answer["error"]["field"] == "old_pubkey"
+        assert not handshake.verify_rotation(cfg.mesh_id,
+                                             handshake.sign_rotation(key, new, "other mesh"))
+    finally:
+        await link.close()
+    assert pubkey(b) == bytes(key.verify_key).hex()

@@ -93,7 +93,8 @@ async def test_the_rotating_process_killed_at_each_step_is_settled_by_the_next_s
 
 @pytest.mark.parametrize("when", ["before_commit", "after_commit"])
 async def test_the_broker_killed_during_the_step_leaves_it_to_rotate_keypair_again(
-        mesh: Mesh, short_tmp: Path, when: str) -> None:
+        any_mesh: Mesh, short_tmp: Path, when: str) -> None:
+    mesh = any_mesh
     a, b, old = await _waiting(mesh, short_tmp)
     old_key = _key(b)
     broker = mesh.broker
@@ -120,3 +121,23 @@ async def test_the_broker_killed_during_the_step_leaves_it_to_rotate_keypair_aga
     assert pubkey(b) == report["new_pubkey"]
     assert await _only_key_works(b, old_key) == CloseCode.ROTATED_OUT
     await _nothing_lost_or_repeated(mesh, a, "b")
+
+
+async def test_a_start_that_cannot_ask_the_broker_refuses_rather_than_guess(
+        mesh: Mesh, short_tmp: Path) -> None:
+    a, b, old = await _waiting(mesh, short_tmp)
+    killed = subprocess.run(
+        [sys.executable, str(RIGGED_DAEMON), "daemon", "rotate-keypair", "--mesh", "m"],
+        env=daemon_env(b.home, {"TM_TEST_RIG": "rotate_kill:broker_rotated"}),
+        capture_output=True, text=True, timeout=60, check=False)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    mesh.broker.stop()
+    up = run_cli(b.home, "daemon", "up", "--mesh", "m")
+    assert up.returncode == 1, up.stdout + up.stderr
+    assert "key_rotation_pending" in (b.paths.log_file.read_text()
+                                      + up.stderr), up.stderr
+    assert pubkey(b) == old and b.paths.keypair_pending.exists()
+    mesh.broker.start()
+    await wait_for(lambda: connected(a))
+    await _nothing_lost_or_repeated(mesh, a, "b")
+    assert pubkey(b) != old and not b.paths.keypair_pending.exists()
