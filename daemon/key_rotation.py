@@ -42,6 +42,7 @@ from tidemesh.daemon import identity, keyarchive
 from tidemesh.daemon.dial import dial_first
 from tidemesh.daemon.join import MeshConfig
 from tidemesh.daemon.link import BrokerLink, HandshakeRejected, LinkError
+from tidemesh.storage.lock import AlreadyRunning, InstanceLock
 
 log = structlog.get_logger(__name__)
 SCHEMA_VERSION = 1
@@ -317,9 +318,19 @@ def rotate(paths: DaemonPaths, grace_days: int, timeout_s: float = 20.0) -> dict
     if not paths.mesh_file.exists() or not paths.keypair.exists():
         raise NotJoined("this mesh is not joined here (no mesh.json and keypair): nothing "
                         "to rotate")
-    rotation = Rotation(paths, grace_days, timeout_s, forward=True)
-    rotation.begin()
-    last = asyncio.run(rotation.run())
+    # Held throughout: a `daemon up` meanwhile would settle the same pending file.
+    lock = InstanceLock(paths.lock_file, "a daemon (or a key rotation) for this mesh")
+    paths.runtime_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        lock.acquire()
+    except AlreadyRunning as exc:
+        raise Conflict(f"{exc}; stop it first (`tidemesh daemon down`)") from exc
+    try:
+        rotation = Rotation(paths, grace_days, timeout_s, forward=True)
+        rotation.begin()
+        last = asyncio.run(rotation.run())
+    finally:
+        lock.release()
     if last is Action.WAIT:
         raise Unavailable("the broker cannot be reached; the rotation stays pending (the old "
                           "key works until the broker learns the new one): run "

@@ -84,3 +84,21 @@ def test_cleanup_deletes_expired_keys_from_the_file(tmp_path: Path) -> None:
     assert keyarchive.cleanup(path, NOW + 2 * DAY_MS) == [short]
     assert keyarchive.load(path).keys == (long,)
     assert keyarchive.cleanup(path, NOW + 2 * DAY_MS) == []
+
+
+def test_a_daemon_with_a_malformed_archive_moves_it_aside_and_starts(short_tmp: Path) -> None:
+    from tests.daemon.harness import start_daemon
+    from tidemesh.core.paths import daemon_paths
+
+    paths = daemon_paths("t", {"TIDEMESH_HOME": str(short_tmp)})
+    paths.data_dir.mkdir(parents=True, mode=0o700)
+    paths.keypair_archive.write_text('{"schema_version": 1, "keys": [{"key_id": 1}]}')
+    d = start_daemon(short_tmp)
+    try:
+        assert d.client.request("GET", "/v1/health").status == 200
+        assert not paths.keypair_archive.exists()
+        [aside] = paths.data_dir.glob("keypair-archive.json.malformed-*")
+        assert "key_id" in aside.read_text()
+        assert "key_archive_quarantined" in d.log.read_text()
+    finally:
+        assert d.stop() == 0
