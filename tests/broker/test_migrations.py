@@ -8,15 +8,14 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from tidemesh.broker.store import migrate
-from tidemesh.broker.store.base import TABLES
+from tidemesh.broker.store.base import POSTGRES_MIGRATIONS, SQLITE_MIGRATIONS, TABLES
 
 
 def _sqlite_columns(path: Path) -> dict[str, set[str]]:
     conn = sqlite3.connect(path, isolation_level=None)
     try:
-        assert migrate.apply_sqlite(conn) == [m.version for m in migrate.load("sqlite")]
-        assert migrate.apply_sqlite(conn) == []
+        assert SQLITE_MIGRATIONS.apply_sqlite(conn) == [m.version for m in SQLITE_MIGRATIONS.load()]
+        assert SQLITE_MIGRATIONS.apply_sqlite(conn) == []
         out: dict[str, set[str]] = {}
         for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'"):
             out[name] = {r[1] for r in conn.execute(f"PRAGMA table_info({name})")}
@@ -26,8 +25,8 @@ def _sqlite_columns(path: Path) -> dict[str, set[str]]:
 
 
 def test_migration_sets_are_numbered_alike() -> None:
-    assert [(m.version, m.name) for m in migrate.load("sqlite")] == [
-        (m.version, m.name) for m in migrate.load("postgres")]
+    assert [(m.version, m.name) for m in SQLITE_MIGRATIONS.load()] == [
+        (m.version, m.name) for m in POSTGRES_MIGRATIONS.load()]
 
 
 def test_sqlite_has_every_agreed_table(tmp_path: Path) -> None:
@@ -42,8 +41,9 @@ def test_sqlite_has_every_agreed_table(tmp_path: Path) -> None:
 async def test_postgres_tables_and_columns_match_sqlite(pg_database: str, tmp_path: Path) -> None:
     conn = await asyncpg.connect(pg_database)
     try:
-        assert await migrate.apply_postgres(conn) == [m.version for m in migrate.load("postgres")]
-        assert await migrate.apply_postgres(conn) == []
+        assert await POSTGRES_MIGRATIONS.apply_postgres(conn) == [
+            m.version for m in POSTGRES_MIGRATIONS.load()]
+        assert await POSTGRES_MIGRATIONS.apply_postgres(conn) == []
         rows = await conn.fetch("SELECT table_name, column_name FROM information_schema.columns"
                                 " WHERE table_schema = 'mesh'")
     finally:

@@ -23,8 +23,9 @@ from tidemesh.broker.store import accept
 from tidemesh.broker.store.accept import Key
 from tidemesh.broker.store.sqlite.base import SqliteBase, write_error
 from tidemesh.core.errors import InsufficientStorage, TidemeshError, Unavailable
+from tidemesh.storage.engine import BatchOp
 from tidemesh.storage.multirow import insert_rows
-from tidemesh.storage.sqlite import HEAVY_CHUNK, BatchOp, storage_error
+from tidemesh.storage.sqlite import HEAVY_CHUNK, storage_error
 
 log = structlog.get_logger(__name__)
 Frames = Sequence[Sequence[AcceptInput]]
