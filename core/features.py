@@ -27,12 +27,18 @@ DELIVER_BATCH_MAX_BYTES = 256 << 10
 # sends it only to a broker that advertises this, and a broker delivers it only to a daemon
 # that asked for it.
 TRACE_CONTEXT = "trace_context"
+# Optional: presence as ``presence_batch`` frames, the changes of a short window about many
+# members in one frame (the same encoded frame for every listener of the mesh), instead of one
+# ``peer_join`` / ``peer_leave`` frame per member per listener (issue #30: a connect storm of
+# N members was N² frames).
+PRESENCE_BATCH = "presence_batch"
+PRESENCE_BATCH_MAX_COUNT = 4096
 # Optional: the ``key_rotate`` frame (a member moves to a new key in one signed step) and the
 # ``peer_key_rotated`` events it causes. A broker from before it refuses the frame type, so
 # ``daemon rotate-keypair`` checks the advertisement first and names the missing feature; a
 # broker tells the event only to daemons that asked for it.
 KEY_ROTATION = "key_rotation"
-OPTIONAL: tuple[str, ...] = (DELIVER_BATCH, TRACE_CONTEXT, KEY_ROTATION)
+OPTIONAL: tuple[str, ...] = (DELIVER_BATCH, TRACE_CONTEXT, PRESENCE_BATCH, KEY_ROTATION)
 MODES = ("retention_scoped", "permanent")
 
 
@@ -58,6 +64,7 @@ def advertise(mode: str, retention_days: int, inline_bytes: int) -> dict[str, An
         DELIVER_BATCH: {"params": {"version": 1, "max_count": DELIVER_BATCH_MAX_COUNT,
                                    "max_bytes": DELIVER_BATCH_MAX_BYTES}},
         TRACE_CONTEXT: {"params": {"version": 1}},
+        PRESENCE_BATCH: {"params": {"version": 1, "max_count": PRESENCE_BATCH_MAX_COUNT}},
         KEY_ROTATION: {"params": {"version": 1}},
     }
 

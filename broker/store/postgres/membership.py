@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import asyncpg
@@ -15,6 +16,7 @@ from tidemesh.broker.store.base import (
     rotation_already,
 )
 from tidemesh.broker.store.postgres.base import PostgresBase
+from tidemesh.broker.store.postgres.cluster import REVOKED_CHANNEL
 from tidemesh.core.errors import Conflict, NotFound, UnknownDestination
 from tidemesh.core.ids import new_ulid
 
@@ -89,10 +91,18 @@ class Membership(PostgresBase):
             " WHERE mesh_id = $1 ORDER BY joined_at, pubkey", mesh_id)
         return [Member(*r) for r in rows]
 
+    async def revoked_since(self, since_ms: int) -> list[tuple[str, str]]:
+        rows = await self.pool.fetch("SELECT mesh_id, pubkey FROM mesh.member"
+                                     " WHERE revoked_at >= $1", since_ms)
+        return [(str(r[0]), str(r[1])) for r in rows]
+
     async def revoke_member(self, mesh_id: str, pubkey: str, now_ms: int) -> bool:
-        done = await self.pool.execute(
-            "UPDATE mesh.member SET revoked_at = $1 WHERE mesh_id = $2 AND pubkey = $3"
-            " AND revoked_at IS NULL", now_ms, mesh_id, pubkey)
+        async with self.pool.acquire() as conn, conn.transaction():
+            done = await conn.execute(
+                "UPDATE mesh.member SET revoked_at = $1 WHERE mesh_id = $2 AND pubkey = $3"
+                " AND revoked_at IS NULL", now_ms, mesh_id, pubkey)
+            if done.endswith(" 1"):
+                await _notify_revoked(conn, mesh_id, pubkey)
         return bool(done.endswith(" 1"))
 
     async def leave_member(self, mesh_id: str, pubkey: str, now_ms: int
@@ -105,6 +115,7 @@ class Membership(PostgresBase):
                 " AND revoked_at IS NULL", now_ms, mesh_id, pubkey)
             if not done.endswith(" 1"):
                 return None
+            await _notify_revoked(conn, mesh_id, pubkey)
             subs = await conn.execute("DELETE FROM mesh.topic_subscription WHERE mesh_id = $1"
                                       " AND member_pubkey = $2", mesh_id, pubkey)
             queues = await conn.execute("DELETE FROM mesh.queue_consumer WHERE mesh_id = $1"
@@ -205,3 +216,10 @@ ROTATE_SQL = (
 async def _member(conn: Any, mesh_id: str, pubkey: str, lock: bool = False) -> Member | None:
     r = await conn.fetchrow(MEMBER_LOCKED_SQL if lock else MEMBER_SQL, mesh_id, pubkey)
     return Member(*r) if r else None
+
+
+async def _notify_revoked(conn: Any, mesh_id: str, pubkey: str) -> None:
+    """Every broker hears of it at the commit (NOTIFY is transactional) and closes the
+    member's connections at once; the periodic one-statement look is the safety net."""
+    await conn.execute("SELECT pg_notify($1, $2)", REVOKED_CHANNEL,
+                       json.dumps({"m": mesh_id, "p": pubkey}, separators=(",", ":")))
