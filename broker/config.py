@@ -41,6 +41,13 @@ SETTINGS: tuple[Setting, ...] = (
             "another consumer of the queue."),
     Setting("queue.lease_check_interval_s", float, 5.0, "How often lapsed queue leases are "
             "looked for."),
+    Setting("files.max_bytes", int, 1 << 30, "Largest shared file (`tidemesh file share`); a "
+            "larger one is refused 413 file_too_large naming this setting."),
+    Setting("files.member_quota_bytes", int, 4 << 30, "Bytes of shared files one member may "
+            "hold at the broker at once (persistent ones included); past it a share is "
+            "refused 413 file_too_large."),
+    Setting("files.retention_days", int, 7, "A shared file not marked persistent is deleted "
+            "this long after its upload began (by the retention sweep)."),
     Setting("limits.inline_bytes", int, 1048576, "Largest message body (max_payload)."),
     Setting("limits.max_inflight", int, 256, "Sends in flight per connection before reads pause."),
     Setting("limits.send_queue_frames", int, 1024, "A connection's own frames queued for its "
@@ -105,6 +112,9 @@ class BrokerSettings:
     retention_sweep_interval_s: float
     queue_lease_s: float
     queue_lease_check_interval_s: float
+    files_max_bytes: int
+    files_member_quota_bytes: int
+    files_retention_days: int
     limits_inline_bytes: int
     limits_max_inflight: int
     limits_send_queue_frames: int
@@ -181,6 +191,9 @@ def _validate(s: BrokerSettings) -> None:
                           field="dedupe.retention_days")
     if s.limits_inline_bytes < 1024:
         raise ConfigError("limits.inline_bytes must be >= 1024", field="limits.inline_bytes")
+    if s.files_max_bytes < 0 or s.files_member_quota_bytes < 0 or s.files_retention_days < 1:
+        raise ConfigError("files.max_bytes and files.member_quota_bytes must be >= 0 and "
+                          "files.retention_days >= 1", field="files")
     if s.limits_send_queue_frames < 1:
         raise ConfigError("limits.send_queue_frames must be >= 1",
                           field="limits.send_queue_frames")

@@ -29,6 +29,7 @@ from tidemesh.broker.service import BrokerService
 from tidemesh.broker.service.clone import ClonePolicy
 from tidemesh.broker.store import open_cluster, open_store, sqlite_file
 from tidemesh.broker.store.base import Store
+from tidemesh.broker.store.files import FileLimits
 from tidemesh.core.errors import InvalidRequest, TidemeshError
 from tidemesh.core.exitcodes import Exit
 from tidemesh.core.ids import new_ulid
@@ -129,7 +130,10 @@ async def _run(settings: BrokerSettings, url: str, stop: asyncio.Event,
                                              settings.limits_member_burst),
                             profile_rate=Rate(settings.limits_profile_rate,
                                               settings.limits_profile_burst),
-                            clone_policy=ClonePolicy(settings.clone_policy))
+                            clone_policy=ClonePolicy(settings.clone_policy),
+                            file_limits=FileLimits(settings.files_max_bytes,
+                                                   settings.files_member_quota_bytes,
+                                                   settings.files_retention_days * 86_400_000))
     server = BrokerServer(service, max_inflight=settings.limits_max_inflight,
                           max_bad=settings.limits_bad_frames,
                           bad_window_s=settings.limits_bad_frames_window_s,

@@ -6,7 +6,8 @@ looked up by the service (it needs the store) and fed back through ``on_member``
 
     AWAIT_HELLO --hello/join, good signature, our nonce--> AUTHENTICATING
     AUTHENTICATING --member ok--> READY        --unknown/revoked--> closed 4002
-    READY: send, send_batch, request, ack, resume, peers, profile, feature_negotiation_request
+    READY: send, send_batch, request, ack, resume, peers, profile, feature_negotiation_request,
+           file_open, file_chunk, file_close, file_fetch
 
 A frame that fails its schema gets an ``error`` frame and the connection lives on; more than
 ``max_bad`` of them inside ``window_s`` close it (1008). Must not import websockets or stores.
@@ -72,6 +73,7 @@ Action = Send | Close | Authenticate | Dispatch
 READY_TYPES = frozenset({
     FrameType.SEND, FrameType.SEND_BATCH, FrameType.REQUEST, FrameType.ACK, FrameType.RESUME,
     FrameType.FEATURE_REQUEST, FrameType.PEERS, FrameType.PROFILE, FrameType.KEY_ROTATE,
+    FrameType.FILE_OPEN, FrameType.FILE_CHUNK, FrameType.FILE_CLOSE, FrameType.FILE_FETCH,
 })
 # A hello refusal with a close code of its own: the daemon's fix is another key, not a retry.
 ROTATED_OUT = "key_rotated_out"

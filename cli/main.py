@@ -20,6 +20,7 @@ COMMANDS = {
     "queue": C + "receive:queue_group",
     "peers": C + "receive:peers_cmd",
     "profile": C + "receive:profile_cmd",
+    "file": C + "files:file_group",
     "broker": C + "broker:broker_group",
     "config": C + "config:config_group",
     "audit": C + "audit:audit_group",

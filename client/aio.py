@@ -83,9 +83,14 @@ class AsyncClient(Located):
             status, content_type, raw = await self._exchange(call, fresh=True)
         return call.answer(status, content_type, raw)
 
+    def _timeout(self, call: Call[Any]) -> float | None:
+        if call.timeout is None or self.timeout is None:
+            return self.timeout
+        return max(self.timeout, call.timeout)
+
     async def _exchange(self, call: Call[Any], fresh: bool = False
                         ) -> tuple[int, str, bytes]:
-        resp = await self._open(call, aiohttp.ClientTimeout(total=self.timeout), fresh)
+        resp = await self._open(call, aiohttp.ClientTimeout(total=self._timeout(call)), fresh)
         try:
             raw = await resp.read()
         except _UNREACHABLE as exc:
@@ -214,6 +219,34 @@ class AsyncClient(Located):
                 resp.close()
 
     # -- membership and presence ---------------------------------------------------------
+
+    # -- files ---------------------------------------------------------------------------
+
+    async def file_share(self, path: str | Path, to: str | Mapping[str, str], *,
+                         message: str | None = None, persistent: bool = False
+                         ) -> dict[str, Any]:
+        """As ``Client.file_share``."""
+        return await self._call(calls.file_share(path, to, message, persistent))
+
+    async def file_get(self, file_id: str, out: str | Path) -> dict[str, Any]:
+        """As ``Client.file_get``."""
+        return await self._call(calls.file_get(file_id, out))
+
+    async def file_stream(self, file_id: str, block: int = 1 << 20) -> AsyncIterator[bytes]:
+        """As ``Client.file_stream``."""
+        call = calls.file_get(file_id, None)
+        resp = await self._open(call, aiohttp.ClientTimeout(total=self._timeout(call)))
+        try:
+            if resp.status != 200:
+                call.answer(resp.status, resp.headers.get("Content-Type", ""),
+                            await resp.read())
+            async for data in resp.content.iter_chunked(block):
+                yield data
+        finally:
+            resp.release()
+
+    async def file_list(self, limit: int = 100) -> dict[str, Any]:
+        return await self._call(calls.file_list(limit))
 
     async def membership(self, kind: Kind, action: str, name: str, *, create: bool = False
                          ) -> dict[str, Any]:

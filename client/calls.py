@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
@@ -18,6 +19,7 @@ from tidemesh.client import wire
 from tidemesh.client.errors import IncompatibleDaemon
 from tidemesh.client.stream import Cursor
 from tidemesh.core import compat as compat_mod
+from tidemesh.core import files as _files  # noqa: F401  (its errors, for from_body)
 from tidemesh.core.errors import from_body
 
 T = TypeVar("T")
@@ -42,6 +44,9 @@ class Call(Generic[T]):
     read: Callable[[Response], T]
     body: Any = None
     headers: Mapping[str, str] = field(default_factory=dict)
+    # Seconds this call may take at least, whatever the client's own timeout (a file moves
+    # for as long as its bytes take).
+    timeout: float | None = None
 
     def payload(self) -> bytes | None:
         return None if self.body is None else json.dumps(self.body).encode()
@@ -167,6 +172,36 @@ def backup(passphrase: str) -> Call[bytes]:
 
 def rotate_token() -> Call[dict[str, Any]]:
     return Call("POST", "/v1/token/rotate", _body, {})
+
+
+# A share or get answers once the whole file has moved (100 MiB in seconds to minutes).
+FILE_TIMEOUT_S = 3600.0
+
+
+def _absolute(path: str | os.PathLike[str]) -> str:
+    """The daemon reads and writes files as its own process: a relative path is the caller's."""
+    return os.path.abspath(os.fspath(path))
+
+
+def file_share(path: str | os.PathLike[str], to: str | Mapping[str, str], message: str | None,
+               persistent: bool) -> Call[dict[str, Any]]:
+    body: dict[str, Any] = {"path": _absolute(path), "to": to if isinstance(to, str) else dict(to)}
+    if message is not None:
+        body["message"] = message
+    if persistent:
+        body["persistent"] = True
+    return Call("POST", "/v1/file/share", _body, body, timeout=FILE_TIMEOUT_S)
+
+
+def file_get(file_id: str, out: str | os.PathLike[str] | None) -> Call[dict[str, Any]]:
+    """With ``out`` the JSON answer; without, the answer's bytes are read as a stream."""
+    where = None if out is None else _absolute(out)
+    return Call("GET", "/v1/file/get" + _query(id=file_id, out=where), _body,
+                timeout=FILE_TIMEOUT_S)
+
+
+def file_list(limit: int) -> Call[dict[str, Any]]:
+    return Call("GET", "/v1/file/list" + _query(limit=limit), _body)
 
 
 def events(cursor: Cursor) -> Call[Response]:

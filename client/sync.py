@@ -7,6 +7,7 @@ import http.client
 import socket
 import time
 from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from tidemesh.client import calls, wire
@@ -74,8 +75,13 @@ class Client(Located):
             status, content_type, raw = self._exchange(call, fresh=True)
         return call.answer(status, content_type, raw)
 
+    def _timeout(self, call: Call[Any]) -> float | None:
+        if call.timeout is None or self.timeout is None:
+            return self.timeout
+        return max(self.timeout, call.timeout)
+
     def _exchange(self, call: Call[Any], fresh: bool = False) -> tuple[int, str, bytes]:
-        conn, resp = self._open(call, self.timeout, fresh)
+        conn, resp = self._open(call, self._timeout(call), fresh)
         try:
             raw = resp.read()
         except _UNREACHABLE as exc:
@@ -215,6 +221,36 @@ class Client(Located):
                         yield item
             finally:
                 conn.close()
+
+    # -- files ---------------------------------------------------------------------------
+
+    def file_share(self, path: str | Path, to: str | Mapping[str, str], *,
+                   message: str | None = None, persistent: bool = False) -> dict[str, Any]:
+        """Share a local file with ``to`` (as in ``send``); returns when it is uploaded and
+        its announcement is on disk. A retry of the same file to the same ``to`` resumes an
+        upload that was cut off and is announced once."""
+        return self._call(calls.file_share(path, to, message, persistent))
+
+    def file_get(self, file_id: str, out: str | Path) -> dict[str, Any]:
+        """Fetch a file shared with this member to ``out``, verified by its SHA-256; a get
+        that was cut off resumes when asked again with the same ``out``."""
+        return self._call(calls.file_get(file_id, out))
+
+    def file_stream(self, file_id: str, block: int = 1 << 20) -> Iterator[bytes]:
+        """A file's bytes (verified by the daemon before the first one comes), in blocks."""
+        call = calls.file_get(file_id, None)
+        conn, resp = self._open(call, self._timeout(call))
+        try:
+            if resp.status != 200:
+                call.answer(resp.status, resp.getheader("Content-Type", ""), resp.read())
+            while data := resp.read(block):
+                yield data
+        finally:
+            conn.close()
+
+    def file_list(self, limit: int = 100) -> dict[str, Any]:
+        """Files this member shared or was announced, newest first."""
+        return self._call(calls.file_list(limit))
 
     # -- membership and presence ---------------------------------------------------------
 

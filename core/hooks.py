@@ -26,8 +26,10 @@ ON_DISCONNECT = "on-disconnect"
 ON_RECONNECT = "on-reconnect"
 ON_STARTUP = "on-startup"
 PRE_SEND = "pre-send"
+ON_FILE_SHARE = "on-file-share"
 TOPIC_PREFIX = "on-topic-"
-FIXED_NAMES = (ON_MESSAGE, ON_DM, ON_DISCONNECT, ON_RECONNECT, ON_STARTUP, PRE_SEND)
+FIXED_NAMES = (ON_MESSAGE, ON_DM, ON_DISCONNECT, ON_RECONNECT, ON_STARTUP, PRE_SEND,
+               ON_FILE_SHARE)
 _TOPIC = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 
 STDIN_LIMIT = 256 * 1024
@@ -121,6 +123,8 @@ def fired_by(event_type: str, data: Mapping[str, Any]) -> tuple[str, ...]:
         elif to.get("kind") == "topic":
             names.append(TOPIC_PREFIX + str(to.get("ref")))
         return tuple(names)
+    if event_type == "file_shared":
+        return (ON_FILE_SHARE,)
     if event_type == "broker_status":
         # Failed attempts ("reconnecting") fire nothing: a hook hears each real transition.
         return {"connected": (ON_RECONNECT,), "disconnected": (ON_DISCONNECT,)}.get(
@@ -325,6 +329,12 @@ def sample_event(hook: str, now_ms: int) -> dict[str, Any]:
         return stdin_doc("event-0", hook, "broker_status", {"state": state}, now_ms)
     if hook == ON_STARTUP:
         return stdin_doc("startup-0", hook, "daemon_started", {}, now_ms)
+    if hook == ON_FILE_SHARE:
+        return stdin_doc("event-0", hook, "file_shared", {
+            "id": "f" * 32, "name": "report.pdf", "size": 1024, "sha256": "0" * 64,
+            "chunk_size": 262144, "chunks": 1, "persistent": False, "sealed": False,
+            "direction": "received", "from": sender, "to": {"kind": "topic", "ref": "ops"},
+            "message": "the report", "created_at": now_ms}, now_ms)
     to = ({"kind": "topic", "ref": hook[len(TOPIC_PREFIX):]} if hook.startswith(TOPIC_PREFIX)
           else {"kind": "dm", "ref": "cd" * 32})
     sample_id = "01SAMPLE0000000000000000000"

@@ -83,6 +83,11 @@ class DaemonPaths:
         return self.data_dir / "keypair-pending.json"
 
     @property
+    def ephemeral_keypair(self) -> Path:
+        # An ephemeral member's key (CI): beside the socket, never in the data folder.
+        return self.runtime_dir / "keypair.ephemeral.json"
+
+    @property
     def host_fingerprint(self) -> Path:
         return self.data_dir / "host_fingerprint.json"
 

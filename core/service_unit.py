@@ -1,7 +1,8 @@
 """Service-manager files for the daemon and the broker, as text: systemd units and launchd plists.
 
-Owns the unit and plist contents (restart policy, hardening, limits, environment) and the
-detection of CI environments, where installing a persistent service is refused by default.
+Owns the unit and plist contents (restart policy, hardening, limits, environment). In a CI
+environment (core.environment.ci_environment) installing a persistent service is refused by
+default.
 Pure: the caller finds the console script, computes the paths and writes the result; nothing
 here reads the environment, touches files or runs a service manager.
 """
@@ -13,19 +14,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-# Environment variables that CI systems set; a service installed there would outlive the job.
-CI_VARIABLES = ("CI", "GITHUB_ACTIONS", "GITLAB_CI", "BUILDKITE", "CIRCLECI", "JENKINS_URL",
-                "TF_BUILD", "TEAMCITY_VERSION")
-_FALSE = {"", "0", "false", "no", "off"}
 _UNIT_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
-
-
-def ci_environment(environ: Mapping[str, str]) -> str | None:
-    """The first CI variable set to something other than a false value, or None."""
-    for name in CI_VARIABLES:
-        if environ.get(name, "").strip().lower() not in _FALSE:
-            return name
-    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,3 +152,4 @@ def launchd_plist(spec: ServiceSpec) -> bytes:
         body["StandardOutPath"] = spec.log_file
         body["StandardErrorPath"] = spec.log_file
     return plistlib.dumps(body, sort_keys=True)
+

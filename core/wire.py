@@ -57,6 +57,13 @@ class FrameType(StrEnum):
     KEY_ROTATE = "key_rotate"
     KEY_ROTATED = "key_rotated"
     PEER_KEY_ROTATED = "peer_key_rotated"
+    # Shared files (core/files.py): the upload, in order, and the fetch of a chunk.
+    FILE_OPEN = "file_open"
+    FILE_CHUNK = "file_chunk"
+    FILE_CLOSE = "file_close"
+    FILE_FETCH = "file_fetch"
+    FILE_STATE = "file_state"
+    FILE_DATA = "file_data"
 
 
 class CloseCode:

@@ -25,7 +25,7 @@ from tidemesh.core.ids import new_ulid
 from tidemesh.core.paths import DaemonPaths, daemon_paths
 from tidemesh.core.sealing import seal_request
 from tidemesh.core.send import DestinationKind, parse_send_request
-from tidemesh.daemon import config, revocation
+from tidemesh.daemon import config, environment, revocation
 from tidemesh.daemon.api.validation import checked
 from tidemesh.daemon.dial import dial_first
 from tidemesh.daemon.hooks.presend import gate_without_daemon
@@ -64,7 +64,8 @@ def _send_locked(name: str, paths: DaemonPaths, request: dict[str, Any],
     req = parse_send_request(checked("send_request.schema.json", request), client_message_id)
     settings, _ = config.load(config.read_file(paths.config_file), environ,
                               {"daemon.mesh": name})
-    asyncio.run(gate_without_daemon(paths.hooks_dir, settings.hooks_enabled,
+    settings, _ = environment.settled(settings, environ)   # no hooks in CI, as the daemon
+    asyncio.run(gate_without_daemon(paths.hooks_dir, bool(settings.hooks_enabled),
                                     settings.daemon_mesh, paths.socket, req,
                                     int(time.time() * 1000)))
     cmid = req.client_message_id or new_ulid()

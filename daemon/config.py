@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tidemesh.core.environment import AUTO, KINDS
 from tidemesh.core.settings import ConfigError, Resolved, Setting, build
 
 # The longest grace a rotated-out key may have: past a month a leaked key's DMs must stop.
@@ -15,7 +16,20 @@ MAX_GRACE_DAYS = 30
 
 SETTINGS: tuple[Setting, ...] = (
     Setting("daemon.mesh", str, "default", "Mesh this daemon serves; one per (user, mesh)."),
-    Setting("ipc.tcp_enabled", bool, True, "Also listen on 127.0.0.1 (bearer token required)."),
+    Setting("environment.kind", str, "auto", "host, container or ci: sets the defaults of "
+            "ipc.tcp_enabled, hooks.enabled and identity.persistent (docs/threat-model.md, "
+            "Environments). auto: ci when a CI variable is set, container when a container "
+            "marker is found (KUBERNETES_SERVICE_HOST, /.dockerenv, /run/.containerenv, PID 1's "
+            "cgroup), else host. `daemon up --container` or `--environment` set it."),
+    Setting("environment.markers_root", str, "/", "The folder the container markers are read "
+            "under (a chroot's root, or a test's)."),
+    Setting("identity.persistent", bool, None, "Keep the member keypair in the data folder "
+            "across runs. Unset: yes, except in CI, where the daemon is ephemeral (its key is "
+            "in the runtime folder, the member leaves the mesh and the key is removed when it "
+            "stops). True in CI logs persistent_keypair_in_ci_environment. `daemon up "
+            "--persistent` or `--ephemeral` set it.", optional=True),
+    Setting("ipc.tcp_enabled", bool, None, "Also listen on 127.0.0.1 (bearer token required). "
+            "Unset: yes on a host, no in a container or CI.", optional=True),
     Setting("ipc.http_port", int, 0, "Loopback TCP port; 0 picks a free one (see http.port)."),
     Setting("ipc.max_body_bytes", int, 1048576, "Largest request body; bigger ones get 413."),
     Setting("ipc.max_inflight", int, 256, "Concurrent IPC requests before 429 daemon_busy.",
@@ -66,6 +80,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("retention.batch_rows", int, 500, "Rows deleted per transaction by a sweep."),
     Setting("disk.reserved_bytes", int, 134217728, "Free-space floor of the data directory's "
             "file system: under it new sends get 507 (receiving goes on); 0 disables it."),
+    Setting("files.chunk_bytes", int, 262144, "Plaintext bytes per chunk of a shared file "
+            "(`tidemesh file share`), 4096-1048576; a resumed share keeps the chunk size its "
+            "upload began with only if this is unchanged."),
+    Setting("files.window", int, 8, "Chunks of a file in flight to or from the broker at once "
+            "(each holds chunk_bytes in memory)."),
     Setting("reconnect.initial_backoff_ms", int, 500, "First retry delay to the broker."),
     Setting("reconnect.max_backoff_ms", int, 30000, "Longest retry delay to the broker."),
     Setting("reconnect.jitter_pct", int, 25, "Random spread of each retry delay, in percent."),
@@ -76,8 +95,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("crypto.key_grace_period_days", int, 7, "After `daemon rotate-keypair`, how many "
             "days the old key's X25519 half stays in keypair-archive.json so that DMs sealed "
             "to it still open (0 to 30)."),
-    Setting("hooks.enabled", bool, True, "Run the executables of the hooks/ folder that "
-            "hooks.toml enables (docs/daemon.md, Hooks)."),
+    Setting("hooks.enabled", bool, None, "Run the executables of the hooks/ folder that "
+            "hooks.toml enables (docs/daemon.md, Hooks). Unset: yes, except in CI.",
+            optional=True),
     Setting("hooks.concurrency", int, 8, "Most hook processes running at once."),
     Setting("log.level", str, "info", "debug, info, warning or error.", reloadable=True),
     Setting("log.format", str, "auto", "json, console, or auto (console on a TTY)."),
@@ -98,7 +118,10 @@ SETTINGS: tuple[Setting, ...] = (
 @dataclass(frozen=True, slots=True)
 class DaemonSettings:
     daemon_mesh: str
-    ipc_tcp_enabled: bool
+    environment_kind: str
+    environment_markers_root: str
+    identity_persistent: bool | None
+    ipc_tcp_enabled: bool | None
     ipc_http_port: int
     ipc_max_body_bytes: int
     ipc_max_inflight: int
@@ -125,13 +148,15 @@ class DaemonSettings:
     retention_sweep_interval_s: float
     retention_batch_rows: int
     disk_reserved_bytes: int
+    files_chunk_bytes: int
+    files_window: int
     reconnect_initial_backoff_ms: int
     reconnect_max_backoff_ms: int
     reconnect_jitter_pct: int
     reconnect_handshake_timeout_s: float
     reconnect_stall_timeout_s: float
     crypto_key_grace_period_days: int
-    hooks_enabled: bool
+    hooks_enabled: bool | None
     hooks_concurrency: int
     log_level: str
     log_format: str
@@ -156,6 +181,9 @@ def load(
     file_data: Mapping[str, Any], environ: Mapping[str, str], flags: Mapping[str, Any]
 ) -> tuple[DaemonSettings, dict[str, Resolved]]:
     settings, resolved = build(DaemonSettings, SETTINGS, file_data, environ, flags)
+    if settings.environment_kind not in (AUTO, *KINDS):
+        raise ConfigError(f"environment.kind must be {AUTO}, {', '.join(KINDS)}, not "
+                          f"{settings.environment_kind!r}", field="environment.kind")
     for name in ("ipc.header_timeout_s", "ipc.idle_timeout_s", "ipc.max_unauthenticated"):
         if getattr(settings, name.replace(".", "_")) <= 0:
             raise ConfigError(f"{name} must be positive", field=name)
@@ -166,4 +194,8 @@ def load(
     if not 0 <= settings.crypto_key_grace_period_days <= MAX_GRACE_DAYS:
         raise ConfigError(f"crypto.key_grace_period_days must be 0 to {MAX_GRACE_DAYS}",
                           field="crypto.key_grace_period_days")
+    if not 4096 <= settings.files_chunk_bytes <= 1 << 20 or settings.files_window < 1:
+        raise ConfigError("files.chunk_bytes must be 4096-1048576 and files.window at least 1",
+                          field="files.chunk_bytes" if settings.files_window >= 1
+                          else "files.window")
     return settings, resolved

@@ -18,12 +18,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nacl.signing import SigningKey
+
 from tidemesh.core.errors import NotJoined, Unavailable
 from tidemesh.core.failover import BrokerRotation
 from tidemesh.core.paths import DaemonPaths, meshes_dir
 from tidemesh.daemon import revocation
 from tidemesh.daemon.dial import dial_first
-from tidemesh.daemon.identity import load_or_create_keypair
+from tidemesh.daemon.identity import load_ephemeral, load_or_create_keypair
 from tidemesh.daemon.join import MeshConfig
 from tidemesh.daemon.link import HandshakeRejected, LinkError
 
@@ -49,13 +51,12 @@ def aside_dir(mesh: str, why: str, environ: Mapping[str, str]) -> Path:
     return meshes_dir(environ).parent / "aside" / f"{mesh}-{why}-{stamp}"
 
 
-async def _leave_broker(paths: DaemonPaths, timeout_s: float) -> dict[str, Any]:
-    mesh = MeshConfig.load(paths.mesh_file)
-    keypair, _ = load_or_create_keypair(paths.keypair)
+async def leave_broker(mesh: MeshConfig, key: SigningKey, timeout_s: float) -> dict[str, Any]:
+    """Ask the mesh's broker to remove the member ``key`` signs for; what it removed."""
+    pubkey = bytes(key.verify_key).hex()
     try:
         link = await asyncio.wait_for(
-            dial_first(BrokerRotation.of(mesh.broker_urls), mesh.mesh_id, keypair.signing_key),
-            timeout_s)
+            dial_first(BrokerRotation.of(mesh.broker_urls), mesh.mesh_id, key), timeout_s)
     except HandshakeRejected as exc:
         if exc.reason == revocation.REASON:
             return {"left": False, "already": "member_revoked"}
@@ -64,7 +65,7 @@ async def _leave_broker(paths: DaemonPaths, timeout_s: float) -> dict[str, Any]:
         raise Unavailable(f"cannot reach the mesh's broker to leave it: {exc}; nothing was "
                           "removed (use `daemon reset` to forget the mesh here only)") from exc
     try:
-        answer = await asyncio.wait_for(link.request("member_leave", keypair.public_hex),
+        answer = await asyncio.wait_for(link.request("member_leave", pubkey),
                                         timeout_s)
     except (LinkError, TimeoutError) as exc:
         raise Unavailable(f"the broker did not confirm the leave: {exc}; run leave again")\
@@ -84,11 +85,21 @@ async def _leave_broker(paths: DaemonPaths, timeout_s: float) -> dict[str, Any]:
 def leave(paths: DaemonPaths, mesh: str, timeout_s: float = 20.0) -> Left:
     """Leave at the broker, then remove this mesh's local folders. The broker goes first:
     were the local files gone and the broker unreachable, the member could never leave."""
-    if not paths.mesh_file.exists() or not paths.keypair.exists():
+    if not paths.mesh_file.exists() or not (paths.keypair.exists()
+                                            or paths.ephemeral_keypair.exists()):
         raise NotJoined(f"mesh {mesh} is not joined here (no mesh.json and keypair)")
-    pubkey = MeshConfig.load(paths.mesh_file).member_pubkey
-    broker = asyncio.run(_leave_broker(paths, timeout_s))
-    return Left(mesh, pubkey, broker, remove_local(paths))
+    config = MeshConfig.load(paths.mesh_file)
+    broker = asyncio.run(leave_broker(config, _member_key(paths, config), timeout_s))
+    return Left(mesh, config.member_pubkey, broker, remove_local(paths))
+
+
+def _member_key(paths: DaemonPaths, config: MeshConfig) -> SigningKey:
+    """The joined member's key: an ephemeral one (joined in CI, no daemon run yet) or the
+    data folder's."""
+    ephemeral = load_ephemeral(paths.ephemeral_keypair)
+    if ephemeral is not None and ephemeral.keypair.public_hex == config.member_pubkey:
+        return ephemeral.keypair.signing_key
+    return load_or_create_keypair(paths.keypair)[0].signing_key
 
 
 def remove_local(paths: DaemonPaths) -> list[str]:

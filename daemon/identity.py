@@ -62,6 +62,32 @@ def save_keypair(path: Path, key: SigningKey) -> None:
     })
 
 
+@dataclass(frozen=True, slots=True)
+class EphemeralKey:
+    """An ephemeral member's key: made by ``daemon join``, claimed by the daemon that runs
+    with it. One still claimed when a daemon starts was left by a daemon that was killed."""
+
+    keypair: Keypair
+    claimed_by: int | None    # the pid of the daemon that took it
+
+
+def save_ephemeral(path: Path, key: SigningKey, claimed_by: int | None = None) -> None:
+    write_private(path, {
+        "version": 1,
+        "ed25519_seed": bytes(key).hex(),
+        "ed25519_public": bytes(key.verify_key).hex(),
+        "claimed_by": claimed_by,
+    })
+
+
+def load_ephemeral(path: Path) -> EphemeralKey | None:
+    if not path.exists():
+        return None
+    data = json.loads(path.read_text(encoding="utf-8"))
+    return EphemeralKey(Keypair(SigningKey(bytes.fromhex(data["ed25519_seed"]))),
+                        data.get("claimed_by"))
+
+
 def _machine_id() -> str:
     for candidate in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
         try:

@@ -22,7 +22,12 @@ from tidemesh.core.failover import BrokerRotation
 from tidemesh.core.paths import DaemonPaths
 from tidemesh.daemon import revocation
 from tidemesh.daemon.dial import dial_first
-from tidemesh.daemon.identity import load_or_create_keypair, save_keypair, write_private
+from tidemesh.daemon.identity import (
+    load_or_create_keypair,
+    save_ephemeral,
+    save_keypair,
+    write_private,
+)
 from tidemesh.daemon.link import HandshakeRejected
 from tidemesh.storage.lock import InstanceLock
 
@@ -87,23 +92,32 @@ def _revoked(local: str, inv: invites.Invite, pubkey: str) -> MemberRevoked:
 
 async def join(invite_text: str, paths: DaemonPaths, local: str,
                display_name: str | None = None, broker_urls: tuple[str, ...] = (),
-               move_aside: bool = False) -> Joined:
+               move_aside: bool = False, ephemeral: bool = False,
+               remint: bool = False) -> Joined:
     """Redeem ``invite_text`` at the first of its brokers that answers; ``broker_urls``
     replace the addresses inside the invite. ``local`` (the name ``--mesh`` takes) stays
     bound to one mesh id: an invite for another is refused unless ``move_aside``, which
     joins with a new key and moves the old binding's files into ``aside-<time>/`` once the
-    broker has accepted it. Nothing is moved if the join fails."""
+    broker has accepted it. Nothing is moved if the join fails.
+
+    ``remint`` is ``move_aside`` for the mesh the name is bound to: a cloned image's new
+    member key. ``ephemeral`` (CI) makes a new key kept in the runtime folder
+    (daemon.ephemeral), never in the data folder."""
     inv = invites.decode(invite_text)
     urls = broker_urls or inv.urls
     invites.check_broker_urls(urls, "broker_url")
     bound = bound_to(paths)
+    if remint and bound is not None and bound.mesh_id != inv.mesh_id:
+        raise _remint_refused(local, bound, inv)
     if bound is not None and bound.mesh_id != inv.mesh_id and not move_aside:
         raise rebind_refused(local, bound, inv)
     for d in paths.folders:
         d.mkdir(parents=True, exist_ok=True, mode=0o700)
-    if not move_aside:
-        keypair, _ = load_or_create_keypair(paths.keypair)
-        config = await _redeem(inv, urls, local, keypair.signing_key, display_name)
+    if not (move_aside or remint):
+        key = (SigningKey.generate() if ephemeral
+               else load_or_create_keypair(paths.keypair)[0].signing_key)
+        config = await _redeem(inv, urls, local, key, display_name)
+        _keep(paths, key, ephemeral)
         _save(paths, config)
         return Joined(config, None)
     # The old files must not move under a running daemon, nor one start meanwhile.
@@ -113,11 +127,28 @@ async def join(invite_text: str, paths: DaemonPaths, local: str,
         key = SigningKey.generate()
         config = await _redeem(inv, urls, local, key, display_name)
         moved = _move_aside(paths)
-        save_keypair(paths.keypair, key)
+        _keep(paths, key, ephemeral)
         _save(paths, config)
         return Joined(config, moved)
     finally:
         lock.release()
+
+
+def _remint_refused(local: str, bound: MeshConfig, inv: invites.Invite) -> MeshNameBound:
+    return MeshNameBound(
+        f"--remint gives the member of mesh {bound.mesh} (id {bound.mesh_id}), which "
+        f"{local!r} is bound to, a new key; this invite is for mesh {inv.mesh} (id "
+        f"{inv.mesh_id}). Use an invite of mesh {bound.mesh}, or --move-aside to re-bind "
+        f"{local!r} to the other mesh",
+        local_mesh=local, bound_mesh=bound.mesh, bound_mesh_id=bound.mesh_id,
+        invite_mesh=inv.mesh, invite_mesh_id=inv.mesh_id)
+
+
+def _keep(paths: DaemonPaths, key: SigningKey, ephemeral: bool) -> None:
+    if ephemeral:
+        save_ephemeral(paths.ephemeral_keypair, key)
+    else:
+        save_keypair(paths.keypair, key)
 
 
 async def _redeem(inv: invites.Invite, urls: tuple[str, ...], local: str, key: SigningKey,

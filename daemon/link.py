@@ -264,6 +264,22 @@ class BrokerLink:
         """Cumulative ack, sent only after the inbox commit (no answer comes back)."""
         await self._send({"type": "ack", "epoch": epoch, "seq": seq})
 
+    async def file_submit(self, frame: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
+        """Send a shared file's frame (core/files.py) and return the future of its answer
+        without waiting for it: the caller keeps a window of them in flight, and the broker
+        answers them in order."""
+        request_id = f"r{next(self._ids)}"
+        frame["id"] = request_id
+        fut: asyncio.Future[dict[str, Any]] = self._loop.create_future()
+        self._pending[request_id] = fut
+        fut.add_done_callback(lambda _: self._pending.pop(request_id, None))
+        try:
+            await self._send(frame)
+        except BaseException:
+            fut.cancel()
+            raise
+        return fut
+
     async def _call(self, frame: dict[str, Any]) -> dict[str, Any]:
         request_id = f"r{next(self._ids)}"
         frame["id"] = request_id

@@ -8,6 +8,7 @@ Imports the link and ``core``; no SQL and no HTTP here.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from tidemesh.core.errors import InvalidRequest, NotJoined, TidemeshError, Unavailable, from_body
@@ -65,8 +66,30 @@ class LiveLink:
             answer = await link.request(op, name)
         except LinkError as exc:
             raise _failed(exc) from exc
-        if answer.get("type") == "error":
-            err = from_body(400, {"error": answer["error"]})
-            # A broker code this daemon does not know is still the caller's 4xx, not a 500.
-            raise (InvalidRequest(err.message, broker_code=answer["error"].get("code"))
-                   if type(err) is TidemeshError else err)
+        _refused(answer)
+
+    async def file_submit(self, frame: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
+        """A shared file's frame sent; its answer to be read with ``file_answer``."""
+        link = self._live()
+        try:
+            return await link.file_submit(frame)
+        except LinkError as exc:
+            raise _failed(exc) from exc
+
+
+async def file_answer(fut: asyncio.Future[dict[str, Any]]) -> dict[str, Any]:
+    """The broker's answer to a file frame; its refusal or a lost link as the error tree."""
+    try:
+        answer = await fut
+    except LinkError as exc:
+        raise _failed(exc) from exc
+    _refused(answer)
+    return answer
+
+
+def _refused(answer: dict[str, Any]) -> None:
+    if answer.get("type") == "error":
+        err = from_body(400, {"error": answer["error"]})
+        # A broker code this daemon does not know is still the caller's 4xx, not a 500.
+        raise (InvalidRequest(err.message, broker_code=answer["error"].get("code"))
+               if type(err) is TidemeshError else err)

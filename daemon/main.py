@@ -22,6 +22,7 @@ from prometheus_client import Counter
 import tidemesh
 from tidemesh.core import logfilters
 from tidemesh.core.backoff import Backoff
+from tidemesh.core.environment import Effective
 from tidemesh.core.exitcodes import Exit
 from tidemesh.core.metrics import CallbackGauge, CollectorRegistry
 from tidemesh.core.ownership import NotPrivate
@@ -32,8 +33,9 @@ from tidemesh.core.sealing import seal_request
 from tidemesh.core.settings import ConfigError
 from tidemesh.core.watchdog import LoopWatchdog, StallPolicy
 from tidemesh.daemon import config as config_mod
+from tidemesh.daemon import environment as environment_mod
+from tidemesh.daemon import ephemeral, identity, key_rotation, revocation, storage_gauges
 from tidemesh.daemon import fleet as fleet_mod
-from tidemesh.daemon import identity, key_rotation, revocation, storage_gauges
 from tidemesh.daemon import log as log_mod
 from tidemesh.daemon.api.connections import ConnectionLimits
 from tidemesh.daemon.api.keys import (
@@ -41,6 +43,7 @@ from tidemesh.daemon.api.keys import (
     BUS,
     CAPABILITIES,
     DISK,
+    FILES,
     INBOX,
     MEMBERSHIP,
     OUTBOX,
@@ -62,6 +65,7 @@ from tidemesh.daemon.server import IpcServer, build_app
 from tidemesh.daemon.service.backup import BackupService
 from tidemesh.daemon.service.disk import DiskMonitor
 from tidemesh.daemon.service.events import EventBus
+from tidemesh.daemon.service.files import FileService, FileSettings
 from tidemesh.daemon.service.inbox import InboxService
 from tidemesh.daemon.service.membership import MembershipService
 from tidemesh.daemon.service.outbox import OutboxService
@@ -90,6 +94,7 @@ class Startup:
     settings: config_mod.DaemonSettings
     paths: DaemonPaths
     retention: RetentionSettings
+    environment: Effective                # host, container or CI, and what it changed
     environ: Mapping[str, str] = field(default_factory=dict)   # kept for SIGHUP reloads
     flags: Mapping[str, Any] = field(default_factory=dict)
 
@@ -104,8 +109,9 @@ def prepare(mesh: str | None, environ: Mapping[str, str], flags: Mapping[str, An
     paths = daemon_paths(name, environ)
     flags = {**flags, "daemon.mesh": name}
     settings, _ = config_mod.load(config_mod.read_file(paths.config_file), environ, flags)
-    load_plan(paths.hooks_dir, settings.hooks_enabled)   # a bad hooks.toml stops the start
-    return Startup(settings, paths, retention_settings(settings), dict(environ), flags)
+    settings, env = environment_mod.settled(settings, environ)
+    load_plan(paths.hooks_dir, bool(settings.hooks_enabled))   # a bad hooks.toml stops the start
+    return Startup(settings, paths, retention_settings(settings), env, dict(environ), flags)
 
 
 def retention_settings(s: config_mod.DaemonSettings) -> RetentionSettings:
@@ -149,6 +155,7 @@ def run(mesh: str | None, environ: Mapping[str, str], flags: Mapping[str, Any]) 
     s = start.settings
     log_mod.configure(s.log_level, s.log_format, file=s.log_file,
                       max_bytes=s.log_file_max_bytes, backups=s.log_file_backups)
+    _say_environment(start.environment)
     problem = socket_path_problem(start.paths.socket)
     if problem:
         log.error("daemon_start_refused", reason=problem)
@@ -174,14 +181,24 @@ def run(mesh: str | None, environ: Mapping[str, str], flags: Mapping[str, Any]) 
         lock.release()
 
 
+def _say_environment(env: Effective) -> None:
+    log.info("environment_detected", **env.view())
+    for warning in env.warnings:
+        # The only warning today: a persistent key asked for in CI (spec §16).
+        log.warning(warning, hint="a CI runner keeps this mesh identity after the job; "
+                                  "unset identity.persistent (drop --persistent) unless the "
+                                  "runner is yours alone")
+
+
 def _run_locked(start: Startup) -> int:
     paths = start.paths
     if not identity.check_host(paths.host_fingerprint,
                                identity.current_host_fingerprint(start.environ)):
         log.error(
             "daemon_start_refused", reason="host_fingerprint_mismatch",
-            hint="this data dir was made on another host; if that is intended run "
-                 "`tidemesh daemon accept-host`",
+            hint="this data dir was made on another host; if it moved here, run "
+                 "`tidemesh daemon accept-host`; if it is a copy of a host that still runs, "
+                 "give it a member key of its own: `tidemesh daemon join INVITE --remint`",
         )
         return Exit.HOST_MISMATCH
     revoked = revocation.load(paths.revoked_file)
@@ -195,12 +212,28 @@ def _run_locked(start: Startup) -> int:
                        "knows; start again once it is reachable, or run `tidemesh daemon "
                        "rotate-keypair` (docs/operations.md, A key leaked: rotate it)")
         return Exit.FAILURE
-    keypair, created = identity.load_or_create_keypair(paths.keypair)
-    if created:
-        log.info("keypair_created", pubkey=keypair.public_hex)
+    if start.settings.identity_persistent:
+        keypair, created = identity.load_or_create_keypair(paths.keypair)
+        if created:
+            log.info("keypair_created", pubkey=keypair.public_hex)
+    else:
+        keypair = _ephemeral_keypair(paths)
     share_gil_with_writers()
     runner = _loop_runner()
     return int(runner(Daemon(start, keypair).serve()))
+
+
+def _ephemeral_keypair(paths: DaemonPaths) -> identity.Keypair:
+    """The key of an ephemeral daemon; one a killed daemon left is retired first."""
+    leftover, keypair = ephemeral.take(paths)
+    if leftover is not None:
+        asyncio.run(ephemeral.retire(paths, leftover.keypair, "left_by_killed_daemon"))
+    if paths.keypair.exists():
+        log.warning("persistent_keypair_ignored", path=str(paths.keypair),
+                    hint="this daemon is ephemeral (environment.kind); set "
+                         "identity.persistent = true (--persistent) to run with that key")
+    log.info("ephemeral_keypair_used", pubkey=keypair.public_hex)
+    return keypair
 
 
 def _loop_runner() -> Any:
@@ -235,6 +268,8 @@ class Daemon:
         finally:
             await outbox_db.close()
             await inbox_db.close()
+            if not self.start.settings.identity_persistent:
+                await ephemeral.retire(paths, self.keypair, "daemon_stopped")
         if self.cut_off:
             # The loop's teardown would wait for the tasks that did not end (cancelling them
             # again, without limit): the stores are closed, so leave now. The kernel releases
@@ -254,7 +289,8 @@ class Daemon:
             sse_keepalive_s=s.ipc_sse_keepalive_s,
             sse_write_timeout_s=s.ipc_sse_write_timeout_s,
             info=DaemonInfo(s.daemon_mesh, tidemesh.__version__, self.keypair.public_hex,
-                            len(OUTBOX_MIGRATIONS.load()), time.monotonic()),
+                            len(OUTBOX_MIGRATIONS.load()), time.monotonic(),
+                            self.start.environment.view()),
             registry=registry,
             metrics=IpcMetrics.register(registry),
             token_file=self.start.paths.token_file,
@@ -314,6 +350,14 @@ class Daemon:
         live = relay.live.if_open if relay is not None else not_joined
         app[MEMBERSHIP] = MembershipService(inbox_db, live)
         app[PRESENCE] = PresenceService(inbox_db, live, self.keypair.public_hex)
+        file_bytes = Counter("cm_daemon_file_bytes_total", "Plaintext bytes of shared files "
+                             "sent to and received from the broker", ["direction"],
+                             registry=app[STATE].registry)
+        app[FILES] = FileService(inbox_db, live, app[OUTBOX], disk, bytes(key),
+                                 self.keypair.public_hex, paths.data_dir / "files",
+                                 FileSettings(s.files_chunk_bytes, s.files_window), self.clock,
+                                 lambda d, n: file_bytes.labels(direction=d).inc(n))
+        app[FILES].clear_spool()
         reloader = Reloader(s, self._read_settings, app[STATE], bus)
         budget = StopBudget()
         drain = Drain(app[STATE], lambda: budget.left(
@@ -399,6 +443,11 @@ class Daemon:
                      "`tidemesh daemon join INVITE`; sends stay queued until then")
             return None
         mesh = MeshConfig.load(paths.mesh_file)
+        if mesh.member_pubkey != self.keypair.public_hex and not s.identity_persistent:
+            log.info("broker_link_disabled", reason="this ephemeral daemon's key is not the "
+                     "joined member's; run `tidemesh daemon join INVITE` in this environment "
+                     "(it makes the ephemeral key), then start the daemon")
+            return None
 
         async def on_status(connected: bool, detail: dict[str, Any]) -> None:
             was = state.link.connected
@@ -463,7 +512,7 @@ class Daemon:
         start = self.start
         settings, _ = config_mod.load(config_mod.read_file(start.paths.config_file),
                                       start.environ, start.flags)
-        return settings
+        return environment_mod.settled(settings, start.environ)[0]
 
     def _on_signal(self, sig: signal.Signals) -> None:
         log.info("daemon_stop_requested", signal=sig.name)

@@ -209,7 +209,8 @@ class Relay:
         """The broker says another host presents this member's key: count it, say it."""
         self.metrics.clones.labels(mesh=self.mesh.mesh, how=how).inc()
         log.warning("clone_suspected", how=how, hint="another host uses this member's key; "
-                    "see docs/operations.md, A cloned host", **detail)
+                    "on the copy, `tidemesh daemon join INVITE --remint` gives it a key of its "
+                    "own (docs/operations.md, A cloned host)", **detail)
         await self._status(False if how == "refused" else self.live.current is not None,
                            {"state": "clone_suspected", "how": how, **detail})
 

@@ -2,10 +2,10 @@
 
 ``auth`` (who may connect), ``connections`` (the registry and presence), ``send`` (B1, then
 the store's accept), ``delivery`` (resume, the pump, acks, queue leases), ``destinations``
-(topic and queue requests), ``negotiation`` (features), ``retention`` (the sweep),
-``rotation`` (a member's move to a new key), ``ratelimit`` (each member's send budget),
-``cluster`` (what several brokers on one database tell each other), ``metrics`` (the
-Prometheus series) and ``routes`` (frame type → handler).
+(topic and queue requests), ``files`` (shared files' chunks), ``negotiation`` (features),
+``retention`` (the sweep), ``rotation`` (a member's move to a new key), ``ratelimit`` (each
+member's send budget), ``cluster`` (what several brokers on one database tell each other),
+``metrics`` (the Prometheus series) and ``routes`` (frame type → handler).
 Independent of websockets: a connection is reached through the ``Peer`` protocol. Never
 awaits the network inside a transaction: the store commits first, then frames go out.
 """
@@ -19,6 +19,7 @@ from tidemesh.broker.service.cluster import Cluster, Peering, SingleBroker
 from tidemesh.broker.service.connections import PROFILE_RATE, Conn, Connections, Peer, now_ms
 from tidemesh.broker.service.delivery import Deliveries, deliver_frame
 from tidemesh.broker.service.destinations import Destinations
+from tidemesh.broker.service.files import Files
 from tidemesh.broker.service.metrics import Metrics
 from tidemesh.broker.service.negotiation import Negotiation
 from tidemesh.broker.service.ratelimit import Limiter
@@ -27,10 +28,14 @@ from tidemesh.broker.service.rotation import Rotations
 from tidemesh.broker.service.routes import Route, route_table
 from tidemesh.broker.service.send import Sends
 from tidemesh.broker.store.base import Store
+from tidemesh.broker.store.files import FileLimits
 from tidemesh.core.ratelimit import Rate
 from tidemesh.core.wire import FrameType
 
 UNLIMITED = Rate(0, 1)
+# The settings' defaults (broker/config.py files.*).
+FILE_LIMITS = FileLimits(max_bytes=1 << 30, member_quota_bytes=4 << 30,
+                         retention_ms=7 * 86_400_000)
 __all__ = ["AuthOutcome", "BrokerService", "Conn", "Peer", "deliver_frame"]
 
 
@@ -42,7 +47,8 @@ class BrokerService:
                  stall_window_hours: int = 24, member_rate: Rate = UNLIMITED,
                  cluster: Cluster | SingleBroker | None = None,
                  session_expiry_s: float = 15.0, profile_rate: Rate = PROFILE_RATE,
-                 clone_policy: ClonePolicy = ClonePolicy.WARN) -> None:
+                 clone_policy: ClonePolicy = ClonePolicy.WARN,
+                 file_limits: FileLimits = FILE_LIMITS) -> None:
         self.store = store
         self.limits = limits
         self.connections = Connections(profile_rate)
@@ -57,6 +63,7 @@ class BrokerService:
         self.sends = Sends(store, limits, self.metrics, self.connections, self.limiter)
         self.deliveries = Deliveries(store, self.metrics, self.connections)
         self.destinations = Destinations(store)
+        self.files = Files(store, file_limits)
         self.negotiation = Negotiation(limits)
         self.rotations = Rotations(store, self.connections)
         self.retention = Retention(store, self.metrics, retention_days=retention_days,

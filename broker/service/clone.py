@@ -92,7 +92,9 @@ class Clones:
                     other_broker=remote.broker_id if remote is not None
                     and is_other_host(host, remote.host) else None,
                     hint="two hosts present this member's key with different host "
-                         "fingerprints: a cloned data dir (docs/operations.md, A cloned host)")
+                         "fingerprints: a cloned data dir; on the copy, `tidemesh daemon join "
+                         "INVITE --remint` gives it a key of its own (docs/operations.md, A "
+                         "cloned host)")
         for c in others:
             if verdict.close_live:
                 await c.peer.close(CloseCode.CLONE, REASON)

@@ -1,5 +1,6 @@
 """Retention (spec §17.5-6): expired dedupe rows, then messages older than the retention
-window whose deliveries are all acked or stalled past the stall window."""
+window whose deliveries are all acked or stalled past the stall window, then shared files
+past their own retention (files.retention_days; a persistent file has none)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,9 @@ class Retention:
         expired = await self.store.delete_expired_dedupe(now)
         pruned = await self.store.prune_messages(now - self.retention_days * 86_400_000,
                                                  now - self.stall_window_hours * 3_600_000)
+        files = await self.store.delete_expired_files(now)
         self.metrics.expired.inc(expired)
         self.metrics.pruned.inc(pruned)
-        log.info("broker_retention_swept", dedupe_deleted=expired, messages_pruned=pruned)
+        log.info("broker_retention_swept", dedupe_deleted=expired, messages_pruned=pruned,
+                 files_deleted=files)
         return expired, pruned

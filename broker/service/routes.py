@@ -51,6 +51,10 @@ def route_table(svc: BrokerService) -> dict[FrameType, Route]:
         FrameType.PEERS: Route(svc.connections.peers),
         FrameType.PROFILE: Route(svc.connections.set_profile),
         FrameType.FEATURE_REQUEST: Route(svc.negotiation.negotiate),
+        FrameType.FILE_OPEN: Route(svc.files.open),
+        FrameType.FILE_CHUNK: Route(svc.files.chunk),
+        FrameType.FILE_CLOSE: Route(svc.files.close),
+        FrameType.FILE_FETCH: Route(svc.files.fetch),
         FrameType.KEY_ROTATE: Route(svc.rotations.rotate),
     }
 

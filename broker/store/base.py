@@ -18,6 +18,7 @@ import orjson
 
 from tidemesh.broker.accept import AcceptInput, AcceptResult, DedupeRow
 from tidemesh.broker.store.accept import AcceptRows, Key
+from tidemesh.broker.store.files import FileStore
 from tidemesh.core import invite as invites
 from tidemesh.core import jsonbounds
 from tidemesh.core.errors import Conflict, NotFound
@@ -38,6 +39,7 @@ TABLES = (
     "mesh", "member", "invite", "topic", "topic_subscription", "queue_consumer",
     "client_message_dedupe", "topic_message", "message_queue", "message_history",
     "recipient_cursor", "delivery_queue", "broker_info",
+    "file_object", "file_chunk",   # shared files (store/files.py)
 )
 
 
@@ -176,8 +178,8 @@ class OnEngine(Generic[E]):
         await self.db.close()
 
 
-class Store(Protocol):
-    """What the broker needs from its database."""
+class Store(FileStore, Protocol):
+    """What the broker needs from its database (its shared files: ``files.FileStore``)."""
 
     # What the database raises while it is down or restarting: a connection that fails on
     # one of these is closed "try again later", not as a broker fault.

@@ -18,6 +18,7 @@ import click
 from tidemesh.broker.admin import settings as broker_config
 from tidemesh.cli.output import emit_json, table
 from tidemesh.client.endpoint import joined_meshes
+from tidemesh.core.environment import SETTINGS as ENVIRONMENT_SETTINGS
 from tidemesh.core.errors import TidemeshError
 from tidemesh.core.exitcodes import Exit
 from tidemesh.core.fleet import SETTINGS as FLEET_SETTINGS
@@ -30,6 +31,7 @@ from tidemesh.core.settings import (
     redact,
     toml_value,
 )
+from tidemesh.daemon import admin as daemon_admin
 from tidemesh.daemon.admin import settings as daemon_config
 
 TABLES: dict[str, tuple[Setting, ...]] = {
@@ -54,11 +56,17 @@ def config_group() -> None:
 def _resolve_daemon(mesh: str | None) -> tuple[str, Path, dict[str, Resolved]]:
     # The mesh every other command means: the named one, else the only joined one.
     name = choose_mesh(mesh or os.environ.get("TIDEMESH_DAEMON_MESH"), joined_meshes())
-    path = daemon_paths(name, os.environ).config_file
+    paths = daemon_paths(name, os.environ)
+    path = paths.config_file
     _, resolved = daemon_config.load(daemon_config.read_file(path), os.environ,
                                      {"daemon.mesh": mesh})
     if resolved["daemon.mesh"].value != name:   # chosen as the only joined mesh
         resolved["daemon.mesh"] = Resolved(name, "joined")
+    # The settings left unset take the environment's value (host, container or CI).
+    env = daemon_admin.ephemeral.environment_of(paths, os.environ)
+    for setting, attr in ENVIRONMENT_SETTINGS:
+        if resolved[setting].value is None:
+            resolved[setting] = Resolved(getattr(env, attr), f"environment:{env.kind}")
     return name, path, resolved
 
 

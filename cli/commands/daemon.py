@@ -26,6 +26,7 @@ from tidemesh.cli.lazy import LazyGroup
 from tidemesh.cli.output import emit_json, fail, fields
 from tidemesh.client import Client, DaemonNotRunning
 from tidemesh.client.endpoint import joined_meshes
+from tidemesh.core.environment import CONTAINER, KINDS
 from tidemesh.core.errors import TidemeshError
 from tidemesh.core.exitcodes import Exit
 from tidemesh.core.paths import DaemonPaths
@@ -72,23 +73,42 @@ def daemon_group() -> None:
 @click.option("--http-port", type=int, default=None, help="Loopback TCP port (0 = any free).")
 @click.option("--log-file", default=None, metavar="PATH",
               help="Write JSON log lines to PATH, rotated by size (setting log.file).")
+@click.option("--environment", "environment", default=None,
+              type=click.Choice(["auto", *KINDS]),
+              help="host, container or ci instead of the detected one (setting "
+                   "environment.kind): it sets the defaults of TCP, hooks and the keypair.")
+@click.option("--container", is_flag=True,
+              help="Run as in a container (--environment container): the Unix socket only.")
+@click.option("--persistent/--ephemeral", "persistent", default=None,
+              help="Keep the member keypair across runs, or not (setting "
+                   "identity.persistent); default: persistent, except in CI.")
 @json_option
 def up(all_meshes: bool, mesh: str, foreground: bool, no_tcp: bool, http_port: int | None,
-       log_file: str | None, as_json: bool) -> None:
+       log_file: str | None, environment: str | None, container: bool,
+       persistent: bool | None, as_json: bool) -> None:
     """Start the daemon (detached unless --foreground); --all starts every joined mesh's.
 
+    In a container it serves the Unix socket only, in CI too and it is ephemeral, with no
+    hooks (docs/threat-model.md, Environments); settings given explicitly win.
+
     With --json, prints {mesh, pid, socket, started} ({"items": [...]} with --all)."""
+    if container:
+        if environment not in (None, CONTAINER):
+            raise click.UsageError("--container is --environment container")
+        environment = CONTAINER
+    env_args = _environment_args(environment, persistent)
     if all_meshes:
         if foreground or http_port is not None or log_file is not None:
             raise click.UsageError("--all starts detached daemons with their own settings; "
                                    "--foreground, --http-port and --log-file name one daemon")
         started: list[dict[str, object]] = []
-        code = _each_mesh(lambda m: _up_one(m, no_tcp, started, as_json))
+        code = _each_mesh(lambda m: _up_one(m, no_tcp, started, as_json, env_args))
         if as_json:
             emit_json({"items": started})
         sys.exit(int(code))
     flags = {"ipc.tcp_enabled": False if no_tcp else None, "ipc.http_port": http_port,
-             "log.file": log_file}
+             "log.file": log_file, "environment.kind": environment,
+             "identity.persistent": persistent}
     # A child detached from a service manager's process would escape its supervision: the
     # manager sees its main process exit and stops the service.
     if foreground or admin.under_service_manager(os.environ):
@@ -98,7 +118,7 @@ def up(all_meshes: bool, mesh: str, foreground: bool, no_tcp: bool, http_port: i
 
         sys.exit(daemon_main.run(mesh, os.environ, flags))
     report: list[dict[str, object]] = []
-    code = _start_detached(mesh, no_tcp, http_port, log_file, report, as_json)
+    code = _start_detached(mesh, no_tcp, http_port, log_file, report, as_json, env_args)
     if as_json and report:
         emit_json(report[0])
     sys.exit(int(code))
@@ -114,14 +134,22 @@ def _each_mesh(action: Callable[[str], Exit]) -> Exit:
     return next((r for r in results if r != Exit.OK), Exit.OK)
 
 
-def _up_one(mesh: str, no_tcp: bool, report: list[dict[str, object]], as_json: bool) -> Exit:
-    code = _start_detached(mesh, no_tcp, None, None, report, as_json)
+def _environment_args(environment: str | None, persistent: bool | None) -> list[str]:
+    """The environment flags again, for the detached daemon's command line."""
+    out = ["--environment", environment] if environment is not None else []
+    return out + ([] if persistent is None else
+                  ["--persistent" if persistent else "--ephemeral"])
+
+
+def _up_one(mesh: str, no_tcp: bool, report: list[dict[str, object]], as_json: bool,
+            env_args: list[str]) -> Exit:
+    code = _start_detached(mesh, no_tcp, None, None, report, as_json, env_args)
     return Exit.OK if code == Exit.ALREADY_RUNNING else code
 
 
 def _start_detached(mesh: str, no_tcp: bool, http_port: int | None, log_file: str | None,
                     report: list[dict[str, object]] | None = None,
-                    as_json: bool = False) -> Exit:
+                    as_json: bool = False, env_args: list[str] | None = None) -> Exit:
     """Start a detached daemon and wait for it to answer; appends {mesh, pid, socket,
     started} to ``report`` when it runs (``started`` false: it already ran)."""
     paths = paths_for(mesh)
@@ -142,6 +170,7 @@ def _start_detached(mesh: str, no_tcp: bool, http_port: int | None, log_file: st
     argv = [sys.executable, "-m", "tidemesh", "daemon", "up", "--foreground", "--mesh", mesh]
     argv += ["--no-tcp"] if no_tcp else []
     argv += ["--http-port", str(http_port)] if http_port is not None else []
+    argv += env_args or []
     # The daemon writes its own size-rotated log; the stderr file only catches what is printed
     # before logging starts (a bad config) or a crash, and is emptied at each start.
     argv += ["--log-file", log_file or str(paths.log_file)]
@@ -374,17 +403,27 @@ def status(mesh: str, as_json: bool) -> None:
                       daemon_version=health["daemon_version"], disk=health.get("disk"),
                       broker_url=health.get("broker_url"),
                       broker_version=health.get("broker_version"),
-                      link_state=health.get("link_state"))
+                      link_state=health.get("link_state"),
+                      environment=health.get("environment"))
         if health.get("clone_suspected"):
             report["clone_suspected"] = True
         code = Exit.OK if health["healthy"] else Exit.UNHEALTHY
     if as_json:
         emit_json(report)
     else:
-        fields(report)
+        fields({**report, "environment": _environment_line(report["environment"])}
+               if report.get("environment") else report)
         if revoked is not None:
             click.echo(f"error: {revoked.message}", err=True)
     sys.exit(int(code))
+
+
+def _environment_line(env: object) -> str:
+    """e.g. ``ci (CI variable CI); changed: ipc.tcp_enabled, hooks.enabled``."""
+    assert isinstance(env, dict)
+    changed = env.get("changed") or []
+    return f"{env['kind']} ({env['reason']})" + (f"; changed: {', '.join(changed)}"
+                                                 if changed else "")
 
 
 def _read_port(paths: DaemonPaths) -> int | None:

@@ -25,12 +25,12 @@ from tidemesh.broker.admin import broker_home, running
 from tidemesh.broker.admin import settings as broker_config
 from tidemesh.cli.commands.common import mesh_option
 from tidemesh.cli.output import fail
+from tidemesh.core.environment import ci_environment
 from tidemesh.core.errors import TidemeshError
 from tidemesh.core.exitcodes import Exit
 from tidemesh.core.paths import daemon_paths
 from tidemesh.core.service_unit import (
     ServiceSpec,
-    ci_environment,
     launchd_plist,
     systemd_unit,
     under_tmp,

@@ -3,24 +3,27 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from functools import cache
 from importlib import resources
 from typing import Any
+from urllib.parse import quote
 
 import orjson
 from aiohttp import web
 
 from tidemesh.core import compat, metrics, numbers
 from tidemesh.core.errors import InvalidRequest
-from tidemesh.core.send import SendRequest, parse_send_request
+from tidemesh.core.send import Destination, SendRequest, parse_send_request
 from tidemesh.daemon import token_rotation
 from tidemesh.daemon.api.exchange import Answer, Parsed, json_answer
 from tidemesh.daemon.api.keys import (
     BACKUP,
     CAPABILITIES,
     DISK,
+    FILES,
     INBOX,
     MEMBERSHIP,
     OUTBOX,
@@ -56,7 +59,7 @@ async def get_version(request: web.Request) -> web.Response:
         "daemon_version": info.version,
         "ipc_api": compat.IPC_API,
         "ipc_features": ["version", "compat", "health", "send", "send_batch", "outbox", "inbox",
-                         "consumers", "events", "metrics", *search],
+                         "consumers", "events", "metrics", "files", *search],
         "schema_version": info.schema_version,
         "mesh": info.mesh,
         "broker_features": state.link.broker_features,
@@ -93,6 +96,7 @@ async def get_health(request: web.Request) -> web.Response:
         "broker_url": state.link.broker_url,
         "pid": os.getpid(),
         "disk": request.app[DISK].view(),
+        "environment": info.environment,
     })
 
 
@@ -291,3 +295,44 @@ async def post_token_rotate(request: web.Request) -> web.Response:
     until = token_rotation.rotate(state, state.token_file, now)
     return _json({"rotated": True, "token_file": str(state.token_file),
                   "previous_valid_s": round(until - now, 3)})
+
+
+async def post_file_share(request: web.Request) -> web.Response:
+    data = checked("file_share_request.schema.json", parse_json(await request.read()))
+    to = data["to"]
+    dest = Destination.parse(to) if isinstance(to, str) else Destination.checked(
+        to["kind"], to["ref"])
+    shared = await request.app[FILES].share(data["path"], dest, data.get("message"),
+                                            bool(data.get("persistent", False)))
+    status, announcement = send_response(shared.outcome)
+    return _json({"file": shared.file.view(), "announcement": announcement,
+                  "resumed_from": shared.resumed_from, "sent_chunks": shared.sent_chunks},
+                 status)
+
+
+async def get_file(request: web.Request) -> web.StreamResponse:
+    """The file to ``out`` (JSON answer), or with no ``out`` its bytes, verified first."""
+    file_id = request.query.get("id")
+    if not file_id:
+        raise InvalidRequest("id is required: the file's id (GET /v1/file/list)", field="id")
+    svc = request.app[FILES]
+    fetched = await svc.get(file_id, request.query.get("out"))
+    if "out" in request.query:
+        return _json({"file": fetched.file.view(), "path": str(fetched.path),
+                      "resumed_from": fetched.resumed_from})
+    resp = web.StreamResponse(headers={
+        "Content-Type": "application/octet-stream",
+        "Content-Length": str(fetched.file.size),
+        "X-Tidemesh-File-Sha256": fetched.file.sha256,
+        "Content-Disposition": f"attachment; filename*=UTF-8''{quote(fetched.file.name)}"})
+    # Closed however the stream ends (a caller that goes away too): its copy is removed then.
+    async with contextlib.aclosing(svc.stream(fetched)) as blocks:
+        await resp.prepare(request)
+        async for block in blocks:
+            await resp.write(block)
+    await resp.write_eof()
+    return resp
+
+
+async def get_file_list(request: web.Request) -> web.Response:
+    return _json(await request.app[FILES].list(_int_param(request, "limit", 100, 1, 1000)))

@@ -16,6 +16,7 @@ from tidemesh.daemon.hooks.capability import Capabilities
 from tidemesh.daemon.service.backup import BackupService
 from tidemesh.daemon.service.disk import DiskMonitor
 from tidemesh.daemon.service.events import EventBus
+from tidemesh.daemon.service.files import FileService
 from tidemesh.daemon.service.inbox import InboxService
 from tidemesh.daemon.service.membership import MembershipService
 from tidemesh.daemon.service.outbox import OutboxService
@@ -67,6 +68,7 @@ class DaemonInfo:
     member_pubkey: str = ""
     schema_version: int = 0
     started_monotonic: float = 0.0
+    environment: dict[str, Any] = field(default_factory=dict)   # core.environment's view
 
 
 @dataclass(slots=True)
@@ -151,3 +153,4 @@ CAPABILITIES = web.AppKey("capabilities", Capabilities)
 # sees only the outbox rows its own token made.
 REPLY_TOKEN = web.RequestKey("reply_token", str)
 BACKUP = web.AppKey("backup", BackupService)
+FILES = web.AppKey("files", FileService)

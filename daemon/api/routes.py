@@ -147,6 +147,25 @@ TABLE: tuple[Route, ...] = (
           "Change fields of this member's profile (null removes one); published to the broker",
           request="profile.schema.json",
           responses={200: "profile_response.schema.json", 400: ERROR, 503: ERROR}),
+    Route("POST", "/v1/file/share", handlers.post_file_share,
+          "Share a local file: upload it to the broker in chunks (sealed for a DM), then "
+          "announce it like /v1/send; a retry resumes and announces once",
+          request="file_share_request.schema.json",
+          responses={202: "file_share_response.schema.json",
+                     200: "file_share_response.schema.json", 400: ERROR, 404: ERROR,
+                     409: ERROR, 413: ERROR, 503: ERROR, 507: ERROR}),
+    Route("GET", "/v1/file/get", handlers.get_file,
+          "Fetch a file shared with (or by) this member, verified against its SHA-256: to "
+          "out (resumes a cut-off get), or with no out as the answer's bytes",
+          responses={200: "file_get_response.schema.json", 400: ERROR, 404: ERROR,
+                     502: ERROR, 503: ERROR, 507: ERROR},
+          query={"id": "The file's id (required)",
+                 "out": "Absolute path to write the file to; without it the bytes are the "
+                        "answer (application/octet-stream)"}),
+    Route("GET", "/v1/file/list", handlers.get_file_list,
+          "Files this member shared or was announced, newest first",
+          responses={200: "file_list_response.schema.json", 400: ERROR},
+          query={"limit": "1-1000 files (default 100)"}),
     Route("POST", "/v1/backup", handlers.post_backup,
           "A passphrase-sealed backup of this member's identity and configuration (never the "
           "outbox or inbox), as `tidemesh daemon backup` writes it",

@@ -108,7 +108,7 @@ class HookService:
         """The service of a daemon's hooks/ folder, as hooks.toml and settings say."""
         metrics = HookMetrics.register(registry)
         calls = metrics.capability_calls
-        return cls(db, bus, load_plan(paths.hooks_dir, s.hooks_enabled),
+        return cls(db, bus, load_plan(paths.hooks_dir, bool(s.hooks_enabled)),
                    HookSite(paths.hooks_dir, s.daemon_mesh, paths.socket), metrics,
                    max(1, s.hooks_concurrency), clock, Capabilities(
                        on_use=lambda hook, kind: calls.labels(hook=hook, scope=kind).inc()))

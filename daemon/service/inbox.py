@@ -13,7 +13,7 @@ from typing import Any
 from tidemesh.core.errors import InvalidRequest
 from tidemesh.core.hooks import HookPlan
 from tidemesh.daemon.service.events import EventBus
-from tidemesh.daemon.store import inbox, retention, search
+from tidemesh.daemon.store import files, inbox, retention, search
 from tidemesh.daemon.store.db import Database
 
 Clock = Callable[[], float]
@@ -45,10 +45,13 @@ class InboxService:
         (group-committed with other frames); publish their events after COMMIT. None for a
         void delivery, which only moves the receive cursor."""
         items = [self._with_hooks(d) if isinstance(d, inbox.Delivery) else d for d in items]
-        results = await self.db.submit(inbox.STORE_FRAMES, items)
+        results = await self.db.submit(
+            files.STORE_FRAMES, (items, self.hooks.for_event("file_shared", {})))
         for result in results:
             if result is not None and result.event is not None:
                 self.bus.publish(result.event)
+                for extra in result.extra:
+                    self.bus.publish(extra)
         return results
 
     def _with_hooks(self, d: inbox.Delivery) -> inbox.Delivery:

@@ -19,7 +19,7 @@ from prometheus_client import Counter
 
 from tidemesh.core.errors import InsufficientStorage, Unavailable
 from tidemesh.core.retention import DAY_MS, HOUR_MS, InboxPolicy, OutboxPolicy
-from tidemesh.daemon.store import outbox, retention
+from tidemesh.daemon.store import files, outbox, retention
 from tidemesh.daemon.store.db import Database
 
 log = structlog.get_logger(__name__)
@@ -103,11 +103,15 @@ class RetentionService:
                            limit=size, dry_run=dry_run)
             n, finished = await self._step(db, step, dry_run)
             entries += n
+        prune_files = partial(files.prune, before_ms=policy.cutoff(now), dry_run=dry_run)
+        shared = await (db.read(prune_files) if dry_run else db.write(prune_files))
         if not dry_run:
             self.deleted.labels(kind="events").inc(events)
             self.deleted.labels(kind="inbox").inc(entries)
+            self.deleted.labels(kind="files").inc(shared)
             await self._vacuum(db)
         return {"dry_run": dry_run, "deleted": entries, "events_deleted": events,
+                "files_deleted": shared,
                 "before_ms": policy.cutoff(now), "held_until_ms": policy.hold_cutoff(now),
                 "events_before_ms": policy.events_cutoff(now)}
 

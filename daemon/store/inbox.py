@@ -75,6 +75,7 @@ class NewEvent:
 class StoreResult:
     inbox_seq: int | None        # None: a redelivery of something already stored
     event: Event | None
+    extra: tuple[Event, ...] = ()  # events after the message's (a shared file's file_shared)
 
 
 def entry_view(row: Sequence[Any]) -> dict[str, Any]:

@@ -36,6 +36,7 @@ type Client struct {
 	// Timeout bounds each call (not Events or Consume, which wait as long as told).
 	Timeout time.Duration
 	http    *http.Client
+	files   *http.Client // FileShare and FileGet: no answer comes before the file has moved
 }
 
 // New is a client of the daemon at e, each call bounded by timeout (0: 10 s).
@@ -48,13 +49,13 @@ func New(e Endpoint, timeout time.Duration) (*Client, error) {
 	}
 	c := &Client{Endpoint: e, Timeout: timeout}
 	dialer := &net.Dialer{Timeout: timeout}
+	dial := func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return e.dial(ctx, dialer)
+	}
 	c.http = &http.Client{Transport: &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return e.dial(ctx, dialer)
-		},
-		DisableKeepAlives:     true,
-		ResponseHeaderTimeout: timeout,
+		DialContext: dial, DisableKeepAlives: true, ResponseHeaderTimeout: timeout,
 	}}
+	c.files = &http.Client{Transport: &http.Transport{DialContext: dial, DisableKeepAlives: true}}
 	return c, nil
 }
 
@@ -88,6 +89,11 @@ func ForMesh(mesh string, opts MeshOptions) (*Client, error) {
 
 func (c *Client) open(ctx context.Context, method, path string, body any,
 	headers map[string]string) (*http.Response, error) {
+	return c.openWith(ctx, c.http, method, path, body, headers)
+}
+
+func (c *Client) openWith(ctx context.Context, hc *http.Client, method, path string, body any,
+	headers map[string]string) (*http.Response, error) {
 	var payload io.Reader
 	if body != nil {
 		raw, err := json.Marshal(body)
@@ -111,7 +117,7 @@ func (c *Client) open(ctx context.Context, method, path string, body any,
 	for k, v := range headers {
 		req.Header.Set(k, v)
 	}
-	resp, err := c.http.Do(req)
+	resp, err := hc.Do(req)
 	if err != nil {
 		if ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded) {
 			return nil, ctx.Err() // the caller cancelled
@@ -125,9 +131,14 @@ func (c *Client) open(ctx context.Context, method, path string, body any,
 // its *Error.
 func (c *Client) call(ctx context.Context, method, path string, body any,
 	headers map[string]string, out any) error {
-	ctx, cancel := context.WithTimeout(ctx, c.Timeout)
+	return c.callWith(ctx, c.http, c.Timeout, method, path, body, headers, out)
+}
+
+func (c *Client) callWith(ctx context.Context, hc *http.Client, timeout time.Duration,
+	method, path string, body any, headers map[string]string, out any) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	resp, err := c.open(ctx, method, path, body, headers)
+	resp, err := c.openWith(ctx, hc, method, path, body, headers)
 	if err != nil {
 		return err
 	}

@@ -39,7 +39,10 @@ func procEnv(home string) []string {
 			env = append(env, kv)
 		}
 	}
-	return append(env, "TIDEMESH_HOME="+home, "TIDEMESH_LOG_FORMAT=json")
+	// The suite runs in CI and in containers, whose defaults (no loopback TCP, no hooks, an
+	// ephemeral key) are not what it tests: the daemons are pinned to a plain host.
+	return append(env, "TIDEMESH_HOME="+home, "TIDEMESH_LOG_FORMAT=json",
+		"TIDEMESH_ENVIRONMENT_KIND=host")
 }
 
 func cli(t *testing.T, home string, args ...string) string {

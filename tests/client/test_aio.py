@@ -80,3 +80,26 @@ async def test_events_follow_a_restarting_daemon_with_no_gap_and_no_repeat(team:
     events = [i for i in seen if isinstance(i, Event)]
     assert [e.id for e in events] == list(range(1, len(events) + 1))
     assert [e.data["body"] for e in events if e.type == "message"] == ["one", "two", "three"]
+
+
+async def test_a_file_shared_and_got_through_the_async_client(team: Team,
+                                                              short_tmp: Path) -> None:
+    src = short_tmp / "notes.txt"
+    src.write_bytes(b"minutes\n" * 5000)
+    async with AsyncClient(team.bob.paths.socket) as bob, \
+            AsyncClient(team.alice.paths.socket) as alice:
+        await alice.membership("topic", "subscribe", "files", create=True)
+        shared = await bob.file_share(src, "topic:files", message="notes")
+        fid = shared["file"]["id"]
+        for _ in range(300):
+            if any(f["id"] == fid for f in (await alice.file_list())["files"]):
+                break
+            await asyncio.sleep(0.1)
+        got = await alice.file_get(fid, short_tmp / "copy.txt")
+        assert Path(got["path"]).read_bytes() == src.read_bytes()
+        streamed = b"".join([b async for b in alice.file_stream(fid, block=4096)])
+        assert streamed == src.read_bytes()
+        with pytest.raises(errors.NotFound):
+            await alice.file_get("f" * 32, short_tmp / "none.txt")
+        with pytest.raises(errors.NotFound):
+            _ = [b async for b in alice.file_stream("f" * 32)]

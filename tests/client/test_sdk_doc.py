@@ -77,8 +77,10 @@ def test_every_block_runs_as_written_for_a_new_member(
     out = capsys.readouterr().out.splitlines()
     assert "sent deploy-v42 queued" in out and "sent deploy-v43 queued" in out
     assert "batch ['queued', 'queued', 'queued']" in out
-    # Nothing the examples sent is left dead: each went where it was meant to.
-    wait_until(lambda: client(newcomer).outbox_list()["counts"]["done"] == 5)
+    assert "shared notes.txt 1 chunk(s)" in out and "got True" in out
+    # Nothing the examples sent is left dead: each went where it was meant to (a shared
+    # file's announcement is one send).
+    wait_until(lambda: client(newcomer).outbox_list()["counts"]["done"] == 6)
     assert client(newcomer).outbox_list()["counts"]["dead"] == 0
 
 

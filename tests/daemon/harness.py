@@ -81,12 +81,15 @@ class RunningDaemon:
 # Test programs send in bursts far past the IPC rate limit's default (100/s, 1,000 at once);
 # its own tests (tests/daemon/test_rate_limit.py) set it back.
 NO_RATE_LIMIT = {"TIDEMESH_IPC_RATE_PER_S": "0"}
+# The suite runs in CI (CI=true) and often in a container: a test daemon is a host's (TCP,
+# hooks, a persistent key) unless a test asks for another environment on purpose.
+HOST_ENVIRONMENT = {"TIDEMESH_ENVIRONMENT_KIND": "host"}
 
 
 def daemon_env(home: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIDEMESH_")}
     return {**env, "TIDEMESH_HOME": str(home), "TIDEMESH_LOG_FORMAT": "json", **NO_RATE_LIMIT,
-            **(extra or {})}
+            **HOST_ENVIRONMENT, **(extra or {})}
 
 
 # How a daemon process is started: the installed CLI, or a test's own launcher around it.
@@ -140,11 +143,32 @@ def dump_stacks(pid: int, to: Path) -> str:
     return f"stacks in {to}:\n{out.stdout[-3000:]}"
 
 
-def run_cli(home: Path, *args: str, stdin: bytes | None = None,
-            timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+def run_cli(home: Path, *args: str, stdin: bytes | None = None, timeout: float = 60.0,
+            extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run the real ``tidemesh`` CLI in a subprocess."""
     return subprocess.run(
         [sys.executable, "-m", "tidemesh", *args],
         input=stdin.decode() if stdin is not None else None, capture_output=True, text=True,
-        env=daemon_env(home), timeout=timeout, check=False,
+        env=daemon_env(home, extra_env), timeout=timeout, check=False,
     )
+
+
+def tcp_listeners(pid: int) -> list[int]:
+    """The TCP ports process ``pid`` listens on (Linux: its socket inodes in /proc/net)."""
+    fds = Path(f"/proc/{pid}/fd")
+    inodes = set()
+    for fd in fds.iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:["):-1])
+    ports = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table, encoding="ascii") as f:
+            for line in f.readlines()[1:]:
+                cols = line.split()
+                if cols[3] == "0A" and cols[9] in inodes:   # 0A: LISTEN
+                    ports.append(int(cols[1].rsplit(":", 1)[1], 16))
+    return ports

@@ -33,3 +33,16 @@ async def test_broker_routes_of_a_daemon_joined_to_no_mesh_say_so(short_tmp: Pat
         assert cli.stderr.startswith("error: not_joined: this daemon has joined no mesh")
     finally:
         assert d.stop() == 0
+
+
+async def test_a_file_share_of_a_daemon_joined_to_no_mesh_says_so(short_tmp: Path) -> None:
+    d = start_daemon(short_tmp)
+    src = short_tmp / "notes.txt"
+    src.write_text("minutes\n")
+    try:
+        async with d.session() as s, s.post("/v1/file/share",
+                                            json={"path": str(src), "to": "topic:ops"}) as r:
+            assert r.status == 409, await r.text()
+            assert (await r.json())["error"]["code"] == "not_joined"
+    finally:
+        assert d.stop() == 0

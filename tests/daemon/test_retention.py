@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tidemesh.core.files import FileMeta
 from tidemesh.core.outcome import Kind, Settlement
 from tidemesh.core.retention import DAY_MS, HOUR_MS, InboxPolicy
 from tidemesh.core.send import parse_send_request
@@ -269,3 +270,24 @@ def test_deleting_inbox_rows_looks_up_their_events_by_index(short_tmp: Path) -> 
                          "DELETE FROM inbox WHERE seq IN (1, 2)")]
     conn.close()
     assert all("SCAN events" not in p and "events_inbox_seq" in p for p in plans), plans
+
+
+async def test_a_received_file_is_recorded_with_its_event_and_forgotten_with_the_inbox(
+        world: World) -> None:
+    w = world
+    fm = FileMeta("a" * 32, "r.pdf", 5, "ab" * 32, 4, None, False)
+    await w.inbox.store(inbox.Delivery(
+        id="mf", mesh="t", sender_pubkey="aa" * 32, sender_name="alice",
+        client_message_id="file-" + fm.id, broker_message_id="bf", dest_kind="topic",
+        dest_ref="ops", body=b"the report", body_encoding="utf8", priority="next",
+        meta=fm.to_meta(), reply_to=None, epoch=1, seq=1, sent_at=w.clock.ms,
+        received_at=w.clock.ms))
+    events = await w.inbox.events_after(0)
+    assert [e.type for e in events] == ["message", "file_shared"]
+    assert events[1].data["id"] == fm.id and events[1].data["message"] == "the report"
+    assert _ids(w.inbox_db.path, "SELECT id FROM files") == [fm.id]
+    w.clock.advance(30 * DAY_MS)
+    assert (await w.retention.prune_inbox())["files_deleted"] == 0
+    w.clock.advance(1)
+    assert (await w.retention.prune_inbox())["files_deleted"] == 1
+    assert _ids(w.inbox_db.path, "SELECT id FROM files") == []

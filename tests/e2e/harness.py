@@ -87,19 +87,20 @@ class Mesh:
     name: str
     daemons: dict[str, RunningDaemon] = field(default_factory=dict)
 
-    def add(self, label: str, root: Path) -> RunningDaemon:
+    def add(self, label: str, root: Path,
+            extra_env: dict[str, str] | None = None) -> RunningDaemon:
         home = root / label
         home.mkdir()
         res = run_cli(home, "daemon", "join", self.broker.invite(self.name), "--mesh", "m",
                       "--name", label)
         assert res.returncode == 0, res.stderr + res.stdout
-        d = start_daemon(home, "m")
+        d = start_daemon(home, "m", extra_env)
         self.daemons[label] = d
         return d
 
     def restart(self, label: str) -> RunningDaemon:
         old = self.daemons[label]
-        d = start_daemon(old.home, "m")
+        d = start_daemon(old.home, "m", old.extra_env or None)
         self.daemons[label] = d
         return d
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.conftest import mesh, sqlite_broker  # noqa: F401 - fixtures used by this folder
-from tidemesh.core.service_unit import CI_VARIABLES
+from tidemesh.core.environment import CI_VARIABLES
 
 FAKE_MANAGER = """#!/bin/sh
 echo "$(basename "$0") $*" >> "$FAKE_MANAGER_LOG"

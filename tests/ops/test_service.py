@@ -16,8 +16,9 @@ import pytest
 from tests.conftest import unavailable
 from tests.e2e.harness import Broker
 from tests.ops.conftest import Host
+from tidemesh.core.environment import ci_environment
 from tidemesh.core.exitcodes import Exit
-from tidemesh.core.service_unit import ServiceSpec, ci_environment, systemd_unit
+from tidemesh.core.service_unit import ServiceSpec, systemd_unit
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = str(Path(sys.executable).parent / "tidemesh")

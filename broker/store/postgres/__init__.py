@@ -3,7 +3,7 @@
 
 One module per group of tables: ``membership`` (meshes, invites, members, topics, queues),
 ``accept`` (the accept transaction, through ``broker/store/accept.py``), ``delivery`` (the
-receive path) and ``retention``.
+receive path), ``retention`` and ``files`` (shared files' chunks).
 """
 
 from __future__ import annotations
@@ -13,12 +13,14 @@ from typing import Any
 from tidemesh.broker.store.base import POSTGRES_MIGRATIONS, TABLES, OnEngine
 from tidemesh.broker.store.postgres.accept import Accept
 from tidemesh.broker.store.postgres.delivery import Delivery
+from tidemesh.broker.store.postgres.files import Files
 from tidemesh.broker.store.postgres.membership import Membership
 from tidemesh.broker.store.postgres.retention import Retention
 from tidemesh.storage.postgres import Database
 
 
-class PostgresStore(OnEngine[Database], Membership, Accept, Delivery, Retention):
+class PostgresStore(OnEngine[Database], Membership, Accept, Delivery, Retention,
+                    Files):
     """The ``Store`` on PostgreSQL; construct with ``PostgresStore.open``."""
 
     outage_errors: tuple[type[Exception], ...] = Database.outage_errors

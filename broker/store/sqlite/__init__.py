@@ -3,8 +3,8 @@
 
 One module per group of tables: ``membership`` (meshes, invites, members, topics, queues),
 ``accept`` (the accept transaction, through ``broker/store/accept.py``), ``delivery`` (the
-receive path) and ``retention``. Other processes (the CLI) may write too: the engine's
-``busy_timeout`` covers them.
+receive path), ``retention`` and ``files`` (shared files' chunks). Other processes (the CLI)
+may write too: the engine's ``busy_timeout`` covers them.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from pathlib import Path
 from tidemesh.broker.store.base import SQLITE_MIGRATIONS, TABLES, OnEngine
 from tidemesh.broker.store.sqlite.accept import Accept
 from tidemesh.broker.store.sqlite.delivery import Delivery
+from tidemesh.broker.store.sqlite.files import Files
 from tidemesh.broker.store.sqlite.membership import Membership
 from tidemesh.broker.store.sqlite.retention import Retention
 from tidemesh.core.errors import Unavailable
@@ -31,7 +32,8 @@ def _private_folder(folder: Path) -> None:
     os.chmod(folder, 0o700)  # mkdir's mode is narrowed by the umask, never widened
 
 
-class SqliteStore(OnEngine[Database], Membership, Accept, Delivery, Retention):
+class SqliteStore(OnEngine[Database], Membership, Accept, Delivery, Retention,
+                  Files):
     """The ``Store`` on one SQLite file; construct with ``SqliteStore.open``."""
 
     outage_errors: tuple[type[Exception], ...] = (Unavailable,)

@@ -6,14 +6,18 @@
  */
 
 import { request as httpRequest, type ClientRequest, type IncomingMessage } from "node:http";
+import { resolve as resolvePath } from "node:path";
 
 import { Endpoint, type EndpointOptions, type Environment } from "./endpoint.js";
 import { DaemonNotRunning, fromBody } from "./errors.js";
 import { Cursor, Parser, Quiet, Reconnect, type StreamItem } from "./stream.js";
 import type {
-  AckResult, BatchResult, InboxEntry, InboxPage, Json, Kind, Memberships, OutboxPage,
-  PruneResult, RequeueResult, SendRequest, SendResult,
+  AckResult, BatchResult, FileEntry, FileGetResult, FileShareResult, InboxEntry, InboxPage,
+  Json, Kind, Memberships, OutboxPage, PruneResult, RequeueResult, SendRequest, SendResult,
 } from "./wire.js";
+
+/** A share or get answers once the whole file has moved. */
+const FILE_TIMEOUT_MS = 3_600_000;
 
 export interface ClientOptions extends EndpointOptions {
   /** Bounds each call (not `events()` or `consume()`, which wait as long as told). */
@@ -91,11 +95,12 @@ export class Client {
   }
 
   private async call<T>(method: string, path: string, body?: unknown,
-                        headers: Record<string, string> = {}): Promise<T> {
+                        headers: Record<string, string> = {},
+                        timeoutMs: number = this.timeoutMs): Promise<T> {
     const started = performance.now();
-    const { req, res } = await this.open(method, path, body, headers, this.timeoutMs);
-    const left = Math.max(1, this.timeoutMs - (performance.now() - started));
-    const timer = setTimeout(() => req.destroy(timedOut(this.timeoutMs)), left);
+    const { req, res } = await this.open(method, path, body, headers, timeoutMs);
+    const left = Math.max(1, timeoutMs - (performance.now() - started));
+    const timer = setTimeout(() => req.destroy(timedOut(timeoutMs)), left);
     let raw: Buffer;
     try {
       raw = await readAll(res);
@@ -252,6 +257,45 @@ export class Client {
         req.destroy();
       }
     }
+  }
+
+  // -- files --------------------------------------------------------------------------------
+
+  /**
+   * Upload the file at `path` (made absolute) and announce it to `to` ("topic:NAME",
+   * "dm:PUBKEYHEX", "queue:NAME"); resolves once uploaded and announced. A retry of the same
+   * file to the same `to` resumes a cut-off upload and is announced once (docs/ipc.md, "Files").
+   */
+  fileShare(path: string, to: string | { kind: string; ref: string },
+            opts: { message?: string; persistent?: boolean } = {}): Promise<FileShareResult> {
+    const body: Json = { path: resolvePath(path), to };
+    if (opts.message !== undefined) body["message"] = opts.message;
+    if (opts.persistent) body["persistent"] = true;
+    return this.call("POST", "/v1/file/share", body, {},
+                     Math.max(this.timeoutMs, FILE_TIMEOUT_MS));
+  }
+
+  /** Fetch file `id` to `out` (made absolute), verified by its SHA-256 before `out` exists. */
+  fileGet(id: string, out: string): Promise<FileGetResult> {
+    return this.call("GET", "/v1/file/get" + query({ id, out: resolvePath(out) }), undefined, {},
+                     Math.max(this.timeoutMs, FILE_TIMEOUT_MS));
+  }
+
+  /** File `id`'s bytes, verified by the daemon before the first one comes. */
+  async *fileStream(id: string): AsyncGenerator<Buffer> {
+    const { req, res } = await this.open("GET", "/v1/file/get" + query({ id }), undefined, {},
+                                         Math.max(this.timeoutMs, FILE_TIMEOUT_MS));
+    try {
+      if ((res.statusCode ?? 0) >= 400) answer(res, await readAll(res));   // throws
+      for await (const block of res) yield block as Buffer;
+    } finally {
+      req.destroy();
+    }
+  }
+
+  /** Files this member shared or was announced, newest first. */
+  fileList(opts: { limit?: number } = {}): Promise<{ files: FileEntry[] }> {
+    return this.call("GET", "/v1/file/list" + query({ limit: opts.limit ?? 100 }));
   }
 
   // -- membership and presence --------------------------------------------------------------

@@ -18,6 +18,7 @@ export {
 export * from "./errors.js";
 export { Cursor, Parser, Quiet, Reconnect, type Event, type Notice, type StreamItem } from "./stream.js";
 export type {
-  AckResult, BatchResult, Destination, InboxEntry, InboxPage, Json, Kind, Memberships,
-  OutboxPage, OutboxRow, Priority, PruneResult, RequeueResult, SendRequest, SendResult,
+  AckResult, BatchResult, Destination, FileEntry, FileGetResult, FileShareResult, InboxEntry,
+  InboxPage, Json, Kind, Memberships, OutboxPage, OutboxRow, Priority, PruneResult,
+  RequeueResult, SendRequest, SendResult, SharedFile,
 } from "./wire.js";

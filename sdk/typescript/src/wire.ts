@@ -112,3 +112,36 @@ export interface Memberships {
 }
 
 export type Json = Record<string, unknown>;
+
+/** A shared file as the daemon describes it (docs/ipc.md, "Files"). */
+export interface SharedFile {
+  id: string;
+  name: string;
+  size: number;
+  sha256: string;
+  chunk_size: number;
+  chunks: number;
+  persistent: boolean;
+  sealed: boolean;
+}
+
+export interface FileShareResult {
+  file: SharedFile;
+  announcement: SendResult;
+  resumed_from: number;
+  sent_chunks: number;
+}
+
+export interface FileGetResult {
+  file: SharedFile;
+  path: string;
+  resumed_from: number;
+}
+
+export interface FileEntry extends SharedFile {
+  direction: "shared" | "received";
+  from: string;
+  to: { kind: string; ref: string };
+  message: string | null;
+  created_at: number;
+}

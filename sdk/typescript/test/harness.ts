@@ -23,7 +23,10 @@ export function tidemesh(): string {
 function env(home: string): NodeJS.ProcessEnv {
   const kept = Object.fromEntries(
     Object.entries(process.env).filter(([k]) => !k.startsWith("TIDEMESH_") || k === "TIDEMESH_BIN"));
-  return { ...kept, TIDEMESH_HOME: home, TIDEMESH_LOG_FORMAT: "json" };
+  // The suite runs in CI and in containers, whose defaults (no loopback TCP, no hooks, an
+  // ephemeral key) are not what it tests: the daemons are pinned to a plain host.
+  return { ...kept, TIDEMESH_HOME: home, TIDEMESH_LOG_FORMAT: "json",
+           TIDEMESH_ENVIRONMENT_KIND: "host" };
 }
 
 function cli(home: string, ...args: string[]): string {
