@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tidemesh.core import tracing
 from tidemesh.core.features import MIN_RETENTION_DAYS, MODES
 from tidemesh.core.settings import ConfigError, Resolved, Setting, build
 
@@ -92,6 +93,7 @@ SETTINGS: tuple[Setting, ...] = (
             "code 16, for its service manager to restart it; 0 never does."),
     Setting("shutdown.grace_s", float, 10.0, "Longest stop on SIGTERM: connections still "
             "closing then are dropped; past it by 5 s the process exits whatever it waits for."),
+    *tracing.SETTINGS,
     Setting("log.level", str, "info", "debug, info, warning or error."),
     Setting("log.format", str, "auto", "json, console, or auto (console on a TTY)."),
 )
@@ -136,6 +138,8 @@ class BrokerSettings:
     watchdog_stall_s: float
     watchdog_exit_after_s: float
     shutdown_grace_s: float
+    metrics_otel_endpoint: str
+    metrics_otel_export_delay_ms: int
     log_level: str
     log_format: str
 
@@ -210,6 +214,7 @@ def _validate(s: BrokerSettings) -> None:
     _validate_server(s)
     if s.limits_member_burst < 1:
         raise ConfigError("limits.member_burst must be >= 1", field="limits.member_burst")
+    tracing.check_settings(s.metrics_otel_endpoint, s.metrics_otel_export_delay_ms)
     try:
         s.host_port  # noqa: B018
     except ValueError as exc:

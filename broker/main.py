@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import structlog
 from prometheus_client import Counter
 
+import tidemesh
 from tidemesh.broker import admin, running
 from tidemesh.broker import log as broker_log
 from tidemesh.broker.accept import Limits
@@ -30,6 +31,7 @@ from tidemesh.broker.service.clone import ClonePolicy
 from tidemesh.broker.store import open_cluster, open_store, sqlite_file
 from tidemesh.broker.store.base import Store
 from tidemesh.broker.store.files import FileLimits
+from tidemesh.core import tracing
 from tidemesh.core.errors import InvalidRequest, TidemeshError
 from tidemesh.core.exitcodes import Exit
 from tidemesh.core.ids import new_ulid
@@ -207,6 +209,8 @@ async def _serve(settings: BrokerSettings, service: BrokerService, store: Store,
 def up(settings: BrokerSettings) -> None:
     """``tidemesh broker up``: serve in the foreground until SIGTERM or SIGINT."""
     broker_log.configure(settings.log_level, settings.log_format)
+    tracing.install(settings.metrics_otel_endpoint, "tidemesh-broker", tidemesh.__version__,
+                    settings.metrics_otel_export_delay_ms)
 
     record = running.record_path(os.environ)
 
@@ -257,5 +261,6 @@ def up(settings: BrokerSettings) -> None:
               "on one PostgreSQL store (broker.store = postgresql://…)", file=sys.stderr)
         sys.exit(Exit.ALREADY_RUNNING)
     finally:
+        tracing.shutdown()
         running.remove(record, os.getpid())
         sys.stdout.flush()

@@ -27,6 +27,7 @@ class SendRequest(TypedDict, total=False):
     meta: dict[str, Any] | None
     reply_to: str | None
     client_message_id: str
+    traceparent: str  # W3C trace context (docs/ipc.md); the daemon makes one when absent
 
 
 class SendResult(TypedDict):
@@ -80,7 +81,7 @@ InboxEntry = TypedDict("InboxEntry", {
     "client_message_id": str, "broker_message_id": str, "to": Destination, "body": str,
     "body_encoding": Literal["utf8", "base64"], "priority": Priority,
     "meta": dict[str, Any] | None, "reply_to": str | None, "sent_at": int, "received_at": int,
-    "delivery": Delivery,
+    "delivery": Delivery, "traceparent": NotRequired[str | None],
 })
 
 

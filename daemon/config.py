@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tidemesh.core import tracing
 from tidemesh.core.environment import AUTO, KINDS
 from tidemesh.core.settings import ConfigError, Resolved, Setting, build
 
@@ -99,6 +100,7 @@ SETTINGS: tuple[Setting, ...] = (
             "hooks.toml enables (docs/daemon.md, Hooks). Unset: yes, except in CI.",
             optional=True),
     Setting("hooks.concurrency", int, 8, "Most hook processes running at once."),
+    *tracing.SETTINGS,
     Setting("log.level", str, "info", "debug, info, warning or error.", reloadable=True),
     Setting("log.format", str, "auto", "json, console, or auto (console on a TTY)."),
     Setting("log.file", str, None, "Append JSON lines to this file, rotated by size; unset: "
@@ -158,6 +160,8 @@ class DaemonSettings:
     crypto_key_grace_period_days: int
     hooks_enabled: bool | None
     hooks_concurrency: int
+    metrics_otel_endpoint: str
+    metrics_otel_export_delay_ms: int
     log_level: str
     log_format: str
     log_file: str | None
@@ -198,4 +202,5 @@ def load(
         raise ConfigError("files.chunk_bytes must be 4096-1048576 and files.window at least 1",
                           field="files.chunk_bytes" if settings.files_window >= 1
                           else "files.window")
+    tracing.check_settings(settings.metrics_otel_endpoint, settings.metrics_otel_export_delay_ms)
     return settings, resolved

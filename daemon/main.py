@@ -20,7 +20,7 @@ import structlog
 from prometheus_client import Counter
 
 import tidemesh
-from tidemesh.core import logfilters
+from tidemesh.core import logfilters, tracing
 from tidemesh.core.backoff import Backoff
 from tidemesh.core.environment import Effective
 from tidemesh.core.exitcodes import Exit
@@ -220,7 +220,13 @@ def _run_locked(start: Startup) -> int:
         keypair = _ephemeral_keypair(paths)
     share_gil_with_writers()
     runner = _loop_runner()
-    return int(runner(Daemon(start, keypair).serve()))
+    s = start.settings
+    tracing.install(s.metrics_otel_endpoint, "tidemesh-daemon", tidemesh.__version__,
+                    s.metrics_otel_export_delay_ms, {"tidemesh.mesh": s.daemon_mesh})
+    try:
+        return int(runner(Daemon(start, keypair).serve()))
+    finally:
+        tracing.shutdown()
 
 
 def _ephemeral_keypair(paths: DaemonPaths) -> identity.Keypair:

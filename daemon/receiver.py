@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +24,7 @@ import structlog
 from nacl.signing import SigningKey
 from prometheus_client import Counter, Histogram
 
+from tidemesh.core import tracing
 from tidemesh.core.ids import new_ulid, new_ulids
 from tidemesh.core.metrics import BATCH_BUCKETS, CollectorRegistry
 from tidemesh.core.sealing import UnsealError, unseal
@@ -133,10 +135,15 @@ class Receiver:
         ids = new_ulids(len(frame), now)
         # A queue lease that lapsed here went to another consumer: not stored, but the cursor
         # moves past it so the stream stays gapless.
-        return await self.inbox.store_frame([
-            Void(d["epoch"], d["seq"], now) if d.get("reassigned")
-            else delivery_of(d, self.key, self.mesh, now, entry_id, self.keyring)
-            for d, entry_id in zip(frame, ids, strict=True)])
+        items = [Void(d["epoch"], d["seq"], now) if d.get("reassigned")
+                 else delivery_of(d, self.key, self.mesh, now, entry_id,
+                                     self.keyring)
+                 for d, entry_id in zip(frame, ids, strict=True)]
+        with tracing.span("tidemesh.daemon.store", _parents(items),
+                          {"tidemesh.mesh": self.mesh, "tidemesh.batch_size": len(items)}) as hop:
+            if len(items) == 1 and isinstance(items[0], Delivery):
+                items[0] = _traced(items[0], hop)
+            return await self.inbox.store_frame(items)
 
     def _account(self, results: list[StoreResult | None]) -> None:
         m = self.metrics
@@ -179,6 +186,22 @@ class Receiver:
             await self.inbox.reset_receive_cursor(*target)
             cursor = target
         raise LinkError("the broker refused to resume three times")
+
+
+def _parents(items: list[Delivery | Void]) -> list[str | None]:
+    if not tracing.enabled():
+        return []
+    return [d.traceparent for d in items if isinstance(d, Delivery)]
+
+
+def _traced(d: Delivery, hop: tracing.Hop) -> Delivery:
+    """A lone delivery stored with the store span's traceparent: the inbox item, its event
+    and the hooks it fires then name this span as their parent."""
+    hop.set("tidemesh.broker_message_id", d.broker_message_id)
+    hop.set("tidemesh.client_message_id", d.client_message_id)
+    hop.set("tidemesh.kind", d.dest_kind)
+    onward = hop.onward(d.traceparent)
+    return d if onward is d.traceparent else dataclasses.replace(d, traceparent=onward)
 
 
 async def forward_presence(link: BrokerLink, inbox: InboxService,

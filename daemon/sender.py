@@ -22,6 +22,7 @@ import orjson
 import structlog
 from prometheus_client import Counter, Histogram
 
+from tidemesh.core import tracing
 from tidemesh.core.backoff import Backoff
 from tidemesh.core.metrics import BATCH_BUCKETS, CollectorRegistry
 from tidemesh.core.outcome import Kind, Settlement, classify
@@ -157,11 +158,19 @@ class Sender:
 
     async def _send(self, rows: list[Claimed]) -> None:
         limit = self.settings.send_timeout_s
-        try:
-            answers = await self.link.send_many(
-                [(r.client_message_id, orjson.loads(r.payload)) for r in rows], limit)
-        except LinkError:
-            answers = [None] * len(rows)
+        items = [(r.client_message_id, orjson.loads(r.payload)) for r in rows]
+        with tracing.span("tidemesh.daemon.send", _parents(items),
+                          {"tidemesh.mesh": self.metrics.mesh, "tidemesh.batch_size": len(rows)}
+                          ) as hop:
+            if len(items) == 1:
+                _carry(items[0], hop)
+            try:
+                answers = await self.link.send_many(items, limit)
+            except LinkError:
+                answers = [None] * len(rows)
+            if len(rows) == 1 and answers[0] is not None:
+                hop.set("tidemesh.status", answers[0].get("status", 0))
+                hop.set("tidemesh.broker_message_id", answers[0].get("broker_message_id") or "")
         error = ("LinkClosed: the broker link closed before the answer" if self.link.closed
                  else f"TimeoutError: no answer within {limit:.0f} s")
         now = int(self.clock() * 1000)
@@ -190,3 +199,16 @@ class Sender:
                 m.dedupe.labels(direction="outbound", mesh=m.mesh).inc()
                 log.info("outbox_duplicate_acknowledged", outbox_id=st.row_id,
                          broker_message_id=st.broker_message_id)
+
+
+def _parents(items: list[tuple[str, dict[str, Any]]]) -> list[str | None]:
+    """The send span's parents: each row's stored traceparent (the accept span's)."""
+    return [p.get("traceparent") for _, p in items] if tracing.enabled() else []
+
+
+def _carry(item: tuple[str, dict[str, Any]], hop: tracing.Hop) -> None:
+    """A lone row's frame carries the send span's traceparent (the row keeps its own: a
+    resend is another child of the accept)."""
+    cmid, payload = item
+    payload["traceparent"] = hop.onward(payload.get("traceparent"))
+    hop.set("tidemesh.client_message_id", cmid)

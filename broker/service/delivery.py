@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import random
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import orjson
@@ -22,6 +23,7 @@ from tidemesh.broker.service.connections import Conn, Connections, now_ms
 from tidemesh.broker.service.metrics import Metrics
 from tidemesh.broker.session import ResumeResult, decide_resume
 from tidemesh.broker.store.base import DeliveryRow, Store
+from tidemesh.core import tracing
 from tidemesh.core.backoff import Backoff
 from tidemesh.core.features import DELIVER_BATCH_MAX_BYTES, DELIVER_BATCH_MAX_COUNT
 
@@ -95,9 +97,10 @@ class Deliveries:
             items = [deliver_frame(row, conn.trace_context) for row in rows]
             groups = batch_frames(items) if conn.batch_deliveries else [[i] for i in items]
             for group in groups:
-                await conn.peer.send_frame(
-                    group[0] if len(group) == 1
-                    else {"type": "deliver_batch", "deliveries": group})
+                with _delivery_span(conn, group):
+                    await conn.peer.send_frame(
+                        group[0] if len(group) == 1
+                        else {"type": "deliver_batch", "deliveries": group})
                 conn.sent_seq = group[-1]["seq"]
                 self.metrics.delivered.inc(len(group))
                 self.metrics.deliver_batch.observe(len(group))
@@ -115,6 +118,25 @@ class Deliveries:
                      to_pubkey=m.to_pubkey)
         self.connections.wake({(m.mesh_id, m.to_pubkey) for m in moved})
         return len(moved)
+
+
+@contextlib.contextmanager
+def _delivery_span(conn: Conn, group: list[dict[str, Any]]) -> Iterator[None]:
+    """The push of one frame to the recipient's connection queue. A lone delivery's frame
+    carries the span's traceparent, so the recipient's inbox store is its child. A daemon
+    that takes no trace context gets no span (it would start a trace of its own)."""
+    if not tracing.enabled() or not conn.trace_context:
+        yield
+        return
+    with tracing.span("tidemesh.broker.deliver", [d.get("traceparent") for d in group],
+                      {"tidemesh.mesh": conn.mesh_id, "tidemesh.batch_size": len(group)}) as hop:
+        if len(group) == 1:
+            item = group[0]
+            hop.set("tidemesh.broker_message_id", item["broker_message_id"])
+            hop.set("tidemesh.seq", item["seq"])
+            if "traceparent" in item:
+                item["traceparent"] = hop.onward(item["traceparent"])
+        yield
 
 
 def batch_frames(items: Sequence[dict[str, Any]], max_count: int = DELIVER_BATCH_MAX_COUNT,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -36,6 +37,7 @@ from tidemesh.broker.service.connections import Conn, Connections, now_ms
 from tidemesh.broker.service.metrics import Metrics
 from tidemesh.broker.service.ratelimit import Limiter, Member
 from tidemesh.broker.store.base import Store
+from tidemesh.core import tracing
 from tidemesh.core.errors import RateLimited, TidemeshError
 from tidemesh.core.ids import new_ulids
 from tidemesh.core.ratelimit import Admission
@@ -197,7 +199,16 @@ class Sends:
     async def _store(self, member: Member, sends: Valid,
                      results: dict[int, Frame | AcceptResult]) -> None:
         """The sends that took a token, as one store operation; tokens back for retries."""
-        accepted = await self.store.accept_batch([a for _, a in sends])
+        inputs = [a for _, a in sends]
+        with tracing.span("tidemesh.broker.accept", _parents(inputs),
+                          {"tidemesh.mesh": member[0], "tidemesh.batch_size": len(inputs)}
+                          ) as hop:
+            if len(inputs) == 1:
+                inputs[0] = _traced(inputs[0], hop)
+            accepted = await self.store.accept_batch(inputs)
+            if len(accepted) == 1:
+                hop.set("tidemesh.status", accepted[0].status)
+                hop.set("tidemesh.broker_message_id", accepted[0].broker_message_id or "")
         for (i, _), result in zip(sends, accepted, strict=True):
             results[i] = result
         self._woken(member, accepted)
@@ -227,6 +238,19 @@ class Sends:
     def _mismatched(self, conn: Conn, result: AcceptResult) -> None:
         log.warning("broker_fingerprint_mismatched", mesh_id=conn.mesh_id,
                     sender=conn.pubkey, client_message_id=result.client_message_id)
+
+
+def _parents(inputs: list[AcceptInput]) -> list[str | None]:
+    return [a.traceparent for a in inputs] if tracing.enabled() else []
+
+
+def _traced(a: AcceptInput, hop: tracing.Hop) -> AcceptInput:
+    """A lone send kept with the accept span's traceparent, so its deliveries are children
+    of the accept (not part of the fingerprint: a retry is still the same send)."""
+    hop.set("tidemesh.client_message_id", a.client_message_id)
+    hop.set("tidemesh.kind", a.kind)
+    onward = hop.onward(a.traceparent)
+    return a if onward is a.traceparent else dataclasses.replace(a, traceparent=onward)
 
 
 def _key_of(send: Frame) -> str | None:

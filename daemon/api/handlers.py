@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import time
+from collections.abc import Awaitable
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -14,7 +16,7 @@ from urllib.parse import quote
 import orjson
 from aiohttp import web
 
-from tidemesh.core import compat, metrics, numbers
+from tidemesh.core import compat, metrics, numbers, tracing
 from tidemesh.core.errors import InvalidRequest
 from tidemesh.core.send import Destination, SendRequest, parse_send_request
 from tidemesh.daemon import token_rotation
@@ -33,7 +35,8 @@ from tidemesh.daemon.api.keys import (
 )
 from tidemesh.daemon.api.responses import batch_item, scoped_outcome, send_response
 from tidemesh.daemon.api.validation import checked, parse_json
-from tidemesh.daemon.records import BatchItem, Page, SendKind
+from tidemesh.daemon.records import BatchItem, Page, SendKind, SendOutcome
+from tidemesh.daemon.service.outbox import OutboxService
 
 _STATUSES = ("pending", "inflight", "done", "dead", "aborted")
 
@@ -106,12 +109,43 @@ def _send_request(data: Any, header_id: str | None = None,
     return parse_send_request(checked("send_request.schema.json", data), header_id, traceparent)
 
 
+def _given(data: dict[str, Any], header: str | None) -> str | None:
+    """The traceparent the caller gave (header, else field); None when the daemon made it."""
+    return header if header is not None else data.get("traceparent")
+
+
+def _traced(req: SendRequest, hop: tracing.Hop) -> SendRequest:
+    """``req`` carrying the accept span's traceparent (the same request when tracing is off)."""
+    onward = hop.onward(req.traceparent)
+    return req if onward is req.traceparent else dataclasses.replace(req, traceparent=onward)
+
+
+def _submit(outbox: OutboxService, req: SendRequest, data: dict[str, Any],
+            header: str | None) -> Awaitable[SendOutcome]:
+    """One send into the outbox; with tracing on, inside its accept span."""
+    if not tracing.enabled():   # the hot path pays one call when tracing is off
+        return outbox.submit(req)
+    return _submit_traced(outbox, req, _given(data, header))
+
+
+async def _submit_traced(outbox: OutboxService, req: SendRequest,
+                         given: str | None) -> SendOutcome:
+    """The accept span is a child of the caller's trace context (a root when the caller
+    gave none); the row keeps the span's traceparent, so the send to the broker is its child."""
+    with tracing.span("tidemesh.daemon.accept", (given,),
+                      {"tidemesh.kind": req.to.kind.value}) as hop:
+        out = await outbox.submit(_traced(req, hop))
+        hop.set("tidemesh.client_message_id", out.client_message_id)
+        hop.set("tidemesh.outcome", out.kind.value)
+        return out
+
+
 async def post_send(app: web.Application, req: Parsed) -> Answer:
     """POST /v1/send, on aiohttp and on the Unix socket's send lane alike. With a hook's
     reply token it sees only the rows its token made."""
-    sreq = _send_request(parse_json(req.body), req.headers.get("idempotency-key"),
-                         req.headers.get("traceparent"))
-    out = await app[OUTBOX].submit(sreq)
+    data, header = parse_json(req.body), req.headers.get("traceparent")
+    sreq = _send_request(data, req.headers.get("idempotency-key"), header)
+    out = await _submit(app[OUTBOX], sreq, data, header)
     token = req.reply_token
     if token is not None:
         caps = app[CAPABILITIES]
@@ -137,8 +171,22 @@ async def post_send_batch(app: web.Application, req: Parsed) -> Answer:
         raise InvalidRequest("a batch takes no Idempotency-Key header; give each send its own "
                              "client_message_id", field="Idempotency-Key")
     data = checked("send_batch_request.schema.json", parse_json(req.body))
-    outcomes = await app[OUTBOX].submit_many([_batch_item(d) for d in data["sends"]])
+    items = [_batch_item(d) for d in data["sends"]]
+    with tracing.span("tidemesh.daemon.accept", _batch_parents(data["sends"], items),
+                      {"tidemesh.batch_size": len(items)}) as hop:
+        if len(items) == 1 and isinstance(items[0], SendRequest):
+            items[0] = _traced(items[0], hop)
+        outcomes = await app[OUTBOX].submit_many(items)
     return json_answer({"results": [batch_item(o) for o in outcomes]})
+
+
+def _batch_parents(sends: list[dict[str, Any]], items: list[BatchItem]) -> list[str | None]:
+    """A batch span's parents: a lone send's given traceparent, or each send's to link."""
+    if not tracing.enabled():
+        return []
+    if len(items) == 1 and isinstance(items[0], SendRequest):
+        return [_given(sends[0], None)]
+    return [it.traceparent for it in items if isinstance(it, SendRequest)]
 
 
 async def get_outbox(request: web.Request) -> web.Response:

@@ -18,6 +18,7 @@ type SendRequest struct {
 	Meta            map[string]any `json:"meta,omitempty"`
 	ReplyTo         string         `json:"reply_to,omitempty"`
 	ClientMessageID string         `json:"client_message_id,omitempty"`
+	Traceparent     string         `json:"traceparent,omitempty"` // W3C trace context; the daemon makes one when empty
 }
 
 // SendResult: 202 "queued"/"inflight" (on disk, will be sent), or 200 "done" with
@@ -100,6 +101,7 @@ type InboxEntry struct {
 		Epoch int64 `json:"epoch"`
 		Seq   int64 `json:"seq"`
 	} `json:"delivery"`
+	Traceparent *string `json:"traceparent"`
 }
 
 // Lost says how many entries retention removed before a named consumer acked them.

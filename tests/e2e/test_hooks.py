@@ -54,7 +54,7 @@ with open({codes!r}, "w") as f:
 
 
 def add_with_hooks(mesh: Mesh, label: str, root: Path, files: dict[str, str],
-                   toml: str) -> RunningDaemon:
+                   toml: str, extra_env: dict[str, str] | None = None) -> RunningDaemon:
     """Mesh.add, with the hooks folder written between the join and the start."""
     home = root / label
     home.mkdir()
@@ -67,7 +67,7 @@ def add_with_hooks(mesh: Mesh, label: str, root: Path, files: dict[str, str],
         (folder / name).write_text(text)
         (folder / name).chmod(0o700)
     (folder / "hooks.toml").write_text(toml)
-    d = start_daemon(home, "m")
+    d = start_daemon(home, "m", extra_env)
     mesh.daemons[label] = d
     return d
 

@@ -20,6 +20,8 @@ export interface SendRequest {
   meta?: Record<string, unknown> | null;
   reply_to?: string | null;
   client_message_id?: string;
+  /** W3C trace context (docs/ipc.md); the daemon makes one when absent. */
+  traceparent?: string;
 }
 
 /**
@@ -87,6 +89,7 @@ export interface InboxEntry {
   sent_at: number;
   received_at: number;
   delivery: { epoch: number; seq: number };
+  traceparent?: string | null;
 }
 
 /**
