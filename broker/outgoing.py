@@ -78,7 +78,10 @@ class Outgoing:
         """A presence event; returns how many older events it pushed out (0 or 1)."""
         if self.closing:
             return 0
-        subject = (str(frame["mesh_id"]), str(frame["pubkey"]))
+        # A rotation is not a presence state that a later join or leave replaces.
+        about = (str(frame["pubkey"]) if frame["type"] != "peer_key_rotated"
+                 else f"rotated:{frame['old_pubkey']}")
+        subject = (str(frame["mesh_id"]), about)
         if subject in self._presence:
             self._presence[subject] = frame     # the newest state, in the older one's place
             return 0

@@ -72,9 +72,11 @@ Action = Send | Close | Authenticate | Dispatch
 # The frames legal once READY; who handles each is the route table's business.
 READY_TYPES = frozenset({
     FrameType.SEND, FrameType.SEND_BATCH, FrameType.REQUEST, FrameType.ACK, FrameType.RESUME,
-    FrameType.FEATURE_REQUEST, FrameType.PEERS, FrameType.PROFILE,
+    FrameType.FEATURE_REQUEST, FrameType.PEERS, FrameType.PROFILE, FrameType.KEY_ROTATE,
     FrameType.FILE_OPEN, FrameType.FILE_CHUNK, FrameType.FILE_CLOSE, FrameType.FILE_FETCH,
 })
+# A hello refusal with a close code of its own: the daemon's fix is another key, not a retry.
+ROTATED_OUT = "key_rotated_out"
 
 
 @dataclass(slots=True)
@@ -127,7 +129,8 @@ class Session:
                   clone_suspected: bool = False) -> list[Action]:
         """The service's answer to ``Authenticate``: ``problem`` is a close reason or None."""
         if problem is not None:
-            return self._close(CloseCode.AUTH, problem)
+            return self._close(CloseCode.ROTATED_OUT if problem == ROTATED_OUT
+                               else CloseCode.AUTH, problem)
         self.phase, self.mesh_id, self.pubkey = Phase.READY, mesh_id, pubkey
         ack = {"type": "hello_ack", "mesh_id": mesh_id, "mesh_name": mesh_name,
                "pubkey": pubkey, "session_id": session_id, "joined": joined}

@@ -24,7 +24,8 @@ NOTICES = frozenset({"history_truncated", "cursor_ahead"})
 @dataclass(frozen=True, slots=True)
 class Event:
     """One event of the daemon's log: ``message`` (an inbox entry), ``peer_join``,
-    ``peer_leave``, ``broker_status``, ``outbox_dead``, ``hook_failed`` or
+    ``peer_leave``, ``peer_key_rotated`` (a peer moved to a new key: ``pubkey`` and
+    ``old_pubkey``), ``broker_status``, ``outbox_dead``, ``hook_failed`` or
     ``clone_suspected`` (another host presents this member's key)."""
 
     id: int

@@ -33,7 +33,12 @@ TRACE_CONTEXT = "trace_context"
 # N members was N² frames).
 PRESENCE_BATCH = "presence_batch"
 PRESENCE_BATCH_MAX_COUNT = 4096
-OPTIONAL: tuple[str, ...] = (DELIVER_BATCH, TRACE_CONTEXT, PRESENCE_BATCH)
+# Optional: the ``key_rotate`` frame (a member moves to a new key in one signed step) and the
+# ``peer_key_rotated`` events it causes. A broker from before it refuses the frame type, so
+# ``daemon rotate-keypair`` checks the advertisement first and names the missing feature; a
+# broker tells the event only to daemons that asked for it.
+KEY_ROTATION = "key_rotation"
+OPTIONAL: tuple[str, ...] = (DELIVER_BATCH, TRACE_CONTEXT, PRESENCE_BATCH, KEY_ROTATION)
 MODES = ("retention_scoped", "permanent")
 
 
@@ -60,6 +65,7 @@ def advertise(mode: str, retention_days: int, inline_bytes: int) -> dict[str, An
                                    "max_bytes": DELIVER_BATCH_MAX_BYTES}},
         TRACE_CONTEXT: {"params": {"version": 1}},
         PRESENCE_BATCH: {"params": {"version": 1, "max_count": PRESENCE_BATCH_MAX_COUNT}},
+        KEY_ROTATION: {"params": {"version": 1}},
     }
 
 

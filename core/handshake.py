@@ -51,3 +51,35 @@ def host_mark(pubkey: str, host_fingerprint: str) -> str:
     """What a hello says of its host: equal for one key on one host, different on a clone."""
     return hashlib.sha256(b"\x00".join((HOST_DOMAIN, pubkey.encode(),
                                          host_fingerprint.encode()))).hexdigest()
+
+
+# A key rotation (``key_rotate``, docs/broker.md "Key rotation") is signed by both keys over
+# the same bytes: the old key says "my successor is new", the new key says "I take over old".
+# No nonce: the statement is the same whenever it is made, and the broker's step is idempotent
+# (a replay of a rotation that happened changes nothing).
+ROTATE_DOMAIN = b"tidemesh-rotate-v1"
+
+
+def rotation_bytes(mesh_id: str, old_pubkey: str, new_pubkey: str) -> bytes:
+    return b"\x00".join((ROTATE_DOMAIN, mesh_id.encode(), old_pubkey.encode(),
+                         new_pubkey.encode()))
+
+
+def sign_rotation(old: SigningKey, new: SigningKey, mesh_id: str) -> dict[str, str]:
+    """The fields of a ``key_rotate`` frame: both public keys and both signatures."""
+    old_pub, new_pub = bytes(old.verify_key).hex(), bytes(new.verify_key).hex()
+    signed = rotation_bytes(mesh_id, old_pub, new_pub)
+    return {"old_pubkey": old_pub, "new_pubkey": new_pub,
+            "old_signature": bytes(old.sign(signed).signature).hex(),
+            "new_signature": bytes(new.sign(signed).signature).hex()}
+
+
+def verify_rotation(mesh_id: str, frame: dict[str, str]) -> bool:
+    signed = rotation_bytes(mesh_id, frame["old_pubkey"], frame["new_pubkey"])
+    try:
+        for key, sig in ((frame["old_pubkey"], frame["old_signature"]),
+                         (frame["new_pubkey"], frame["new_signature"])):
+            VerifyKey(bytes.fromhex(key)).verify(signed, bytes.fromhex(sig))
+    except (BadSignatureError, ValueError):
+        return False
+    return True

@@ -73,6 +73,16 @@ class DaemonPaths:
         return self.data_dir / "keypair.json"
 
     @property
+    def keypair_archive(self) -> Path:
+        """Rotated-out X25519 keys kept for their grace period (daemon rotate-keypair)."""
+        return self.data_dir / "keypair-archive.json"
+
+    @property
+    def keypair_pending(self) -> Path:
+        """The new key of a rotation under way; gone once it is finished or rolled back."""
+        return self.data_dir / "keypair-pending.json"
+
+    @property
     def ephemeral_keypair(self) -> Path:
         # An ephemeral member's key (CI): beside the socket, never in the data folder.
         return self.runtime_dir / "keypair.ephemeral.json"

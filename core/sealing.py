@@ -114,8 +114,14 @@ def seal_request(sender: SigningKey, req: SendRequest, client_message_id: str) -
 
 def unseal(recipient: SigningKey, sender_pubkey_hex: str, sealed: bytes) -> Opened:
     """Open a DM sealed by ``sender_pubkey_hex`` for ``recipient``."""
+    return unseal_with(_x25519_private(recipient), sender_pubkey_hex, sealed)
+
+
+def unseal_with(recipient: PrivateKey, sender_pubkey_hex: str, sealed: bytes) -> Opened:
+    """``unseal`` with the recipient's X25519 key itself: one kept in the archive of
+    rotated-out keys (docs/threat-model.md, "Key rotation")."""
     try:
-        box = Box(_x25519_private(recipient), _x25519_public(sender_pubkey_hex))
+        box = Box(recipient, _x25519_public(sender_pubkey_hex))
         plain = box.decrypt(sealed)
     except (CryptoError, ValueError) as exc:
         raise UnsealError(f"cannot open DM from {sender_pubkey_hex[:16]}…: {exc}") from exc

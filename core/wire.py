@@ -54,6 +54,9 @@ class FrameType(StrEnum):
     PEER_LEAVE = "peer_leave"
     PRESENCE_BATCH = "presence_batch"
     CLONE_SUSPECTED = "clone_suspected"
+    KEY_ROTATE = "key_rotate"
+    KEY_ROTATED = "key_rotated"
+    PEER_KEY_ROTATED = "peer_key_rotated"
     # Shared files (core/files.py): the upload, in order, and the fetch of a chunk.
     FILE_OPEN = "file_open"
     FILE_CHUNK = "file_chunk"
@@ -75,6 +78,7 @@ class CloseCode:
     TAKEN_OVER = 4011         # the member connected again, to another broker: reconnect
     SLOW_READER = 4012        # the connection took no frame for limits.slow_reader_s: reconnect
     CLONE = 4013              # another host holds this member's key (clone.policy): back off
+    ROTATED_OUT = 4014        # the key was rotated out (daemon rotate-keypair): use the new one
 
 
 class InvalidFrame(InvalidRequest):

@@ -12,6 +12,9 @@ from tidemesh.core import tracing
 from tidemesh.core.environment import AUTO, KINDS
 from tidemesh.core.settings import ConfigError, Resolved, Setting, build
 
+# The longest grace a rotated-out key may have: past a month a leaked key's DMs must stop.
+MAX_GRACE_DAYS = 30
+
 SETTINGS: tuple[Setting, ...] = (
     Setting("daemon.mesh", str, "default", "Mesh this daemon serves; one per (user, mesh)."),
     Setting("environment.kind", str, "auto", "host, container or ci: sets the defaults of "
@@ -90,6 +93,9 @@ SETTINGS: tuple[Setting, ...] = (
             "opening handshake (challenge, hello, features) within this is retried."),
     Setting("reconnect.stall_timeout_s", float, 30.0, "A broker link with requests waiting and "
             "no frame from the broker for this long is cut and reconnected."),
+    Setting("crypto.key_grace_period_days", int, 7, "After `daemon rotate-keypair`, how many "
+            "days the old key's X25519 half stays in keypair-archive.json so that DMs sealed "
+            "to it still open (0 to 30)."),
     Setting("hooks.enabled", bool, None, "Run the executables of the hooks/ folder that "
             "hooks.toml enables (docs/daemon.md, Hooks). Unset: yes, except in CI.",
             optional=True),
@@ -151,6 +157,7 @@ class DaemonSettings:
     reconnect_jitter_pct: int
     reconnect_handshake_timeout_s: float
     reconnect_stall_timeout_s: float
+    crypto_key_grace_period_days: int
     hooks_enabled: bool | None
     hooks_concurrency: int
     metrics_otel_endpoint: str
@@ -188,6 +195,9 @@ def load(
         raise ConfigError("ipc.rate_per_s must be 0 (no limit) or more and ipc.rate_burst at "
                           "least 1", field="ipc.rate_burst" if settings.ipc_rate_burst < 1
                           else "ipc.rate_per_s")
+    if not 0 <= settings.crypto_key_grace_period_days <= MAX_GRACE_DAYS:
+        raise ConfigError(f"crypto.key_grace_period_days must be 0 to {MAX_GRACE_DAYS}",
+                          field="crypto.key_grace_period_days")
     if not 4096 <= settings.files_chunk_bytes <= 1 << 20 or settings.files_window < 1:
         raise ConfigError("files.chunk_bytes must be 4096-1048576 and files.window at least 1",
                           field="files.chunk_bytes" if settings.files_window >= 1

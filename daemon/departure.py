@@ -30,7 +30,8 @@ from tidemesh.daemon.join import MeshConfig
 from tidemesh.daemon.link import HandshakeRejected, LinkError
 
 # The files that make a host a member of a mesh; reset moves them aside, config stays.
-DATA_FILES = ("keypair.json", "keypair-archive.json", "host_fingerprint.json", "mesh.json",
+DATA_FILES = ("keypair.json", "keypair-archive.json", "keypair-pending.json",
+              "host_fingerprint.json", "mesh.json",
               "revoked.json", "outbox.db", "outbox.db-wal", "outbox.db-shm", "inbox.db",
               "inbox.db-wal", "inbox.db-shm")
 

@@ -55,7 +55,8 @@ class MeshConfig:
 
 # What binds a local mesh name to one mesh: its identity, its config and its message state.
 # daemon.toml and hooks/ are the operator's and stay; so do the log and the runtime files.
-_BOUND = ("mesh.json", "keypair.json", "host_fingerprint.json", "revoked.json")
+_BOUND = ("mesh.json", "keypair.json", "keypair-archive.json", "keypair-pending.json",
+          "host_fingerprint.json", "revoked.json")
 _BOUND_DBS = ("outbox.db", "inbox.db")
 
 

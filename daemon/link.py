@@ -183,6 +183,11 @@ class BrokerLink:
         answer = await self._call({"type": "peers"})
         return list(answer.get("peers", []))
 
+    async def rotate_key(self, signed: dict[str, str]) -> dict[str, Any]:
+        """``key_rotate`` (``handshake.sign_rotation``'s fields); the ``key_rotated`` answer
+        or an ``error`` frame."""
+        return await self._call({"type": "key_rotate", **signed})
+
     async def set_profile(self, profile: dict[str, Any]) -> None:
         """Replace this member's profile at the broker (what others see in peers)."""
         refused = refusal(await self._call({"type": "profile", "profile": profile}))

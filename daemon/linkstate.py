@@ -53,18 +53,24 @@ class HandshakeRejected(LinkError):
     """The broker closed during the handshake (unknown or revoked member, bad signature …)."""
 
     def __init__(self, code: int | None, reason: str) -> None:
-        why = explain_refusal(reason) or (
-            "another host presents this member's key (a cloned data dir?); retrying with "
-            "backoff; see docs/operations.md, A cloned host" if reason == "clone_suspected"
-            else None)
+        why = explain_refusal(reason) or _WHY.get(reason)
         super().__init__(f"the broker refused this member (close {code}: {reason})"
                          + (f": {why}" if why else ""))
         self.code = code
         self.reason = reason
         # Revocation or an unknown key will not fix itself; a transient close might. A hello
         # that came too late (a stalled network) is a policy close that a retry does fix.
-        self.retryable = (code not in (CloseCode.AUTH, CloseCode.POLICY)
-                          or reason == "hello_timeout")
+        self.retryable = (code not in (CloseCode.AUTH, CloseCode.POLICY,
+                                       CloseCode.ROTATED_OUT) or reason == "hello_timeout")
+
+
+_WHY = {
+    "clone_suspected": "another host presents this member's key (a cloned data dir?); "
+                       "retrying with backoff; see docs/operations.md, A cloned host",
+    "key_rotated_out": "this key was rotated out (daemon rotate-keypair); a rotation left "
+                       "unfinished here is finished by `tidemesh daemon rotate-keypair` or "
+                       "the next `daemon up`",
+}
 
 
 class FeatureUnavailable(LinkError):
@@ -425,7 +431,7 @@ class LinkState(Generic[W]):
 
 
 PRESENCE_FRAMES = frozenset({FrameType.PEER_JOIN, FrameType.PEER_LEAVE,
-                             FrameType.CLONE_SUSPECTED})
+                             FrameType.CLONE_SUSPECTED, FrameType.PEER_KEY_ROTATED})
 
 # What a READY link does with each frame the broker starts; every frame not named here
 # answers a request of ours by its id (``_answer``), so a new request needs no row. A new

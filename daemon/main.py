@@ -34,7 +34,7 @@ from tidemesh.core.settings import ConfigError
 from tidemesh.core.watchdog import LoopWatchdog, StallPolicy
 from tidemesh.daemon import config as config_mod
 from tidemesh.daemon import environment as environment_mod
-from tidemesh.daemon import ephemeral, identity, revocation, storage_gauges
+from tidemesh.daemon import ephemeral, identity, key_rotation, revocation, storage_gauges
 from tidemesh.daemon import fleet as fleet_mod
 from tidemesh.daemon import log as log_mod
 from tidemesh.daemon.api.connections import ConnectionLimits
@@ -56,6 +56,7 @@ from tidemesh.daemon.api.keys import (
 )
 from tidemesh.daemon.hooks.service import HookService, load_plan
 from tidemesh.daemon.join import MeshConfig
+from tidemesh.daemon.keyring import Keyring
 from tidemesh.daemon.lifecycle import Drain, Reloader, StopBudget, finish, kept_running
 from tidemesh.daemon.live_link import not_joined
 from tidemesh.daemon.private import ensure_dirs, ensure_token
@@ -204,6 +205,13 @@ def _run_locked(start: Startup) -> int:
     if revoked is not None:
         log.error("daemon_start_refused", reason="member_revoked", hint=revoked.message)
         return Exit.REVOKED
+    settled = key_rotation.settle_at_start(paths, start.settings.crypto_key_grace_period_days)
+    if settled in (key_rotation.Action.WAIT, key_rotation.Action.LOST):
+        log.error("daemon_start_refused", reason="key_rotation_pending", state=str(settled),
+                  hint="a key rotation was interrupted and the broker cannot say which key it "
+                       "knows; start again once it is reachable, or run `tidemesh daemon "
+                       "rotate-keypair` (docs/operations.md, A key leaked: rotate it)")
+        return Exit.FAILURE
     if start.settings.identity_persistent:
         keypair, created = identity.load_or_create_keypair(paths.keypair)
         if created:
@@ -343,7 +351,8 @@ class Daemon:
         app[INBOX] = InboxService(inbox_db, bus, self.clock, hooks.plan,
                                   search_enabled=s.inbox_fts_enabled)
         app[BUS] = bus
-        relay = self._relay(app[OUTBOX], app[INBOX], app[STATE])
+        keyring = Keyring.load(key, paths.keypair_archive, self.clock, app[STATE].registry)
+        relay = self._relay(app[OUTBOX], app[INBOX], app[STATE], keyring)
         live = relay.live.if_open if relay is not None else not_joined
         app[MEMBERSHIP] = MembershipService(inbox_db, live)
         app[PRESENCE] = PresenceService(inbox_db, live, self.keypair.public_hex)
@@ -386,6 +395,7 @@ class Daemon:
             "retention": lambda: app[RETENTION].run(s.retention_sweep_interval_s, urgent=urgent),
             "hooks": hooks.run,
             "ipc-socket": SocketWatch(server).run,
+            "key-archive": keyring.run,   # the daily expiry of rotated-out keys
         }
         others = {asyncio.create_task(kept_running(name, fn, _TASK_BACKOFF,
                                                    lambda n: restarts.labels(task=n).inc()),
@@ -432,7 +442,7 @@ class Daemon:
         return watchdog
 
     def _relay(self, outbox: OutboxService, inbox: InboxService,
-               state: IpcState) -> Relay | None:
+               state: IpcState, keyring: Keyring) -> Relay | None:
         paths, s = self.start.paths, self.start.settings
         if not paths.mesh_file.exists():
             log.info("broker_link_disabled", reason="not joined to a mesh; run "
@@ -479,7 +489,8 @@ class Daemon:
                                     stall_timeout_s=s.reconnect_stall_timeout_s), on_status,
                       metrics=RelayMetrics.register(state.registry, s.daemon_mesh),
                       clock=self.clock,
-                      host_fingerprint=identity.current_host_fingerprint(self.start.environ))
+                      host_fingerprint=identity.current_host_fingerprint(self.start.environ),
+                      keyring=keyring)
         return relay
 
     async def _supervise(self, dbs: list[Database], relay: asyncio.Task[None] | None,

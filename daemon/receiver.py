@@ -29,6 +29,7 @@ from tidemesh.core.ids import new_ulid, new_ulids
 from tidemesh.core.metrics import BATCH_BUCKETS, CollectorRegistry
 from tidemesh.core.sealing import UnsealError, unseal
 from tidemesh.daemon import race
+from tidemesh.daemon.keyring import Keyring
 from tidemesh.daemon.link import BrokerLink, LinkError
 from tidemesh.daemon.linkstate import resume_outcome
 from tidemesh.daemon.receive_order import Position, ReceiveOrder
@@ -63,17 +64,19 @@ class ReceiverMetrics:
 
 
 def delivery_of(f: dict[str, Any], key: SigningKey, mesh: str, now_ms: int,
-                entry_id: str | None = None) -> Delivery:
-    """A ``deliver`` frame as the inbox stores it: body decoded, a DM opened. A DM that does
-    not open is still stored, marked ``tidemesh_undecryptable`` in its meta. ``entry_id``:
-    the inbox id, when the caller minted a frame's ids together."""
+                entry_id: str | None = None, keyring: Keyring | None = None) -> Delivery:
+    """A ``deliver`` frame as the inbox stores it: body decoded, a DM opened (with the
+    ``keyring``'s archived keys too, when given). A DM that does not open is still stored,
+    marked ``tidemesh_undecryptable`` in its meta. ``entry_id``: the inbox id, when the
+    caller minted a frame's ids together."""
     body = (f["body"].encode("utf-8") if f["body_encoding"] == "utf8"
             else base64.b64decode(f["body"]))
     encoding = f["body_encoding"]
     meta, reply_to = f.get("meta"), f.get("reply_to")
     if f["to"]["kind"] == "dm":
         try:
-            opened = unseal(key, f["sender_pubkey"], body)
+            opened = (unseal(key, f["sender_pubkey"], body) if keyring is None else
+                      keyring.open(f["sender_pubkey"], f["to"]["ref"], body, now_ms))
             if opened.sealed_fields and opened.priority != f["priority"]:
                 raise UnsealError(f"the priority outside ({f['priority']}) is not the one "
                                   f"sealed ({opened.priority}): changed on the way")
@@ -98,7 +101,9 @@ def delivery_of(f: dict[str, Any], key: SigningKey, mesh: str, now_ms: int,
 
 class Receiver:
     def __init__(self, link: BrokerLink, inbox: InboxService, key: SigningKey, mesh: str,
-                 metrics: ReceiverMetrics, clock: Callable[[], float]) -> None:
+                 metrics: ReceiverMetrics, clock: Callable[[], float],
+                 keyring: Keyring | None = None) -> None:
+        self.keyring = keyring
         self.link = link
         self.inbox = inbox
         self.key = key
@@ -132,7 +137,8 @@ class Receiver:
         # A queue lease that lapsed here went to another consumer: not stored, but the cursor
         # moves past it so the stream stays gapless.
         items = [Void(d["epoch"], d["seq"], now) if d.get("reassigned")
-                 else delivery_of(d, self.key, self.mesh, now, entry_id)
+                 else delivery_of(d, self.key, self.mesh, now, entry_id,
+                                     self.keyring)
                  for d, entry_id in zip(frame, ids, strict=True)]
         with tracing.span("tidemesh.daemon.store", _parents(items),
                           {"tidemesh.mesh": self.mesh, "tidemesh.batch_size": len(items)}) as hop:

@@ -31,6 +31,7 @@ from tidemesh.core.maxage import DedupeWindow, MaxAgeError, max_age_hours
 from tidemesh.core.metrics import CollectorRegistry
 from tidemesh.daemon import revocation
 from tidemesh.daemon.join import MeshConfig
+from tidemesh.daemon.keyring import Keyring
 from tidemesh.daemon.link import (
     STALL_TIMEOUT_S,
     BrokerLink,
@@ -140,8 +141,9 @@ class Relay:
                  inbox: InboxService, settings: RelaySettings, on_status: StatusHook,
                  rng: random.Random | None = None, metrics: RelayMetrics | None = None,
                  clock: Callable[[], float] = time.time,
-                 host_fingerprint: str | None = None) -> None:
+                 host_fingerprint: str | None = None, keyring: Keyring | None = None) -> None:
         self.mesh = mesh
+        self.keyring = keyring   # opens DMs sealed to rotated-out keys too
         self.host_fingerprint = host_fingerprint
         self.clock = clock
         self.key = key
@@ -269,4 +271,4 @@ class Relay:
 
     def _receiver(self, link: BrokerLink) -> Receiver:
         return Receiver(link, self.inbox, self.key, self.mesh.mesh, self.metrics.receiver,
-                        self.clock)
+                        self.clock, self.keyring)

@@ -3,9 +3,9 @@
 ``auth`` (who may connect), ``connections`` (the registry and presence), ``send`` (B1, then
 the store's accept), ``delivery`` (resume, the pump, acks, queue leases), ``destinations``
 (topic and queue requests), ``files`` (shared files' chunks), ``negotiation`` (features),
-``retention`` (the sweep), ``ratelimit`` (each member's send budget), ``cluster`` (what
-several brokers on one database tell each other), ``metrics`` (the Prometheus series) and
-``routes`` (frame type → handler).
+``retention`` (the sweep), ``rotation`` (a member's move to a new key), ``ratelimit`` (each
+member's send budget), ``cluster`` (what several brokers on one database tell each other),
+``metrics`` (the Prometheus series) and ``routes`` (frame type → handler).
 Independent of websockets: a connection is reached through the ``Peer`` protocol. Never
 awaits the network inside a transaction: the store commits first, then frames go out.
 """
@@ -24,6 +24,7 @@ from tidemesh.broker.service.metrics import Metrics
 from tidemesh.broker.service.negotiation import Negotiation
 from tidemesh.broker.service.ratelimit import Limiter
 from tidemesh.broker.service.retention import Retention
+from tidemesh.broker.service.rotation import Rotations
 from tidemesh.broker.service.routes import Route, route_table
 from tidemesh.broker.service.send import Sends
 from tidemesh.broker.store.base import Store
@@ -64,6 +65,7 @@ class BrokerService:
         self.destinations = Destinations(store)
         self.files = Files(store, file_limits)
         self.negotiation = Negotiation(limits)
+        self.rotations = Rotations(store, self.connections)
         self.retention = Retention(store, self.metrics, retention_days=retention_days,
                                    stall_window_hours=stall_window_hours)
         self.routes: dict[FrameType, Route] = route_table(self)

@@ -10,6 +10,7 @@ import structlog
 
 from tidemesh.broker.service.connections import Connections, now_ms
 from tidemesh.broker.service.metrics import Metrics
+from tidemesh.broker.session import ROTATED_OUT
 from tidemesh.broker.store.base import Store
 from tidemesh.core.errors import NotFound
 from tidemesh.core.invite import token_hash
@@ -54,6 +55,8 @@ class Auth:
         member = await self.store.get_member(mesh_id, pubkey)
         if member is None:
             return self._rejected(mesh_id, pubkey, "unknown_member")
+        if member.rotated_to is not None:
+            return self._rejected(mesh_id, pubkey, ROTATED_OUT)
         if member.revoked_at is not None:
             return self._rejected(mesh_id, pubkey, "member_revoked")
         return AuthOutcome(mesh_id, mesh.name, pubkey, None, display_name=member.display_name)
@@ -76,4 +79,8 @@ class Auth:
         revoked = await self.store.revoked_since(since)
         self._checked_at = now
         for mesh_id, pubkey in revoked:
-            await self.connections.close_revoked(mesh_id, pubkey)
+            rotated = False
+            if (mesh_id, pubkey) in self.connections.conns:   # a rotated-out key closes 4014
+                member = await self.store.get_member(mesh_id, pubkey)
+                rotated = member is not None and member.rotated_to is not None
+            await self.connections.close_revoked(mesh_id, pubkey, rotated=rotated)

@@ -100,6 +100,7 @@ class Conn:
     trace_context: bool = False     # the daemon negotiated traceparent in deliver frames
     presence_batch: bool = False    # the daemon negotiated presence_batch frames
     leaving: bool = False           # it asked for member_leave: its answer must go out first
+    key_rotation: bool = False      # the daemon negotiated key_rotation (peer_key_rotated)
     # After a 429 the connection is not read again before this (ms): see service/send.py.
     hold_until_ms: int = 0
     host: str | None = None      # the hello's host_fingerprint (service/clone.py)
@@ -184,17 +185,21 @@ class Connections:
                 c.wake.set()
         return absent
 
-    async def close_revoked(self, mesh_id: str, pubkey: str, *, leavers: bool = True) -> None:
-        """The member was revoked (or left): its connections here close 4002. Without
-        ``leavers``, one that asked to leave is spared (the revocation's event can come
-        before that connection's answer is queued; its daemon closes it, else the next
-        recheck does)."""
+    async def close_revoked(self, mesh_id: str, pubkey: str, *, leavers: bool = True,
+                            rotated: bool = False) -> None:
+        """The member was revoked (or left): its connections here close 4002; a key
+        ``rotated`` out closes 4014. Without ``leavers``, one that asked to leave is spared
+        (the revocation's event can come before that connection's answer is queued; its
+        daemon closes it, else the next recheck does)."""
+        code, reason = ((CloseCode.ROTATED_OUT, "key_rotated_out") if rotated
+                        else (CloseCode.AUTH, "member_revoked"))
         for c in list(self.conns.get((mesh_id, pubkey), ())):
             if c.leaving and not leavers:
                 continue
-            log.warning("broker_revoked_member_closed", mesh_id=mesh_id, pubkey=pubkey)
+            log.warning("broker_revoked_member_closed", mesh_id=mesh_id, pubkey=pubkey,
+                        rotated=rotated)
             self.revoked_closed()
-            await c.peer.close(CloseCode.AUTH, "member_revoked")
+            await c.peer.close(code, reason)
 
     async def announce(self, conn: Conn, kind: str, *, hiding: bool = False) -> None:
         """peer_join / peer_leave to the mesh's other members; presence is best effort.
@@ -248,6 +253,16 @@ class Connections:
                 for subject, frame in events.items():
                     if subject != pubkey:
                         other.peer.tell(frame)
+
+    def tell_rotated(self, frame: dict[str, Any]) -> None:
+        """A ``peer_key_rotated`` to the mesh's members connected here whose daemons asked
+        for it (an older daemon would refuse the frame type)."""
+        for (mesh_id, pubkey), conns in self.conns.items():
+            if mesh_id != frame["mesh_id"] or pubkey in (frame["pubkey"], frame["old_pubkey"]):
+                continue
+            for other in conns:
+                if other.key_rotation:
+                    other.peer.tell(frame)
 
     async def peers(self, conn: Conn, frame: dict[str, Any]) -> dict[str, Any]:
         """Who is connected, with their profiles; hidden members only see themselves."""

@@ -22,5 +22,6 @@ class Negotiation:
         conn.batch_deliveries = features.DELIVER_BATCH in asked
         conn.trace_context = features.TRACE_CONTEXT in asked
         conn.presence_batch = features.PRESENCE_BATCH in asked
+        conn.key_rotation = features.KEY_ROTATION in asked
         return {"type": "feature_negotiation_response", "id": frame["id"],
                 "supported": self.supported, "missing_required": missing}

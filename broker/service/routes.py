@@ -55,6 +55,7 @@ def route_table(svc: BrokerService) -> dict[FrameType, Route]:
         FrameType.FILE_CHUNK: Route(svc.files.chunk),
         FrameType.FILE_CLOSE: Route(svc.files.close),
         FrameType.FILE_FETCH: Route(svc.files.fetch),
+        FrameType.KEY_ROTATE: Route(svc.rotations.rotate),
     }
 
 

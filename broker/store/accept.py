@@ -165,6 +165,8 @@ def _recipients(a: AcceptInput, found: dict[Destination, list[str]]
     if not members and a.kind == "dm":   # the member is known, and was revoked
         return UnknownDestination(f"member {a.ref[:16]}… was revoked from this mesh; it "
                                   "receives nothing any more", field="to.ref")
+    if a.kind == "dm":   # its key, or the one it was rotated out for (docs/broker.md)
+        return members[:1]
     return recipients_for(a.kind, a.ref, a.sender_pubkey, members, members,
                           a.broker_message_id)
 

@@ -21,7 +21,7 @@ from tidemesh.broker.store.accept import AcceptRows, Key
 from tidemesh.broker.store.files import FileStore
 from tidemesh.core import invite as invites
 from tidemesh.core import jsonbounds
-from tidemesh.core.errors import NotFound
+from tidemesh.core.errors import Conflict, NotFound
 from tidemesh.core.jsonbounds import META_DEPTH
 from tidemesh.core.record import record
 from tidemesh.storage.migrate import Migrations
@@ -74,6 +74,30 @@ class Member:
     display_name: str | None
     joined_at: int
     revoked_at: int | None
+    rotated_to: str | None = None   # the key this one was rotated out for (key_rotate)
+
+
+# What a rotation moves to the new key, named as the key_rotated frame counts it.
+ROTATION_COUNTS = ("subscriptions", "queues", "deliveries", "dedupe")
+
+
+def rotation_already(old: Member | None, new: Member | None, new_pubkey: str) -> bool:
+    """Decide a ``key_rotate`` from the two member rows, before anything is written: True
+    when this very rotation happened already (a retry after a lost answer or a crash: the
+    step is idempotent), False when it is to be done; an error when it cannot be."""
+    if old is None:
+        raise NotFound("the old key is not a member of this mesh", reason="unknown_member")
+    if old.rotated_to == new_pubkey:
+        return True
+    if old.rotated_to is not None:
+        raise Conflict(f"this key was rotated out already, to {old.rotated_to[:16]}…",
+                       reason="key_rotated_out")
+    if old.revoked_at is not None:
+        raise NotFound("this key was revoked from the mesh", reason="member_revoked")
+    if new is not None:
+        raise Conflict("the new key is a member of this mesh already; make another",
+                       field="new_pubkey")
+    return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +215,14 @@ class Store(FileStore, Protocol):
     async def leave_member(self, mesh_id: str, pubkey: str, now_ms: int
                            ) -> dict[str, int] | None: ...
     async def add_member(self, mesh_id: str, pubkey: str, now_ms: int) -> None: ...
+    async def rotate_member(self, mesh_id: str, old_pubkey: str, new_pubkey: str,
+                            now_ms: int) -> dict[str, Any]:
+        """Move a member to a new key in one transaction (docs/broker.md, "Key rotation"):
+        the new key's row, the old one rotated out, and its subscriptions, queue
+        memberships, delivery cursor and deliveries (every one, acked or not, so its
+        sequence goes on gapless) and send dedupe rows moved to the new key. Returns
+        ``already`` and the counts of ``ROTATION_COUNTS``."""
+        ...
 
     # destinations
     async def create_topic(self, mesh_id: str, name: str, by: str | None, now_ms: int) -> None: ...

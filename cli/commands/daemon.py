@@ -51,6 +51,8 @@ SUBCOMMANDS = {
     "backup": C + "backup:backup",
     "restore": C + "backup:restore",
     "rotate-token": C + "backup:rotate_token",
+    "rotate-keypair": C + "keypair:rotate_keypair",
+    "archive-cleanup": C + "keypair:archive_cleanup",
     "leave": C + "departure:leave",
     "reset": C + "departure:reset",
     "recover": C + "departure:recover",

@@ -13,7 +13,7 @@ import (
 type Item struct {
 	IsNotice bool
 	ID       int64
-	Type     string // message, peer_join, peer_leave, broker_status, outbox_dead, hook_failed
+	Type     string // message, peer_join, peer_leave, peer_key_rotated, broker_status, outbox_dead, hook_failed, clone_suspected
 	Data     map[string]any
 	Raw      json.RawMessage // Data as sent; a "message" event's is an InboxEntry
 }

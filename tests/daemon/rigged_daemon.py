@@ -6,7 +6,9 @@ the daemon does when its own parts misbehave (a test launcher, never installed):
 - ``failing``: the retention task fails twice (a store restarting), then runs;
 - ``block``: a route, ``GET /v1/test/block?s=N``, blocks the event loop for N seconds;
 - ``ipc_v2``: the daemon speaks IPC API v2 (a future daemon, for the compatibility policy);
-- ``new_clis``: the daemon works only with CLIs and SDKs of 9.x.
+- ``new_clis``: the daemon works only with CLIs and SDKs of 9.x;
+- ``rotate_kill:STEP``: ``daemon rotate-keypair`` (or the start that settles a pending
+  rotation) is killed (-9) as soon as it has recorded STEP (``key_rotation.reached``).
 
 Run as ``python rigged_daemon.py daemon up --foreground --mesh M`` (the CLI's arguments).
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -73,6 +76,18 @@ def rig(kind: str) -> None:
         daemon_main.build_app = build_app
     elif kind == "ipc_v2":
         compat.IPC_API = "v2"
+    elif kind.startswith("rotate_kill:"):
+        from tidemesh.daemon import key_rotation
+
+        step = kind.split(":", 1)[1]
+        reached = key_rotation.reached
+
+        def kill_at(name: str) -> None:
+            reached(name)
+            if name == step:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        key_rotation.reached = kill_at
     elif kind == "new_clis":
         compat.COMPATIBLE_CLIS = ">=9.0.0,<10.0.0"
         compat.COMPATIBLE_SDKS = dict.fromkeys(compat.COMPATIBLE_SDKS, "9.x")

@@ -203,9 +203,11 @@ LEFT JOIN (mesh.topic_subscription s JOIN mesh.member mb ON mb.mesh_id = s.mesh_
            AND mb.pubkey = s.member_pubkey AND mb.revoked_at IS NULL)
   ON s.mesh_id = t.mesh_id AND s.topic = t.name
 UNION ALL
-SELECT 'dm', k.m, k.p, CASE WHEN mb.revoked_at IS NULL THEN k.p END
+SELECT 'dm', k.m, k.p, CASE WHEN mb.revoked_at IS NULL THEN k.p ELSE n.pubkey END
 FROM unnest($3::text::text[], $4::text::text[]) AS k(m, p)
 JOIN mesh.member mb ON mb.mesh_id = k.m AND mb.pubkey = k.p
+LEFT JOIN mesh.member n ON n.mesh_id = mb.mesh_id AND n.pubkey = mb.rotated_to
+  AND n.revoked_at IS NULL
 UNION ALL
 SELECT 'queue', c.mesh_id, c.queue, c.member_pubkey
 FROM unnest($5::text::text[], $6::text::text[]) AS k(m, q)

@@ -7,7 +7,14 @@ from typing import Any
 
 import asyncpg
 
-from tidemesh.broker.store.base import Member, Mesh, MeshLimits, invite_refused
+from tidemesh.broker.store.base import (
+    ROTATION_COUNTS,
+    Member,
+    Mesh,
+    MeshLimits,
+    invite_refused,
+    rotation_already,
+)
 from tidemesh.broker.store.postgres.base import PostgresBase
 from tidemesh.broker.store.postgres.cluster import REVOKED_CHANNEL
 from tidemesh.core.errors import Conflict, NotFound, UnknownDestination
@@ -79,7 +86,8 @@ class Membership(PostgresBase):
 
     async def list_members(self, mesh_id: str) -> list[Member]:
         rows = await self.pool.fetch(
-            "SELECT mesh_id, pubkey, display_name, joined_at, revoked_at FROM mesh.member"
+            "SELECT mesh_id, pubkey, display_name, joined_at, revoked_at, rotated_to"
+                " FROM mesh.member"
             " WHERE mesh_id = $1 ORDER BY joined_at, pubkey", mesh_id)
         return [Member(*r) for r in rows]
 
@@ -115,6 +123,28 @@ class Membership(PostgresBase):
             deliveries = await conn.execute(LEAVE_DELIVERIES_SQL, mesh_id, pubkey)
             return {"subscriptions": _count(subs), "queues": _count(queues),
                     "deliveries": _count(deliveries)}
+
+    async def rotate_member(self, mesh_id: str, old_pubkey: str, new_pubkey: str,
+                            now_ms: int) -> dict[str, Any]:
+        """As the SQLite store's; the old key's live session row (several brokers) goes
+        too: the member's next hello, with the new key, makes its own."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            # The old row locked first: two rotations of one key are one after the other.
+            old = await _member(conn, mesh_id, old_pubkey, lock=True)
+            if rotation_already(old, await _member(conn, mesh_id, new_pubkey), new_pubkey):
+                return {"already": True}
+            await conn.execute(
+                "INSERT INTO mesh.member (mesh_id, pubkey, display_name, invite_id, joined_at)"
+                " SELECT mesh_id, $1, display_name, invite_id, joined_at FROM mesh.member"
+                " WHERE mesh_id = $2 AND pubkey = $3", new_pubkey, mesh_id, old_pubkey)
+            await conn.execute(
+                "UPDATE mesh.member SET revoked_at = $4, rotated_to = $1, rotated_at = $4"
+                " WHERE mesh_id = $2 AND pubkey = $3", new_pubkey, mesh_id, old_pubkey, now_ms)
+            counts = [_count(await conn.execute(sql, new_pubkey, mesh_id, old_pubkey))
+                      for sql in ROTATE_SQL]
+            await conn.execute("DELETE FROM mesh.member_session WHERE mesh_id = $1"
+                               " AND pubkey = $2", mesh_id, old_pubkey)
+            return {"already": False, **dict(zip(ROTATION_COUNTS, counts[1:5], strict=True))}
 
     async def create_topic(self, mesh_id: str, name: str, by: str | None, now_ms: int) -> None:
         await self.pool.execute("INSERT INTO mesh.topic (mesh_id, name, created_by, created_at)"
@@ -162,10 +192,29 @@ INVITE_STATE_SQL = ("SELECT uses, max_uses, expires_at, revoked_at FROM mesh.inv
                     " WHERE mesh_id = $1 AND token_sha256 = $2")
 
 
-async def _member(conn: Any, mesh_id: str, pubkey: str) -> Member | None:
-    r = await conn.fetchrow("SELECT mesh_id, pubkey, display_name, joined_at, revoked_at"
-                            " FROM mesh.member WHERE mesh_id = $1 AND pubkey = $2",
-                            mesh_id, pubkey)
+MEMBER_SQL = ("SELECT mesh_id, pubkey, display_name, joined_at, revoked_at, rotated_to"
+              " FROM mesh.member WHERE mesh_id = $1 AND pubkey = $2")
+MEMBER_LOCKED_SQL = ("SELECT mesh_id, pubkey, display_name, joined_at, revoked_at, rotated_to"
+                     " FROM mesh.member WHERE mesh_id = $1 AND pubkey = $2 FOR UPDATE")
+
+# As the SQLite store's ROTATE_SQL, each taking ($1 new, $2 mesh_id, $3 old).
+ROTATE_SQL = (
+    "UPDATE mesh.member SET rotated_to = $1 WHERE mesh_id = $2 AND rotated_to = $3",
+    "UPDATE mesh.topic_subscription SET member_pubkey = $1 WHERE mesh_id = $2"
+    " AND member_pubkey = $3",
+    "UPDATE mesh.queue_consumer SET member_pubkey = $1 WHERE mesh_id = $2"
+    " AND member_pubkey = $3",
+    "UPDATE mesh.delivery_queue SET recipient_pubkey = $1 WHERE mesh_id = $2"
+    " AND recipient_pubkey = $3",
+    "UPDATE mesh.client_message_dedupe SET sender_pubkey = $1 WHERE mesh_id = $2"
+    " AND sender_pubkey = $3",
+    "UPDATE mesh.recipient_cursor SET recipient_pubkey = $1 WHERE mesh_id = $2"
+    " AND recipient_pubkey = $3",
+)
+
+
+async def _member(conn: Any, mesh_id: str, pubkey: str, lock: bool = False) -> Member | None:
+    r = await conn.fetchrow(MEMBER_LOCKED_SQL if lock else MEMBER_SQL, mesh_id, pubkey)
     return Member(*r) if r else None
 
 

@@ -152,7 +152,7 @@ class SqliteAcceptPort:
             return [r[0] for r in self.conn.execute(SUBSCRIBERS_SQL, (mesh_id, ref))]
         if kind == "dm":
             known = self.conn.execute(MEMBER_SQL, (mesh_id, ref)).fetchone()
-            return None if known is None else [ref] if known[0] else []
+            return None if known is None else [ref] if known[0] else [known[1]] if known[1] else []
         return [r[0] for r in self.conn.execute(CONSUMERS_SQL, (mesh_id, ref))]
 
     def unclaim(self, broker_message_ids: Sequence[str]) -> None:
@@ -217,7 +217,12 @@ FROM client_message_dedupe WHERE mesh_id = ? AND sender_pubkey = ? AND client_me
 """
 
 TOPIC_SQL = "SELECT 1 FROM topic WHERE mesh_id = ? AND name = ?"
-MEMBER_SQL = "SELECT revoked_at IS NULL FROM member WHERE mesh_id = ? AND pubkey = ?"
+# Whether a DM's member is live, else the live key it was rotated out for (if any).
+MEMBER_SQL = """
+SELECT m.revoked_at IS NULL, n.pubkey FROM member m
+LEFT JOIN member n ON n.mesh_id = m.mesh_id AND n.pubkey = m.rotated_to AND n.revoked_at IS NULL
+WHERE m.mesh_id = ? AND m.pubkey = ?
+"""
 SUBSCRIBERS_SQL = """
 SELECT s.member_pubkey FROM topic_subscription s JOIN member m
   ON m.mesh_id = s.mesh_id AND m.pubkey = s.member_pubkey AND m.revoked_at IS NULL

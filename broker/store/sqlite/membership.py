@@ -3,8 +3,16 @@
 from __future__ import annotations
 
 import sqlite3
+from typing import Any
 
-from tidemesh.broker.store.base import Member, Mesh, MeshLimits, invite_refused
+from tidemesh.broker.store.base import (
+    ROTATION_COUNTS,
+    Member,
+    Mesh,
+    MeshLimits,
+    invite_refused,
+    rotation_already,
+)
 from tidemesh.broker.store.sqlite.base import SqliteBase
 from tidemesh.core.errors import Conflict, NotFound, UnknownDestination
 from tidemesh.core.ids import new_ulid
@@ -88,7 +96,8 @@ class Membership(SqliteBase):
     async def list_members(self, mesh_id: str) -> list[Member]:
         def fn(conn: sqlite3.Connection) -> list[Member]:
             rows = conn.execute(
-                "SELECT mesh_id, pubkey, display_name, joined_at, revoked_at FROM member"
+                "SELECT mesh_id, pubkey, display_name, joined_at, revoked_at, rotated_to"
+                " FROM member"
                 " WHERE mesh_id = ? ORDER BY joined_at, pubkey", (mesh_id,)).fetchall()
             return [Member(*r) for r in rows]
 
@@ -126,6 +135,25 @@ class Membership(SqliteBase):
 
         return await self._write(fn)
 
+    async def rotate_member(self, mesh_id: str, old_pubkey: str, new_pubkey: str,
+                            now_ms: int) -> dict[str, Any]:
+        def fn(conn: sqlite3.Connection) -> dict[str, Any]:
+            if rotation_already(_member(conn, mesh_id, old_pubkey),
+                                _member(conn, mesh_id, new_pubkey), new_pubkey):
+                return {"already": True}
+            conn.execute("INSERT INTO member (mesh_id, pubkey, display_name, invite_id,"
+                         " joined_at) SELECT mesh_id, ?, display_name, invite_id, joined_at"
+                         " FROM member WHERE mesh_id = ? AND pubkey = ?",
+                         (new_pubkey, mesh_id, old_pubkey))
+            conn.execute("UPDATE member SET revoked_at = ?, rotated_to = ?, rotated_at = ?"
+                         " WHERE mesh_id = ? AND pubkey = ?",
+                         (now_ms, new_pubkey, now_ms, mesh_id, old_pubkey))
+            counts = [conn.execute(sql, (new_pubkey, mesh_id, old_pubkey)).rowcount
+                      for sql in ROTATE_SQL]
+            return {"already": False, **dict(zip(ROTATION_COUNTS, counts[1:5], strict=True))}
+
+        return await self._write(fn)
+
     async def create_topic(self, mesh_id: str, name: str, by: str | None, now_ms: int) -> None:
         await self._write(lambda c: c.execute(
             "INSERT INTO topic (mesh_id, name, created_by, created_at) VALUES (?, ?, ?, ?)"
@@ -160,9 +188,26 @@ class Membership(SqliteBase):
 
 
 def _member(conn: sqlite3.Connection, mesh_id: str, pubkey: str) -> Member | None:
-    row = conn.execute("SELECT mesh_id, pubkey, display_name, joined_at, revoked_at FROM member"
-                       " WHERE mesh_id = ? AND pubkey = ?", (mesh_id, pubkey)).fetchone()
+    row = conn.execute("SELECT mesh_id, pubkey, display_name, joined_at, revoked_at, rotated_to"
+                       " FROM member WHERE mesh_id = ? AND pubkey = ?",
+                       (mesh_id, pubkey)).fetchone()
     return Member(*row) if row else None
+
+
+# Each takes (new, mesh_id, old). The first keeps every older key of the member pointing at
+# the newest; then what ROTATION_COUNTS names, in its order; then the cursor. A queue
+# delivery's lease moves with its row: the new key acks it as the old would have.
+ROTATE_SQL = (
+    "UPDATE member SET rotated_to = ? WHERE mesh_id = ? AND rotated_to = ?",
+    "UPDATE topic_subscription SET member_pubkey = ? WHERE mesh_id = ? AND member_pubkey = ?",
+    "UPDATE queue_consumer SET member_pubkey = ? WHERE mesh_id = ? AND member_pubkey = ?",
+    "UPDATE delivery_queue SET recipient_pubkey = ? WHERE mesh_id = ?"
+    " AND recipient_pubkey = ?",
+    "UPDATE client_message_dedupe SET sender_pubkey = ? WHERE mesh_id = ?"
+    " AND sender_pubkey = ?",
+    "UPDATE recipient_cursor SET recipient_pubkey = ? WHERE mesh_id = ?"
+    " AND recipient_pubkey = ?",
+)
 
 
 LEAVE_DELIVERIES_SQL = """

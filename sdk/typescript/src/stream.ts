@@ -5,7 +5,8 @@
  */
 
 /** One event of the daemon's log: `message` (an inbox entry), `peer_join`, `peer_leave`,
- * `broker_status`, `outbox_dead`, `hook_failed`. */
+ * `peer_key_rotated` (a peer moved to a new key: `pubkey`, `old_pubkey`), `broker_status`,
+ * `outbox_dead`, `hook_failed`, `clone_suspected`. */
 export interface Event {
   kind: "event";
   id: number;

@@ -1,0 +1,70 @@
+"""Both stores: a member's move to a new key (``rotate_member``) in one transaction, and DMs
+to a rotated-out key (docs/broker.md, "Key rotation")."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.broker.conftest import accept_input, new_pubkey, now_ms
+from tests.broker.test_store_contract import _world
+from tidemesh.broker.store.base import Store
+from tidemesh.core.errors import Conflict, NotFound
+
+
+async def test_rotation_moves_memberships_cursor_deliveries_and_dedupe(store: Store) -> None:
+    w = await _world(store)
+    await store.add_queue_consumer(w.mesh_id, "jobs", w.bob, now_ms())
+    for cmid in ("t1", "t2", "t3"):
+        await store.accept(accept_input(w.mesh_id, w.alice, cmid))   # topic: bob, carol
+    await store.accept(accept_input(w.mesh_id, w.bob, "mine"))       # bob's own send
+    await store.ack(w.mesh_id, w.bob, 1, 1, now_ms())                # bob acked the first
+    before = await store.cursor(w.mesh_id, w.bob)
+    new = new_pubkey()
+
+    moved = await store.rotate_member(w.mesh_id, w.bob, new, now_ms())
+
+    assert moved == {"already": False, "subscriptions": 1, "queues": 1, "deliveries": 3,
+                     "dedupe": 1}
+    assert await store.cursor(w.mesh_id, new) == before             # nothing lost or repeated
+    rows = await store.deliveries_after(w.mesh_id, new, before.epoch, 1, 10)
+    assert [r.seq for r in rows] == [2, 3]
+    assert await store.deliveries_after(w.mesh_id, w.bob, before.epoch, 0, 10) == []
+    old = await store.get_member(w.mesh_id, w.bob)
+    assert old is not None and old.rotated_to == new and old.revoked_at is not None
+    member = await store.get_member(w.mesh_id, new)
+    assert member is not None and member.revoked_at is None and member.rotated_to is None
+    # The topic reaches the new key, and bob's retried send is a duplicate under it.
+    r = await store.accept(accept_input(w.mesh_id, w.alice, "t4"))
+    assert sorted(d.recipient_pubkey for d in r.deliveries) == sorted([new, w.carol])
+    assert [d.seq for d in r.deliveries if d.recipient_pubkey == new] == [4]
+    assert (await store.accept(accept_input(w.mesh_id, new, "mine"))).status == 200
+
+
+async def test_rotation_is_idempotent_and_refuses_what_it_cannot_do(store: Store) -> None:
+    w = await _world(store)
+    new = new_pubkey()
+    assert (await store.rotate_member(w.mesh_id, w.bob, new, now_ms()))["already"] is False
+    assert await store.rotate_member(w.mesh_id, w.bob, new, now_ms()) == {"already": True}
+    with pytest.raises(Conflict, match="rotated out already"):
+        await store.rotate_member(w.mesh_id, w.bob, new_pubkey(), now_ms())
+    with pytest.raises(Conflict, match="member of this mesh already"):
+        await store.rotate_member(w.mesh_id, new, w.carol, now_ms())
+    with pytest.raises(NotFound):
+        await store.rotate_member(w.mesh_id, new_pubkey(), new_pubkey(), now_ms())
+    await store.revoke_member(w.mesh_id, w.carol, now_ms())
+    with pytest.raises(NotFound, match="revoked"):
+        await store.rotate_member(w.mesh_id, w.carol, new_pubkey(), now_ms())
+
+
+async def test_a_dm_to_a_rotated_out_key_goes_to_the_newest_key(store: Store) -> None:
+    w = await _world(store)
+    second, third = new_pubkey(), new_pubkey()
+    await store.rotate_member(w.mesh_id, w.bob, second, now_ms())
+    await store.rotate_member(w.mesh_id, second, third, now_ms())
+    for i, ref in enumerate((w.bob, second, third)):
+        r = await store.accept(accept_input(w.mesh_id, w.alice, f"d{i}", kind="dm", ref=ref))
+        assert r.status == 201, r
+        assert [d.recipient_pubkey for d in r.deliveries] == [third]
+    await store.revoke_member(w.mesh_id, third, now_ms())
+    r = await store.accept(accept_input(w.mesh_id, w.alice, "d9", kind="dm", ref=w.bob))
+    assert r.status == 404 and "revoked" in str(r.error)
