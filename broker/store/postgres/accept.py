@@ -16,6 +16,7 @@ send, so only the send that fails on its own gets a 5xx.
 from __future__ import annotations
 
 import asyncio
+import collections
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +29,7 @@ from tidemesh.broker.accept import AcceptInput, AcceptResult, DedupeRow, Deliver
 from tidemesh.broker.store import accept
 from tidemesh.broker.store.accept import Key
 from tidemesh.broker.store.postgres.base import PostgresBase
+from tidemesh.broker.store.postgres.topiclog import hand_out_on
 from tidemesh.core.errors import TidemeshError
 from tidemesh.storage.pgarray import int_array, text_array
 from tidemesh.storage.postgres import BatchOp, storage_error
@@ -145,12 +147,17 @@ class PgAcceptPort:
 
     async def insert(self, accepted: Sequence[tuple[AcceptInput, list[str]]]
                      ) -> dict[str, list[Delivery]]:
+        """Locks in one order for every writer (cursors, then topics): the DM and queue
+        recipients' cursors (handing them their topics' entries first, so that their new
+        seqs come after what was logged before this batch), their delivery rows, then each
+        topic's next log positions and the messages. A topic message's subscribers get no
+        row here: each is handed the log when its pump reads (``topiclog.py``)."""
         items = [a for a, _ in accepted]
-        await self.conn.execute(MESSAGES_SQL, *_message_args(items))
-        rows = [(a, p) for a, recipients in accepted for p in recipients]
+        now = max(a.now_ms for a in items)
+        rows = [(a, p) for a, recipients in accepted if a.kind != "topic" for p in recipients]
         by_message: dict[str, list[Delivery]] = {}
         if rows:
-            now = max(a.now_ms for a in items)
+            await hand_out_on(self.conn, [(a.mesh_id, p) for a, p in rows], now, lock_all=True)
             for bm, pubkey, epoch, seq in await self.conn.fetch(
                 DELIVERIES_INSERT_SQL, text_array([a.mesh_id for a, _ in rows]),
                 text_array([p for _, p in rows]),
@@ -158,10 +165,32 @@ class PgAcceptPort:
                 int_array([a.now_ms for a, _ in rows]), now,
             ):
                 by_message.setdefault(bm, []).append(Delivery(pubkey, epoch, seq))
+        positions = await self._positions([a for a in items if a.kind == "topic"])
+        await self.conn.execute(MESSAGES_SQL, *_message_args(items, positions))
+        for a, recipients in accepted:
+            if a.kind == "topic":   # seqs are given when each recipient reads the log
+                by_message[a.broker_message_id] = [Delivery(p, 0, 0) for p in recipients]
         for ds in by_message.values():
             if len(ds) > 1:
                 ds.sort(key=lambda d: d.recipient_pubkey)
         return by_message
+
+    async def _positions(self, topic: Sequence[AcceptInput]) -> list[int]:
+        """The next log positions of each topic, in batch order (topic rows locked in
+        (mesh, name) order until COMMIT: positions commit in order)."""
+        if not topic:
+            return []
+        counts = collections.Counter((a.mesh_id, a.ref) for a in topic)
+        keys = sorted(counts)
+        last = {(r[0], r[1]): int(r[2]) for r in await self.conn.fetch(
+            TOPIC_POS_SQL, text_array([k[0] for k in keys]), text_array([k[1] for k in keys]),
+            int_array([counts[k] for k in keys]))}
+        nxt = {k: last[k] - counts[k] for k in keys}
+        out = []
+        for a in topic:
+            nxt[(a.mesh_id, a.ref)] += 1
+            out.append(nxt[(a.mesh_id, a.ref)])
+        return out
 
 
 CLAIM_SQL = """
@@ -210,15 +239,27 @@ JOIN mesh.member mb ON mb.mesh_id = c.mesh_id AND mb.pubkey = c.member_pubkey
   AND mb.revoked_at IS NULL
 """
 
+TOPIC_POS_SQL = """
+WITH l AS (
+  SELECT t.mesh_id, t.name, u.n FROM unnest($1::text::text[], $2::text::text[],
+                                             $3::text::bigint[]) AS u(m, t, n)
+  JOIN mesh.topic t ON t.mesh_id = u.m AND t.name = u.t
+  ORDER BY t.mesh_id, t.name FOR UPDATE OF t
+)
+UPDATE mesh.topic t SET last_pos = t.last_pos + l.n FROM l
+WHERE t.mesh_id = l.mesh_id AND t.name = l.name
+RETURNING t.mesh_id, t.name, t.last_pos
+"""
+
 # Messages and their history rows in one statement.
 MESSAGES_SQL = """
 WITH tm AS (
   INSERT INTO mesh.topic_message (id, mesh_id, sender_pubkey, client_message_id, topic, body,
-      body_encoding, priority, meta, reply_to, created_at, traceparent)
+      body_encoding, priority, meta, reply_to, created_at, traceparent, log_pos)
   SELECT * FROM unnest($1::text::text[], $2::text::text[], $3::text::text[], $4::text::text[],
                        $5::text::text[], $6::bytea[], $7::text::text[], $8::text::text[],
                        $9::text::text[], $10::text::text[], $11::text::bigint[],
-                       $31::text::text[])
+                       $31::text::text[], $33::text::bigint[])
 ), mq AS (
   INSERT INTO mesh.message_queue (id, mesh_id, sender_pubkey, client_message_id,
       destination_kind, destination_ref, body, body_encoding, priority, meta, reply_to,
@@ -277,7 +318,7 @@ def _ints(items: Sequence[AcceptInput], attr: str) -> str:
     return int_array([getattr(a, attr) for a in items])
 
 
-def _message_args(items: Sequence[AcceptInput]) -> list[Any]:
+def _message_args(items: Sequence[AcceptInput], positions: Sequence[int]) -> list[Any]:
     metas = {a.broker_message_id: orjson.dumps(a.meta).decode() if a.meta else None
              for a in items}
     t = [a for a in items if a.kind == "topic"]
@@ -296,5 +337,5 @@ def _message_args(items: Sequence[AcceptInput]) -> list[Any]:
         _texts(items, "history_id"), _texts(items, "broker_message_id"),
         _texts(items, "mesh_id"), _texts(items, "sender_pubkey"), _texts(items, "kind"),
         _texts(items, "ref"), _ints(items, "now_ms"),
-        _texts(t, "traceparent"), _texts(q, "traceparent"),
+        _texts(t, "traceparent"), _texts(q, "traceparent"), int_array(positions),
     ]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import sqlite3
 from collections.abc import Sequence
+from typing import Any
 
 import orjson
 import structlog
@@ -22,6 +23,7 @@ from tidemesh.broker.accept import AcceptInput, AcceptResult, DedupeRow, Deliver
 from tidemesh.broker.store import accept
 from tidemesh.broker.store.accept import Key
 from tidemesh.broker.store.sqlite.base import SqliteBase, write_error
+from tidemesh.broker.store.sqlite.topiclog import hand_out_on
 from tidemesh.core.errors import InsufficientStorage, TidemeshError, Unavailable
 from tidemesh.storage.multirow import insert_rows
 from tidemesh.storage.sqlite import HEAVY_CHUNK, BatchOp, storage_error
@@ -160,9 +162,10 @@ class SqliteAcceptPort:
 
     def insert(self, accepted: Sequence[tuple[AcceptInput, list[str]]]
                ) -> dict[str, list[Delivery]]:
-        """The batch's messages, history and deliveries, a statement per table (and one
-        cursor bump per recipient, by its number of new deliveries): seqs are handed out in
-        batch order, gapless, from what the bump returned."""
+        """The batch's messages, history and DM/queue deliveries, a statement per table (and
+        one cursor bump per recipient, by its number of new deliveries): seqs are handed out
+        in batch order, gapless, from what the bump returned. A topic message takes its
+        topic's next log position; its subscribers get no row here (``topiclog.py``)."""
         if not accepted:
             return {}
         topic, queue, history = [], [], []
@@ -178,12 +181,16 @@ class SqliteAcceptPort:
                               a.priority, meta, a.reply_to, a.now_ms, a.traceparent))
             history.append((a.history_id, a.broker_message_id, a.mesh_id, a.sender_pubkey,
                             a.kind, a.ref, a.now_ms))
-        insert_rows(self.conn, TOPIC_MESSAGE_HEAD, topic)
+        now = max(a.now_ms for a, _ in accepted)
+        # The DM and queue recipients are first handed what their topics logged before
+        # this batch: their new seqs come after it.
+        hand_out_on(self.conn, [(a.mesh_id, p) for a, recipients in accepted
+                                if a.kind != "topic" for p in recipients], now)
+        insert_rows(self.conn, TOPIC_MESSAGE_HEAD, self._positioned(topic))
         insert_rows(self.conn, QUEUE_MESSAGE_HEAD, queue)
         insert_rows(self.conn, HISTORY_HEAD, history)
         counts = collections.Counter((a.mesh_id, p) for a, recipients in accepted
-                                     for p in recipients)
-        now = max(a.now_ms for a, _ in accepted)
+                                     if a.kind != "topic" for p in recipients)
         cursors: dict[tuple[str, str], list[int]] = {}   # (epoch, the last seq handed out)
         for (mesh_id, pubkey), n in counts.items():
             epoch, last_seq = self.conn.execute(BUMP_CURSOR_SQL, (mesh_id, pubkey, n, now)
@@ -193,12 +200,30 @@ class SqliteAcceptPort:
         rows = []
         for a, recipients in accepted:
             out[a.broker_message_id] = deliveries = []
+            if a.kind == "topic":   # seqs are given when each recipient reads the log
+                deliveries += [Delivery(p, 0, 0) for p in recipients]
+                continue
             for p in recipients:
                 cursor = cursors[(a.mesh_id, p)]
                 cursor[1] += 1
                 deliveries.append(Delivery(p, cursor[0], cursor[1]))
                 rows.append((a.mesh_id, p, cursor[0], cursor[1], a.broker_message_id, a.now_ms))
         insert_rows(self.conn, DELIVERY_HEAD, rows)
+        return out
+
+    def _positioned(self, rows: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+        """Topic message rows with their topic's next log positions, in batch order."""
+        counts = collections.Counter((r[1], r[4]) for r in rows)
+        nxt = {}
+        for (mesh_id, topic), n in sorted(counts.items()):
+            (last,) = self.conn.execute(
+                "UPDATE topic SET last_pos = last_pos + ? WHERE mesh_id = ? AND name = ?"
+                " RETURNING last_pos", (n, mesh_id, topic)).fetchone()
+            nxt[(mesh_id, topic)] = int(last) - n
+        out = []
+        for r in rows:
+            nxt[(r[1], r[4])] += 1
+            out.append((*r, nxt[(r[1], r[4])]))
         return out
 
 
@@ -238,7 +263,7 @@ RETURNING epoch, last_seq
 """
 TOPIC_MESSAGE_HEAD = (
     "INSERT INTO topic_message (id, mesh_id, sender_pubkey, client_message_id, topic,"
-    " body, body_encoding, priority, meta, reply_to, created_at, traceparent) VALUES ")
+    " body, body_encoding, priority, meta, reply_to, created_at, traceparent, log_pos) VALUES ")
 QUEUE_MESSAGE_HEAD = (
     "INSERT INTO message_queue (id, mesh_id, sender_pubkey, client_message_id,"
     " destination_kind, destination_ref, body, body_encoding, priority, meta, reply_to,"
