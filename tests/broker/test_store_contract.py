@@ -92,6 +92,24 @@ async def test_spans_give_each_member_its_stream_without_its_own_messages(
                                                         for r in rows[after:after + 2]]
 
 
+async def test_pumps_woken_together_share_hand_outs_reads_and_acks(store: Store) -> None:
+    w = await _world(store)
+    for i in range(4):
+        await store.accept(accept_input(w.mesh_id, w.alice, f"c{i}", body=f"m{i}"))
+    await store.accept(accept_input(w.mesh_id, w.bob, "dm", kind="dm", ref=w.carol))
+    members = [w.alice, w.bob, w.carol] * 3
+    await asyncio.gather(*(store.hand_out(w.mesh_id, pk, now_ms()) for pk in members))
+    alone = {pk: await store.deliveries_after(w.mesh_id, pk, 1, 1, 10) for pk in members}
+    together = await asyncio.gather(*(store.deliveries_after(w.mesh_id, pk, 1, 1, 10)
+                                      for pk in members))
+    assert [alone[pk] for pk in members] == together
+    assert [len(alone[pk]) for pk in (w.alice, w.bob, w.carol)] == [0, 3, 4]
+    moved = await asyncio.gather(*(store.ack(w.mesh_id, pk, 1, seq, now_ms())
+                                   for pk, seq in [(w.bob, 2), (w.bob, 4), (w.carol, 5)]))
+    assert sum(moved[:2]) == 4 and moved[2] == 5
+    assert [(await store.cursor(w.mesh_id, pk)).acked_seq for pk in (w.bob, w.carol)] == [4, 5]
+
+
 async def test_a_dm_after_a_topic_message_keeps_its_senders_order(store: Store) -> None:
     w = await _world(store)
     await store.accept(accept_input(w.mesh_id, w.alice, "t1", body="first"))

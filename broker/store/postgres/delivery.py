@@ -12,12 +12,14 @@ from tidemesh.storage.groupcommit import GroupCommit
 from tidemesh.storage.pgarray import int_array, text_array
 
 Ack = tuple[str, str, int, int, int]   # mesh, member, epoch, seq, now_ms
+Page = tuple[str, str, int, int, int]  # mesh, member, epoch, after_seq, limit
 Key = tuple[str, str]
 
 
 class Delivery(PostgresBase):
     _acks: GroupCommit[Ack, int]
     _hand_outs: GroupCommit[tuple[Key, int], bool]
+    _pages: GroupCommit[Page, list[DeliveryRow]]
 
     def _init_delivery(self) -> None:
         # Pumps and acks of many members share transactions (issue #30: a lone message to
@@ -26,6 +28,7 @@ class Delivery(PostgresBase):
         # work could lock cursors out of order.
         self._acks = GroupCommit(self._ack_batch)
         self._hand_outs = GroupCommit(self._hand_out_batch)
+        self._pages = GroupCommit(self._page_batch)
 
     async def hand_out(self, mesh_id: str, pubkey: str, now_ms: int) -> bool:
         return await self._hand_outs.submit(((mesh_id, pubkey), now_ms))
@@ -49,8 +52,21 @@ class Delivery(PostgresBase):
 
     async def deliveries_after(self, mesh_id: str, pubkey: str, epoch: int, after_seq: int,
                                limit: int) -> list[DeliveryRow]:
-        rows = await self.pool.fetch(DELIVERIES_SQL, mesh_id, pubkey, epoch, after_seq, limit)
-        return [DeliveryRow.of_record(r) for r in rows]
+        return await self._pages.submit((mesh_id, pubkey, epoch, after_seq, limit))
+
+    async def _page_batch(self, asks: Sequence[Page]) -> list[list[DeliveryRow]]:
+        """The pages of many pumps in one query (one round trip, one plan): a message for N
+        connected members is read for all of them at once."""
+        if len(asks) == 1:
+            return [[DeliveryRow.of_record(r)
+                     for r in await self.pool.fetch(DELIVERIES_SQL, *asks[0])]]
+        out: list[list[DeliveryRow]] = [[] for _ in asks]
+        for r in await self.pool.fetch(
+                PAGES_SQL, text_array([a[0] for a in asks]), text_array([a[1] for a in asks]),
+                int_array([a[2] for a in asks]), int_array([a[3] for a in asks]),
+                int_array([a[4] for a in asks])):
+            out[r[0] - 1].append(DeliveryRow.of_record(r[1:]))
+        return out
 
     async def reassign_lapsed(self, lease_before: int, now_ms: int,
                               limit: int = 500) -> list[Reassigned]:
@@ -165,6 +181,18 @@ LEFT JOIN mesh.member m ON m.mesh_id = $1
   AND m.pubkey = COALESCE(t.sender_pubkey, q.sender_pubkey)
 WHERE t.id IS NOT NULL OR q.id IS NOT NULL
 ORDER BY d.seq LIMIT $5
+"""
+
+# DELIVERIES_SQL for many (mesh, member, epoch, after, limit) at once, each row tagged with
+# the place of its ask.
+PAGES_SQL = """
+SELECT k.i, x.* FROM unnest($1::text::text[], $2::text::text[], $3::text::bigint[],
+                            $4::text::bigint[], $5::text::bigint[])
+     WITH ORDINALITY AS k(m, p, e, a, l, i)
+CROSS JOIN LATERAL (""" + (DELIVERIES_SQL.replace("$1", "k.m").replace("$2", "k.p")
+                           .replace("$3", "k.e").replace("$4", "k.a").replace("$5", "k.l")
+                           ) + """) x
+ORDER BY k.i, x.seq
 """
 
 # Only deliveries another live consumer could take: the ones the only consumer keeps would
