@@ -156,6 +156,37 @@ async def test_hundred_concurrent_same_id_sends_give_one_message(store_url: str)
             await s.close()
 
 
+async def test_hand_outs_racing_accepts_on_several_stores_skip_and_repeat_nothing(
+        store_url: str) -> None:
+    # Several brokers on one database: accepts of two senders commit while every store hands
+    # bob his topic entries; each entry takes exactly one seq, in one gapless stream.
+    stores = [await open_store(store_url) for _ in range(3)]
+    try:
+        w = await _world(stores[0])
+
+        async def sends(sender: str) -> None:
+            for i in range(30):
+                await stores[i % 3].accept(accept_input(w.mesh_id, sender, f"{sender[:4]}{i}"))
+
+        async def hand_outs() -> None:
+            for i in range(40):
+                await stores[i % 3].hand_out(w.mesh_id, w.bob, now_ms())
+                await asyncio.sleep(0)
+
+        await asyncio.gather(sends(w.alice), sends(w.carol), hand_outs(), hand_outs())
+        await stores[1].hand_out(w.mesh_id, w.bob, now_ms())
+        views = [await s.deliveries_after(w.mesh_id, w.bob, 1, 0, 1000) for s in stores]
+        assert views[0] == views[1] == views[2]
+        assert [r.seq for r in views[0]] == list(range(1, 61))
+        assert len({r.broker_message_id for r in views[0]}) == 60
+        for sender in (w.alice, w.carol):   # each sender's order holds
+            mine = [r.client_message_id for r in views[0] if r.sender_pubkey == sender]
+            assert mine == [f"{sender[:4]}{i}" for i in range(30)]
+    finally:
+        for s in stores:
+            await s.close()
+
+
 @pytest.mark.parametrize("change", [
     {"body": "other"}, {"priority": "now"}, {"meta": {"a": 1}}, {"ref": "other"},
     {"kind": "dm", "ref": "0" * 64}, {"reply_to": "01J0000000000000000000000A"},

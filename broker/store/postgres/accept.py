@@ -244,7 +244,7 @@ WITH l AS (
   SELECT t.mesh_id, t.name, u.n FROM unnest($1::text::text[], $2::text::text[],
                                              $3::text::bigint[]) AS u(m, t, n)
   JOIN mesh.topic t ON t.mesh_id = u.m AND t.name = u.t
-  ORDER BY t.mesh_id, t.name FOR UPDATE OF t
+  ORDER BY t.mesh_id, t.name FOR NO KEY UPDATE OF t
 )
 UPDATE mesh.topic t SET last_pos = t.last_pos + l.n FROM l
 WHERE t.mesh_id = l.mesh_id AND t.name = l.name

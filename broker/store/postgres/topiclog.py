@@ -38,8 +38,9 @@ async def hand_out_on(conn: Any, keys: Sequence[Key], now_ms: int, *,
         if not wanted:
             return set()
     ms, ps = text_array([k[0] for k in wanted]), text_array([k[1] for k in wanted])
+    await conn.execute(LOCK_CURSORS_SQL, ms, ps, now_ms)
     cursors = {(r[0], r[1]): (int(r[2]), int(r[3]), int(r[4]))
-               for r in await conn.fetch(LOCK_CURSORS_SQL, ms, ps, now_ms)}
+               for r in await conn.fetch(CURSORS_SQL, ms, ps)}
     # Read again under the cursors' locks: another broker may have handed some out meanwhile.
     lags: dict[Key, list[Lag]] = {}
     for m, p, topic, log_pos, last_pos in await conn.fetch(LAGS_SQL, ms, ps):
@@ -88,13 +89,21 @@ JOIN mesh.topic t ON t.mesh_id = s.mesh_id AND t.name = s.topic
 WHERE t.last_pos > s.log_pos
 """
 
-# In (mesh, member) order, as every other cursor lock: no deadlock with the accept.
+# In (mesh, member) order, as every other cursor lock: no deadlock with the accept. A cursor
+# that exists is locked, not updated (``WHERE FALSE`` still locks the conflicting row): the
+# hand-out's one update of it comes after.
 LOCK_CURSORS_SQL = """
 INSERT INTO mesh.recipient_cursor (mesh_id, recipient_pubkey, updated_at)
 SELECT m, p, $3::bigint FROM unnest($1::text::text[], $2::text::text[]) AS u(m, p)
 ORDER BY m, p
 ON CONFLICT (mesh_id, recipient_pubkey) DO UPDATE SET updated_at = EXCLUDED.updated_at
-RETURNING mesh_id, recipient_pubkey, epoch, last_seq, compacted_seq
+WHERE FALSE
+"""
+
+CURSORS_SQL = """
+SELECT c.mesh_id, c.recipient_pubkey, c.epoch, c.last_seq, c.compacted_seq
+FROM mesh.recipient_cursor c JOIN unnest($1::text::text[], $2::text::text[]) AS u(m, p)
+  ON c.mesh_id = u.m AND c.recipient_pubkey = u.p
 """
 
 ENTRIES_SQL = """
