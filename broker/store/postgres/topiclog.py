@@ -81,10 +81,15 @@ def _column(rows: Sequence[tuple[Any, ...]], i: int) -> str:
     return int_array(values) if values and isinstance(values[0], int) else text_array(values)
 
 
+# Each member's subscriptions by their index, whatever the plan: after five runs asyncpg's
+# prepared statement gets PostgreSQL's generic plan, which guesses ten members and joined
+# them to every subscription of the topic (0.8 s at 1,000 members). OFFSET 0 keeps the
+# lookup per member.
 LAGS_SQL = """
 SELECT s.mesh_id, s.member_pubkey, s.topic, s.log_pos, t.last_pos
 FROM unnest($1::text::text[], $2::text::text[]) AS k(m, p)
-JOIN mesh.topic_subscription s ON s.mesh_id = k.m AND s.member_pubkey = k.p
+CROSS JOIN LATERAL (SELECT * FROM mesh.topic_subscription s
+                    WHERE s.mesh_id = k.m AND s.member_pubkey = k.p OFFSET 0) s
 JOIN mesh.topic t ON t.mesh_id = s.mesh_id AND t.name = s.topic
 WHERE t.last_pos > s.log_pos
 """
