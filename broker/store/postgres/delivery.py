@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
+
+import asyncpg
+import structlog
 
 from tidemesh.broker.accept import pick_queue_consumer
 from tidemesh.broker.store.base import Cursor, DeliveryRow, Reassigned, latest_acks
@@ -11,6 +15,9 @@ from tidemesh.broker.store.postgres.topiclog import LAGS_SQL, hand_out_on
 from tidemesh.storage.groupcommit import GroupCommit
 from tidemesh.storage.pgarray import int_array, text_array
 
+log = structlog.get_logger(__name__)
+T = TypeVar("T")
+DEADLOCK_TRIES = 3
 Ack = tuple[str, str, int, int, int]   # mesh, member, epoch, seq, now_ms
 Page = tuple[str, str, int, int, int]  # mesh, member, epoch, after_seq, limit
 Key = tuple[str, str]
@@ -39,9 +46,12 @@ class Delivery(PostgresBase):
             LAGS_SQL, text_array([k[0] for k in keys]), text_array([k[1] for k in keys]))}
         if not lagging:
             return [False] * len(args)
-        async with self.pool.acquire() as conn, conn.transaction():
-            more = await hand_out_on(conn, sorted(lagging), max(t for _, t in args),
-                                     lock_all=True)
+        async def run() -> set[Key]:
+            async with self.pool.acquire() as conn, conn.transaction():
+                return await hand_out_on(conn, sorted(lagging), max(t for _, t in args),
+                                         lock_all=True)
+
+        more = await _again_after_deadlock(run)
         return [k in more for k, _ in args]
 
     async def cursor(self, mesh_id: str, pubkey: str) -> Cursor:
@@ -112,15 +122,31 @@ class Delivery(PostgresBase):
 
     async def _ack_batch(self, acks: Sequence[Ack]) -> list[int]:
         latest = latest_acks(acks)
-        moved = {(r[0], r[1], int(r[2])): int(r[3]) for r in await self.pool.fetch(
-            ACK_SQL, text_array([k[0] for k in latest]), text_array([k[1] for k in latest]),
-            int_array([k[2] for k in latest]), int_array(list(latest.values())),
-            max(a[4] for a in acks))}
+        moved = {(r[0], r[1], int(r[2])): int(r[3]) for r in await _again_after_deadlock(
+            lambda: self.pool.fetch(
+                ACK_SQL, text_array([k[0] for k in latest]),
+                text_array([k[1] for k in latest]), int_array([k[2] for k in latest]),
+                int_array(list(latest.values())), max(a[4] for a in acks)))}
         # What the cursor moved by goes to the ack that moved it (the latest of its key).
         out = []
         for m, p, e, s, _ in acks:
             out.append(moved.pop((m, p, e), 0) if latest.get((m, p, e)) == s else 0)
         return out
+
+
+async def _again_after_deadlock(run: Callable[[], Awaitable[T]]) -> T:
+    """Run a batch again if PostgreSQL broke a deadlock by aborting it. Cursors are locked in
+    one order everywhere, but a lease move locks a delivery row before a cursor while an
+    ack batch stamps rows after its cursors: rare, and harmless to redo."""
+    attempt = 1
+    while True:
+        try:
+            return await run()
+        except asyncpg.exceptions.DeadlockDetectedError as exc:
+            if attempt == DEADLOCK_TRIES:
+                raise
+            log.warning("broker_cursor_batch_redone", error=str(exc), attempt=attempt)
+            attempt += 1
 
 
 # A cumulative ack moves the recipient's cursor (no index covers acked_seq: a HOT update)
