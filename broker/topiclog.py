@@ -12,6 +12,12 @@ are not handed to it (a topic message goes to every subscriber but its sender), 
 end a run. A position that is gone (pruned: the stall window passed while the member was
 away) still takes a seq, and the member's ``compacted_seq`` moves past it: its daemon
 hears STALE_SEQUENCE on resume, as it did when rows were written per recipient.
+
+A member's topics are handed out merged by ``log_order`` (drawn by the accept, in batch
+order, after it holds its topics' locks: increasing with position in each topic, and with
+a sender's order, since a sender's batches commit one after another), and a DM or queue
+message the accept is giving the member takes its seq at its own order among them: each
+sender's messages reach a member in the order they were sent, whatever their kinds.
 """
 
 from __future__ import annotations
@@ -23,6 +29,9 @@ from tidemesh.core.record import record
 # Positions handed out per subscription at once: a member that was away long is given
 # its backlog a page of the pump at a time, not a million positions in one transaction.
 HAND_OUT_MAX = 1024
+# The accept hands a DM's recipient all its topics logged, so that the DM takes its seq after
+# every earlier message of its sender.
+UNCAPPED = 1 << 62
 
 
 @record
@@ -32,10 +41,11 @@ class Lag:
     topic: str
     log_pos: int      # the last position handed to the member
     last_pos: int     # the topic's last committed position
+    cap: int = HAND_OUT_MAX
 
     @property
     def upto(self) -> int:
-        return min(self.last_pos, self.log_pos + HAND_OUT_MAX)
+        return min(self.last_pos, self.log_pos + self.cap)
 
 
 @record
@@ -43,6 +53,15 @@ class Entry:
     pos: int
     sender_pubkey: str
     created_at: int
+    order: int
+
+
+@record
+class Own:
+    """A DM or queue delivery the accept gives the member, at its place in the batch."""
+
+    order: int
+    broker_message_id: str
 
 
 @record
@@ -63,40 +82,74 @@ class Handout:
     compacted_seq: int
     log_pos: tuple[tuple[str, int], ...]   # (topic, the last position now handed out)
     more: bool                             # some topic has logged past what was handed out
+    own: tuple[tuple[str, int], ...] = ()  # (broker_message_id, its seq)
+
+
+_END = float("inf")
+
+
+@record
+class _Event:
+    order: float
+    at: int                  # its place among events of one order (a gap before its entry)
+    gap: int = 0             # positions pruned before they were handed out
+    topic: str = ""
+    entry: Entry | None = None
+    own: Own | None = None
 
 
 def hand_out(pubkey: str, last_seq: int, compacted_seq: int, lags: Sequence[Lag],
-             entries: Mapping[str, Sequence[Entry]]) -> Handout:
-    """The spans for ``lags`` (topics in name order, each in position order) after the
-    member's ``last_seq``. ``entries[topic]`` holds the topic's entries in position order
-    (at least those in ``(log_pos, upto]``; others are ignored)."""
-    spans: list[Span] = []
+             entries: Mapping[str, Sequence[Entry]], own: Sequence[Own] = ()) -> Handout:
+    """The spans for ``lags`` and the seqs of ``own`` after the member's ``last_seq``, in
+    ``log_order``. ``entries[topic]`` holds the topic's entries in position order (at least
+    those in ``(log_pos, upto]``; others are ignored). When a topic has more than its cap,
+    the others are handed out only up to its last order, so none overtakes it."""
+    window = {g.topic: [e for e in entries.get(g.topic, ()) if g.log_pos < e.pos <= g.upto]
+              for g in lags}
+    capped = [window[g.topic][-1].order for g in lags
+              if g.upto < g.last_pos and window[g.topic]]
+    bound = min(capped) if capped else _END
+    events: list[_Event] = []
     moved: list[tuple[str, int]] = []
-    for lag in sorted(lags, key=lambda g: g.topic):
-        prev = lag.log_pos
-        run: Span | None = None
-        for e in entries.get(lag.topic, ()):
-            if e.pos <= lag.log_pos or e.pos > lag.upto:
-                continue
-            if e.pos > prev + 1:       # pruned before it was handed out
-                last_seq += e.pos - prev - 1
-                compacted_seq = last_seq
-                run = None
+    for g in lags:
+        prev = g.log_pos
+        for e in window[g.topic]:
+            if e.order > bound:
+                break
+            if e.pos > prev + 1:
+                events.append(_Event(e.order, len(events), gap=e.pos - prev - 1))
+            events.append(_Event(e.order, len(events), topic=g.topic, entry=e))
             prev = e.pos
-            if e.sender_pubkey == pubkey:
-                run = None
-                continue
+        else:
+            if g.upto > prev:
+                events.append(_Event(_END, len(events), gap=g.upto - prev))
+            prev = g.upto
+        moved.append((g.topic, prev))
+    events += [_Event(o.order, len(events) + i, own=o) for i, o in enumerate(own)]
+    events.sort(key=lambda ev: (ev.order, ev.at))
+    spans: list[Span] = []
+    seqs: list[tuple[str, int]] = []
+    run: Span | None = None
+    for ev in events:
+        if ev.gap:
+            last_seq += ev.gap
+            compacted_seq = last_seq
+            run = None
+        elif ev.own is not None:
             last_seq += 1
-            if run is not None:
-                run = spans[-1] = Span(run.topic, run.pos_first, run.seq_first, last_seq,
+            seqs.append((ev.own.broker_message_id, last_seq))
+            run = None
+        elif ev.entry is not None and ev.entry.sender_pubkey == pubkey:
+            run = None
+        elif ev.entry is not None:
+            last_seq += 1
+            e = ev.entry
+            if run is not None and run.topic == ev.topic and \
+                    e.pos == run.pos_first + (run.seq_last - run.seq_first) + 1:
+                run = spans[-1] = Span(ev.topic, run.pos_first, run.seq_first, last_seq,
                                        run.created_at)
             else:
-                run = Span(lag.topic, e.pos, last_seq, last_seq, e.created_at)
+                run = Span(ev.topic, e.pos, last_seq, last_seq, e.created_at)
                 spans.append(run)
-        if lag.upto > prev:            # pruned at the end of what is handed out
-            last_seq += lag.upto - prev
-            compacted_seq = last_seq
-        moved.append((lag.topic, lag.upto))
     return Handout(tuple(spans), last_seq, compacted_seq, tuple(moved),
-                   any(g.upto < g.last_pos for g in lags))
-
+                   any(g.upto < g.last_pos for g in lags), tuple(seqs))

@@ -121,6 +121,23 @@ async def test_a_dm_after_a_topic_message_keeps_its_senders_order(store: Store) 
     assert [(r.seq, r.body) for r in rows] == [(1, b"first"), (2, b"second"), (3, b"third")]
 
 
+async def test_a_senders_order_holds_across_topics_and_dms_in_one_batch(
+        store: Store) -> None:
+    w = await _world(store)
+    await store.create_topic(w.mesh_id, "alpha", w.alice, now_ms())   # before "ops" by name
+    await store.subscribe(w.mesh_id, "alpha", w.bob, now_ms())
+    sends = [("ops", "topic"), (w.bob, "dm"), ("alpha", "topic"), ("ops", "topic"),
+             (w.bob, "dm"), ("alpha", "topic")]
+    results = await store.accept_batch([
+        accept_input(w.mesh_id, w.alice, f"c{i}", kind=kind, ref=ref, body=f"m{i}")
+        for i, (ref, kind) in enumerate(sends)])
+    assert all(r.status == 201 for r in results)
+    await store.accept(accept_input(w.mesh_id, w.alice, "d", kind="dm", ref=w.bob, body="m6"))
+    await store.hand_out(w.mesh_id, w.bob, now_ms())
+    rows = await store.deliveries_after(w.mesh_id, w.bob, 1, 0, 100)
+    assert [(r.seq, r.body.decode()) for r in rows] == [(i + 1, f"m{i}") for i in range(7)]
+
+
 async def test_a_new_subscriber_gets_what_is_logged_after_it_subscribed(store: Store) -> None:
     w = await _world(store)
     await store.accept(accept_input(w.mesh_id, w.alice, "c1", body="before"))

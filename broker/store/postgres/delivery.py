@@ -48,8 +48,8 @@ class Delivery(PostgresBase):
             return [False] * len(args)
         async def run() -> set[Key]:
             async with self.pool.acquire() as conn, conn.transaction():
-                return await hand_out_on(conn, sorted(lagging), max(t for _, t in args),
-                                         lock_all=True)
+                return (await hand_out_on(conn, sorted(lagging), max(t for _, t in args),
+                                          lock_all=True)).more
 
         more = await _again_after_deadlock(run)
         return [k in more for k, _ in args]

@@ -12,68 +12,85 @@ order is kept by the writer instead, and positions stay dense, so a span is arit
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from tidemesh.broker.topiclog import Entry, Lag, hand_out
+from tidemesh.broker.topiclog import HAND_OUT_MAX, UNCAPPED, Entry, Lag, Own, hand_out
 from tidemesh.storage.pgarray import int_array, text_array
 
 Key = tuple[str, str]
 
 
+@dataclass(slots=True)
+class Given:
+    """What a hand-out did: the members whose topics logged more than it handed out
+    (``HAND_OUT_MAX``), and the (epoch, seq) each of the accept's own deliveries took."""
+
+    more: set[Key] = field(default_factory=set)
+    seqs: dict[tuple[Key, str], tuple[int, int]] = field(default_factory=dict)
+
+
 async def hand_out_on(conn: Any, keys: Sequence[Key], now_ms: int, *,
-                      lock_all: bool = False) -> set[Key]:
+                      lock_all: bool = False,
+                      own: Mapping[Key, Sequence[Own]] | None = None) -> Given:
     """Give each of ``keys`` (mesh, member) what its topics logged since it was last given
-    any. One read of each topic's new entries
-    serves all its subscribers here; a member with nothing new costs no write, unless
-    ``lock_all`` (the accept, about to hand its DM and queue recipients their next seqs,
-    takes all their cursors in one sorted statement, before any topic's lock). Returns
-    the members whose topics logged more than one call hands out (``HAND_OUT_MAX``)."""
+    any. One read of each topic's new entries serves all its subscribers here; a member
+    with nothing new costs no write, unless ``lock_all`` (all ``keys`` are locked and
+    handed out). ``own``: the DM and queue deliveries the accept is giving some of them
+    (all their topics' entries are handed out then, uncapped, so each takes its seq in
+    order among them)."""
+    given = Given()
     if not keys:
-        return set()
+        return given
     wanted = sorted(set(keys))
     if not lock_all:
         wanted = sorted({(r[0], r[1]) for r in await conn.fetch(
             LAGS_SQL, text_array([k[0] for k in wanted]), text_array([k[1] for k in wanted]))})
         if not wanted:
-            return set()
+            return given
     ms, ps = text_array([k[0] for k in wanted]), text_array([k[1] for k in wanted])
     await conn.execute(LOCK_CURSORS_SQL, ms, ps, now_ms)
     cursors = {(r[0], r[1]): (int(r[2]), int(r[3]), int(r[4]))
                for r in await conn.fetch(CURSORS_SQL, ms, ps)}
     # Read again under the cursors' locks: another broker may have handed some out meanwhile.
-    lags: dict[Key, list[Lag]] = {}
+    cap = HAND_OUT_MAX if own is None else UNCAPPED
+    lags: dict[Key, list[Lag]] = {k: [] for k in (own or {})}
     for m, p, topic, log_pos, last_pos in await conn.fetch(LAGS_SQL, ms, ps):
-        lags.setdefault((m, p), []).append(Lag(topic, int(log_pos), int(last_pos)))
-    if not lags:
-        return set()
+        lags.setdefault((m, p), []).append(Lag(topic, int(log_pos), int(last_pos), cap))
+    if not any(lags.values()) and not own:
+        return given
     # Subscribers given the same positions so far (the usual case) share one read.
     windows = sorted({(m, g.topic, g.log_pos, g.upto) for (m, _), gs in lags.items()
                       for g in gs})
     found: dict[tuple[str, str], dict[int, Entry]] = {}
-    for m, topic, pos, sender, created_at in await conn.fetch(
-            ENTRIES_SQL, *(_column(windows, i) for i in range(4))):
-        found.setdefault((m, topic), {})[int(pos)] = Entry(int(pos), sender, int(created_at))
+    if windows:
+        for m, topic, pos, sender, created_at, order in await conn.fetch(
+                ENTRIES_SQL, *(_column(windows, i) for i in range(4))):
+            found.setdefault((m, topic), {})[int(pos)] = Entry(int(pos), sender,
+                                                               int(created_at), int(order))
     entries = {t: [es[pos] for pos in sorted(es)] for t, es in found.items()}
     spans: list[tuple[Any, ...]] = []
     moved: list[tuple[str, str, str, int]] = []
     bumped: list[tuple[str, str, int, int]] = []
-    more: set[Key] = set()
-    for (m, p), gs in lags.items():
+    for (m, p), gs in sorted(lags.items()):
         epoch, last_seq, compacted = cursors[(m, p)]
         out = hand_out(p, last_seq, compacted, gs,
-                       {g.topic: entries.get((m, g.topic), []) for g in gs})
+                       {g.topic: entries.get((m, g.topic), []) for g in gs},
+                       (own or {}).get((m, p), ()))
         spans += [(m, p, epoch, s.seq_last, s.seq_first, s.topic, s.pos_first, s.created_at)
                   for s in out.spans]
         moved += [(m, topic, p, pos) for topic, pos in out.log_pos]
         bumped.append((m, p, out.last_seq, out.compacted_seq))
+        given.seqs.update({((m, p), bm): (epoch, seq) for bm, seq in out.own})
         if out.more:
-            more.add((m, p))
+            given.more.add((m, p))
     if spans:
         await conn.execute(SPANS_SQL, *(_column(spans, i) for i in range(8)))
-    await conn.execute(MOVE_SQL, *(_column(moved, i) for i in range(4)))
+    if moved:
+        await conn.execute(MOVE_SQL, *(_column(moved, i) for i in range(4)))
     await conn.execute(BUMP_SQL, *(_column(bumped, i) for i in range(4)), now_ms)
-    return more
+    return given
 
 
 def _column(rows: Sequence[tuple[Any, ...]], i: int) -> str:
@@ -112,7 +129,7 @@ FROM mesh.recipient_cursor c JOIN unnest($1::text::text[], $2::text::text[]) AS 
 """
 
 ENTRIES_SQL = """
-SELECT t.mesh_id, t.topic, t.log_pos, t.sender_pubkey, t.created_at
+SELECT t.mesh_id, t.topic, t.log_pos, t.sender_pubkey, t.created_at, t.log_order
 FROM unnest($1::text::text[], $2::text::text[], $3::text::bigint[], $4::text::bigint[])
      AS w(m, n, after, upto)
 JOIN mesh.topic_message t ON t.mesh_id = w.m AND t.topic = w.n

@@ -24,6 +24,7 @@ from tidemesh.broker.store import accept
 from tidemesh.broker.store.accept import Key
 from tidemesh.broker.store.sqlite.base import SqliteBase, write_error
 from tidemesh.broker.store.sqlite.topiclog import hand_out_on
+from tidemesh.broker.topiclog import Own
 from tidemesh.core.errors import InsufficientStorage, TidemeshError, Unavailable
 from tidemesh.storage.multirow import insert_rows
 from tidemesh.storage.sqlite import HEAVY_CHUNK, BatchOp, storage_error
@@ -182,20 +183,22 @@ class SqliteAcceptPort:
             history.append((a.history_id, a.broker_message_id, a.mesh_id, a.sender_pubkey,
                             a.kind, a.ref, a.now_ms))
         now = max(a.now_ms for a, _ in accepted)
-        # The DM and queue recipients are first handed what their topics logged before
-        # this batch: their new seqs come after it.
-        hand_out_on(self.conn, [(a.mesh_id, p) for a, recipients in accepted
-                                if a.kind != "topic" for p in recipients], now)
-        insert_rows(self.conn, TOPIC_MESSAGE_HEAD, self._positioned(topic))
+        (first,) = self.conn.execute(
+            "SELECT COALESCE(MAX(log_order), 0) + 1 FROM topic_message").fetchone()
+        order_of = {a.broker_message_id: first + i for i, (a, _) in enumerate(accepted)}
+        insert_rows(self.conn, TOPIC_MESSAGE_HEAD, [
+            (*r, order_of[str(r[0])]) for r in self._positioned(topic)])
         insert_rows(self.conn, QUEUE_MESSAGE_HEAD, queue)
         insert_rows(self.conn, HISTORY_HEAD, history)
-        counts = collections.Counter((a.mesh_id, p) for a, recipients in accepted
-                                     if a.kind != "topic" for p in recipients)
-        cursors: dict[tuple[str, str], list[int]] = {}   # (epoch, the last seq handed out)
-        for (mesh_id, pubkey), n in counts.items():
-            epoch, last_seq = self.conn.execute(BUMP_CURSOR_SQL, (mesh_id, pubkey, n, now)
-                                                ).fetchone()
-            cursors[(mesh_id, pubkey)] = [epoch, last_seq - n]
+        # Each DM and queue recipient is handed its topics' entries with its new deliveries
+        # among them in order: a sender's messages keep their order whatever their kinds.
+        own: dict[tuple[str, str], list[Own]] = {}
+        for a, recipients in accepted:
+            if a.kind != "topic":
+                for p in recipients:
+                    own.setdefault((a.mesh_id, p), []).append(
+                        Own(order_of[a.broker_message_id], a.broker_message_id))
+        seqs = hand_out_on(self.conn, list(own), now, own).seqs
         out: dict[str, list[Delivery]] = {}
         rows = []
         for a, recipients in accepted:
@@ -204,10 +207,9 @@ class SqliteAcceptPort:
                 deliveries += [Delivery(p, 0, 0) for p in recipients]
                 continue
             for p in recipients:
-                cursor = cursors[(a.mesh_id, p)]
-                cursor[1] += 1
-                deliveries.append(Delivery(p, cursor[0], cursor[1]))
-                rows.append((a.mesh_id, p, cursor[0], cursor[1], a.broker_message_id, a.now_ms))
+                epoch, seq = seqs[((a.mesh_id, p), a.broker_message_id)]
+                deliveries.append(Delivery(p, epoch, seq))
+                rows.append((a.mesh_id, p, epoch, seq, a.broker_message_id, a.now_ms))
         insert_rows(self.conn, DELIVERY_HEAD, rows)
         return out
 
@@ -252,18 +254,10 @@ SELECT c.member_pubkey FROM queue_consumer c JOIN member m
   ON m.mesh_id = c.mesh_id AND m.pubkey = c.member_pubkey AND m.revoked_at IS NULL
 WHERE c.mesh_id = ? AND c.queue = ?
 """
-# A recipient's cursor moved past its ``n`` new deliveries of the batch (one row per mesh and
-# recipient, bumped in the writer's transaction): they take the seqs just below the new
-# last_seq, gapless.
-BUMP_CURSOR_SQL = """
-INSERT INTO recipient_cursor (mesh_id, recipient_pubkey, last_seq, updated_at)
-VALUES (?, ?, ?, ?) ON CONFLICT (mesh_id, recipient_pubkey) DO UPDATE
-SET last_seq = last_seq + excluded.last_seq, updated_at = excluded.updated_at
-RETURNING epoch, last_seq
-"""
 TOPIC_MESSAGE_HEAD = (
     "INSERT INTO topic_message (id, mesh_id, sender_pubkey, client_message_id, topic,"
-    " body, body_encoding, priority, meta, reply_to, created_at, traceparent, log_pos) VALUES ")
+    " body, body_encoding, priority, meta, reply_to, created_at, traceparent, log_pos,"
+    " log_order) VALUES ")
 QUEUE_MESSAGE_HEAD = (
     "INSERT INTO message_queue (id, mesh_id, sender_pubkey, client_message_id,"
     " destination_kind, destination_ref, body, body_encoding, priority, meta, reply_to,"

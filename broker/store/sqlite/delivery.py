@@ -53,7 +53,7 @@ class Delivery(SqliteBase):
 
 
 def _hand_out_batch(conn: sqlite3.Connection, args: Sequence[tuple[Key, int]]) -> list[bool]:
-    more = hand_out_on(conn, [k for k, _ in args], max(t for _, t in args))
+    more = hand_out_on(conn, [k for k, _ in args], max(t for _, t in args)).more
     return [k in more for k, _ in args]
 
 

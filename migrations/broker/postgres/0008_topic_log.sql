@@ -9,6 +9,9 @@
 ALTER TABLE mesh.topic ADD COLUMN last_pos BIGINT NOT NULL DEFAULT 0;
 ALTER TABLE mesh.topic_subscription ADD COLUMN log_pos BIGINT NOT NULL DEFAULT 0;
 ALTER TABLE mesh.topic_message ADD COLUMN log_pos BIGINT;
+-- Where the message stands among all topics' messages: a member's topics are handed out
+-- merged in this order, so that a sender's messages keep their order across topics.
+ALTER TABLE mesh.topic_message ADD COLUMN log_order BIGINT;
 
 CREATE UNIQUE INDEX topic_message_log_idx ON mesh.topic_message (mesh_id, topic, log_pos)
     WHERE log_pos IS NOT NULL;
@@ -26,6 +29,8 @@ CREATE TABLE mesh.topic_delivery (
 );
 
 CREATE INDEX topic_delivery_log_idx ON mesh.topic_delivery (mesh_id, topic, pos_first);
+
+CREATE SEQUENCE mesh.topic_log_order;
 
 -- A member's subscriptions, for handing out what their topics logged since.
 CREATE INDEX topic_subscription_member_idx ON mesh.topic_subscription (mesh_id, member_pubkey);

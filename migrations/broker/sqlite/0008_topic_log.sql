@@ -9,6 +9,9 @@
 ALTER TABLE topic ADD COLUMN last_pos BIGINT NOT NULL DEFAULT 0;
 ALTER TABLE topic_subscription ADD COLUMN log_pos BIGINT NOT NULL DEFAULT 0;
 ALTER TABLE topic_message ADD COLUMN log_pos BIGINT;
+-- Where the message stands among all topics' messages: a member's topics are handed out
+-- merged in this order, so that a sender's messages keep their order across topics.
+ALTER TABLE topic_message ADD COLUMN log_order BIGINT;
 
 CREATE UNIQUE INDEX topic_message_log_idx ON topic_message (mesh_id, topic, log_pos)
     WHERE log_pos IS NOT NULL;
@@ -26,6 +29,9 @@ CREATE TABLE topic_delivery (
 );
 
 CREATE INDEX topic_delivery_log_idx ON topic_delivery (mesh_id, topic, pos_first);
+
+-- The next order is one past the highest (one writer).
+CREATE INDEX topic_message_order_idx ON topic_message (log_order) WHERE log_order IS NOT NULL;
 
 -- A member's subscriptions, for handing out what their topics logged since.
 CREATE INDEX topic_subscription_member_idx ON topic_subscription (mesh_id, member_pubkey);
