@@ -34,3 +34,9 @@ CREATE SEQUENCE mesh.topic_log_order;
 
 -- A member's subscriptions, for handing out what their topics logged since.
 CREATE INDEX topic_subscription_member_idx ON mesh.topic_subscription (mesh_id, member_pubkey);
+
+-- A hand-out moves a subscription's log_pos and a cursor's last_seq, an ack its acked_seq:
+-- no index covers them, and room left on each page keeps those updates HOT (the new version
+-- on the same page, no index entry), instead of a moved row and new entries in every index.
+ALTER TABLE mesh.topic_subscription SET (fillfactor = 50);
+ALTER TABLE mesh.recipient_cursor SET (fillfactor = 50);
