@@ -2,11 +2,13 @@
 run by the engine's writers for every frame they drained at once.
 
 A frame's sends are one item of a writer's queue. Each port method is one statement for the
-whole batch (arrays and ``unnest()``), so a batch takes at most seven round trips whatever
-its size and however many frames it holds: BEGIN; claim; read back ``FOR SHARE`` (only when
-the claim did not insert every key); B2 in one query;
-(unclaim the refused); messages with their history rows; cursors and gapless delivery rows;
-COMMIT. Claims are made in key order and cursor rows locked in (mesh, recipient) order, so
+whole batch (arrays and ``unnest()``), so a batch takes a bounded number of round trips
+whatever its size and however many frames it holds: BEGIN; claim; read back ``FOR SHARE``
+(only when the claim did not insert every key); B2 in one query; (unclaim the refused);
+the DM and queue recipients' cursor locks; topic positions; orders; messages with their
+history rows; the DM and queue recipients' hand-out (``topiclog.py``) and delivery rows;
+COMMIT. A topic message writes no row per subscriber. Claims are made in key order, cursor
+rows locked in (mesh, recipient) order and then topic rows in (mesh, name) order, so
 several brokers on one database cannot deadlock; a key sent twice in a batch is decided
 against its earlier send by the sequence itself. If a statement fails, the engine redoes the
 batch with a savepoint per frame; a frame that fails again is redone with a savepoint per
