@@ -24,7 +24,7 @@ from pathlib import Path
 
 import asyncpg
 
-from tidemesh.broker.store import migrate
+from tidemesh.broker.store.base import POSTGRES_MIGRATIONS
 from tidemesh.spark.config import load
 from tidemesh.spark.jobs.orphan_audit import run_audit
 from tidemesh.spark.session import build_session
@@ -115,7 +115,7 @@ async def create_db(name: str, n: int, now: int) -> None:
     conn = await asyncpg.connect(DSN.rsplit("/", 1)[0] + "/" + name)
     try:
         await conn.execute("SET synchronous_commit = off")
-        for m in migrate.load("postgres"):
+        for m in POSTGRES_MIGRATIONS.load():
             await conn.execute(m.sql)
         await conn.execute(FILL_SQL.format(n=n, now=now, day=f"{DAY}::bigint", meshes=MESHES,
                                            pruned=PRUNED, expired=EXPIRED))

@@ -27,7 +27,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tidemesh.daemon.records import Page
-from tidemesh.daemon.store import inbox, migrate, search
+from tidemesh.daemon.store import inbox, search
+from tidemesh.daemon.store.db import INBOX_MIGRATIONS
 from tidemesh.storage.sqlite import connect
 
 VOCAB = 50_000
@@ -66,7 +67,7 @@ def _deliveries(bodies: Bodies, start: int, n: int, now: int) -> list[inbox.Deli
 
 def _fill(path: Path, bodies: Bodies, rows: int) -> float:
     conn = connect(path)
-    migrate.apply(conn, "inbox")
+    INBOX_MIGRATIONS.apply_sqlite(conn)
     conn.execute("BEGIN IMMEDIATE")
     search.configure(conn, True, 0)
     conn.execute("COMMIT")

@@ -9,8 +9,7 @@ from dataclasses import dataclass
 from tidemesh.broker import config as settings
 from tidemesh.broker import running
 from tidemesh.broker.config import BrokerSettings, broker_home
-from tidemesh.broker.store import migrate
-from tidemesh.broker.store.base import Member, Mesh, MeshLimits, Store
+from tidemesh.broker.store.base import SQLITE_MIGRATIONS, Member, Mesh, MeshLimits, Store
 from tidemesh.core.errors import InvalidRequest, NotFound
 from tidemesh.core.invite import (
     Invite,
@@ -19,10 +18,12 @@ from tidemesh.core.invite import (
     parse_duration_ms,
     token_hash,
 )
+from tidemesh.storage.migrate import SchemaBehind, SchemaTooNew
 
 # What the CLI uses besides the functions below (the import contract allows it this module
 # and broker.main only).
-__all__ = ["BrokerSettings", "Store", "broker_home", "migrate", "running", "settings"]
+__all__ = ["SQLITE_MIGRATIONS", "BrokerSettings", "SchemaBehind", "SchemaTooNew", "Store",
+           "broker_home", "running", "settings"]
 
 
 def now_ms() -> int:

@@ -42,7 +42,7 @@ from tidemesh.core.paths import DaemonPaths
 from tidemesh.daemon import identity
 from tidemesh.daemon.private import write_atomically
 from tidemesh.daemon.store import inbox as inbox_sql
-from tidemesh.daemon.store import migrate
+from tidemesh.daemon.store.db import INBOX_MIGRATIONS
 
 MAGIC = b"TIDEMESH-BACKUP\n"
 SCHEMA_VERSION = 1
@@ -256,7 +256,7 @@ def _write_memberships(db: Path, subs: list[dict[str, Any]]) -> None:
     try:
         conn = sqlite3.connect(tmp, isolation_level=None)
         try:
-            migrate.apply(conn, "inbox")
+            INBOX_MIGRATIONS.apply_sqlite(conn)
             conn.execute("BEGIN IMMEDIATE")
             for s in subs:
                 inbox_sql.membership_add(conn, s["kind"], s["name"], int(s.get("since") or 0))

@@ -67,9 +67,7 @@ from tidemesh.daemon.service.outbox import OutboxService
 from tidemesh.daemon.service.presence import PresenceService
 from tidemesh.daemon.service.retention import RetentionService, RetentionSettings
 from tidemesh.daemon.socket_watch import SocketWatch
-from tidemesh.daemon.store.db import Database, StoreDamaged
-from tidemesh.daemon.store.migrate import SchemaTooNew
-from tidemesh.daemon.store.migrate import load as load_migrations
+from tidemesh.daemon.store.db import OUTBOX_MIGRATIONS, Database, SchemaTooNew, StoreDamaged
 from tidemesh.daemon.stores import open_inbox, open_outbox
 from tidemesh.storage.lock import AlreadyRunning, InstanceLock
 from tidemesh.storage.sqlite import share_gil_with_writers
@@ -248,7 +246,7 @@ class Daemon:
             sse_keepalive_s=s.ipc_sse_keepalive_s,
             sse_write_timeout_s=s.ipc_sse_write_timeout_s,
             info=DaemonInfo(s.daemon_mesh, tidemesh.__version__, self.keypair.public_hex,
-                            len(load_migrations("outbox")), time.monotonic()),
+                            len(OUTBOX_MIGRATIONS.load()), time.monotonic()),
             registry=registry,
             metrics=IpcMetrics.register(registry),
             token_file=self.start.paths.token_file,

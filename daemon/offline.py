@@ -15,8 +15,7 @@ from tidemesh.core.send import parse_send_request
 from tidemesh.daemon.api.validation import checked
 from tidemesh.daemon.service.outbox import OutboxService
 from tidemesh.daemon.service.retention import RetentionService, RetentionSettings
-from tidemesh.daemon.store import migrate
-from tidemesh.daemon.store.db import Database
+from tidemesh.daemon.store.db import INBOX_MIGRATIONS, Database
 from tidemesh.daemon.stores import open_outbox
 
 T = TypeVar("T")
@@ -57,7 +56,7 @@ def outbox_requeue(
 
 def _migrate_inbox(conn: sqlite3.Connection) -> None:
     # Not open_inbox: an operator's prune must not move a damaged inbox aside.
-    migrate.apply(conn, "inbox")
+    INBOX_MIGRATIONS.apply_sqlite(conn)
 
 
 def prune(outbox_db: Path, inbox_db: Path, settings: RetentionSettings, which: str,

@@ -27,7 +27,7 @@ from nacl.signing import SigningKey
 from tidemesh.core.paths import DaemonPaths
 from tidemesh.daemon import identity
 from tidemesh.daemon.departure import aside_dir
-from tidemesh.daemon.store import migrate
+from tidemesh.daemon.store.db import OUTBOX_MIGRATIONS
 
 ARCHIVE = "keypair-archive.json"
 # Rowids probed one by one when a table cannot be scanned in order; past this the report
@@ -246,7 +246,7 @@ def salvage_outbox(db: Path, aside: Path) -> dict[str, Any]:
     new = sqlite3.connect(db, isolation_level=None)
     report: dict[str, Any] = {"damaged_copy": str(damaged), "tables": {}}
     try:
-        migrate.apply(new, "outbox")
+        OUTBOX_MIGRATIONS.apply_sqlite(new)
         tables = [r[0] for r in new.execute(
             "SELECT name FROM sqlite_master WHERE type = 'table'"
             " AND name NOT LIKE 'sqlite_%' AND name != 'schema_migrations'")]

@@ -14,7 +14,7 @@ import structlog
 from aiohttp import web
 
 from tidemesh.daemon.api.connections import ConnectionLimits, Gate
-from tidemesh.daemon.api.keys import MAX_BODY, OUTBOX, STATE
+from tidemesh.daemon.api.keys import MAX_BODY
 from tidemesh.daemon.api.middleware import ipc
 from tidemesh.daemon.api.routes import ROUTES
 from tidemesh.daemon.api.send_lane import Lane
@@ -57,7 +57,7 @@ class IpcServer:
         await self.runner.setup()
         server = self.runner.server
         assert server is not None  # set by setup()
-        self._lane = Lane(self.app[STATE], self.app[OUTBOX], self.app[MAX_BODY], server,
+        self._lane = Lane(self.app, self.app[MAX_BODY], server,
                           keepalive_s=self.limits.idle_timeout_s,
                           header_timeout_s=self.limits.header_timeout_s)
         await self._bind_unix()

@@ -13,8 +13,15 @@ from pathlib import Path
 
 import structlog
 
-from tidemesh.daemon.store import migrate, outbox, search
-from tidemesh.daemon.store.db import Database, StoreDamaged, check_integrity, connect
+from tidemesh.daemon.store import outbox, search
+from tidemesh.daemon.store.db import (
+    INBOX_MIGRATIONS,
+    OUTBOX_MIGRATIONS,
+    Database,
+    StoreDamaged,
+    check_integrity,
+    connect,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -24,7 +31,7 @@ INFLIGHT_RETRY_DELAY_MS = 500
 def _setup_outbox(path: Path, recover: bool) -> Callable[[sqlite3.Connection], None]:
     def setup(conn: sqlite3.Connection) -> None:
         check_integrity(conn, path)
-        migrate.apply(conn, "outbox")
+        OUTBOX_MIGRATIONS.apply_sqlite(conn)
         if not recover:
             return
         conn.execute("BEGIN IMMEDIATE")
@@ -78,7 +85,7 @@ async def open_inbox(path: Path, fts_enabled: bool = True) -> Database:
         log.warning("inbox_corruption_recovered", moved_to=str(target))
 
     def setup(conn: sqlite3.Connection) -> None:
-        migrate.apply(conn, "inbox")
+        INBOX_MIGRATIONS.apply_sqlite(conn)
         started = time.monotonic()
         conn.execute("BEGIN IMMEDIATE")
         try:

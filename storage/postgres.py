@@ -2,13 +2,13 @@
 group-commit batch operations.
 
 Concurrent submissions are drained into batches by several writer connections (so batches
-overlap each other's COMMIT; PostgreSQL flushes concurrent commits together). Each submission
-names a shard (the broker uses the sender). A shard with submissions in flight sends the next
-to the writer that holds them, which keeps its submissions in arrival order; a shard with none
-goes to the least loaded writer, so one member's big batches do not hold up another member's
-send while a writer is free (fair load). A batch runs each operation once for all its args, in one
-transaction; if a statement fails, the batch is redone in a new transaction with a savepoint per
-arg, so only the arg that fails again gets an error. Args of one ``key`` in one batch are split:
+overlap each other's COMMIT; PostgreSQL flushes concurrent commits together). Each submission's
+shard is its op's ``owner`` (the broker's accept: the sender). A shard with submissions in
+flight sends the next to the writer that holds them, which keeps its submissions in arrival
+order; a shard with none goes to the least loaded writer, so one member's big batches do not
+hold up another member's send while a writer is free (fair load). A batch runs each operation
+once for all its args, in one transaction, under the batch rules of ``engine`` (a savepoint per
+run, redone arg by arg when it fails). Args of one ``key`` in one batch are split:
 the later ones wait for the writer's next batch, so each is decided against what the first one
 wrote. Answers leave only after COMMIT.
 """
@@ -19,7 +19,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit
 
 import asyncpg
@@ -27,6 +27,7 @@ import structlog
 
 from tidemesh.core.errors import InsufficientStorage, TidemeshError, Unavailable
 from tidemesh.core.settings import ConfigError
+from tidemesh.storage.engine import BatchOp, fail_batch, fails_batch, one_arg_failed
 from tidemesh.storage.pending import Pending, answer, fail_all, take
 from tidemesh.storage.stats import BatchCounters
 
@@ -79,16 +80,6 @@ def storage_error(exc: BaseException, name: str, doing: str) -> TidemeshError:
     if isinstance(exc, asyncpg.exceptions.DiskFullError):
         return InsufficientStorage(f"the {name} database is full: {exc}; nothing was stored")
     return Unavailable(f"the {name} database {doing}: {exc}")
-
-
-@dataclass(frozen=True, slots=True)
-class BatchOp(Generic[A, T]):
-    """A write run for many callers at once: ``run(conn, args)`` returns one result per arg,
-    in order, inside the writer's transaction. Args with equal ``key`` never share a batch."""
-
-    name: str
-    run: Callable[[Any, Sequence[A]], Awaitable[list[T]]]
-    key: Callable[[A], Hashable] | None = None
 
 
 @dataclass(slots=True, kw_only=True)
@@ -147,17 +138,29 @@ class Database(BatchCounters):
         """The writers, for the composition root to supervise."""
         return self._tasks
 
-    async def submit(self, op: BatchOp[A, T], arg: A, shard: Hashable) -> T:
-        """Run ``op`` for ``arg`` in the next batch of the writer that owns ``shard``."""
+    async def submit(self, op: BatchOp[A, T], arg: A) -> T:
+        """Run ``op`` for ``arg`` in the next batch of the writer that holds its owner's
+        writes (any writer for an op without owners)."""
+        result: T = await self._put(op, arg)
+        return result
+
+    async def submit_all(self, op: BatchOp[A, T], args: Sequence[A]
+                         ) -> list[T | BaseException]:
+        """``submit`` for each of ``args``, queued at once and in order."""
+        futures = [self._put(op, arg) for arg in args]
+        got: list[T | BaseException] = await asyncio.gather(*futures, return_exceptions=True)
+        return got
+
+    def _put(self, op: BatchOp[Any, Any], arg: Any) -> asyncio.Future[Any]:
+        shard: Hashable = op.owner(arg) if op.owner is not None else object()
         i = self._place(shard)
+        future = self._loop.create_future()
         if self._tasks[i].done():
             self._release(shard)
-            raise Unavailable(f"the {self.name} database writer is not running")
-        item = _Pending(future=self._loop.create_future(), op=op, arg=arg,
-                        shard=shard)
-        self._queues[i].put_nowait(item)
-        result: T = await item.future
-        return result
+            future.set_exception(Unavailable(f"the {self.name} database writer is not running"))
+            return future
+        self._queues[i].put_nowait(_Pending(future=future, op=op, arg=arg, shard=shard))
+        return future
 
     def _place(self, shard: Hashable) -> int:
         home = self._homes.get(shard)
@@ -238,39 +241,45 @@ class Database(BatchCounters):
         try:
             if conn is None or conn.is_closed():
                 conn = await asyncpg.connect(self.dsn)
-            try:
-                async with conn.transaction():
-                    for op, items in _by_op(batch):
-                        results = await op.run(conn, [p.arg for p in items])
-                        for p, r in zip(items, results, strict=True):
-                            p.result = r
-                return conn
-            except (asyncpg.PostgresError, TidemeshError) as exc:
-                if isinstance(exc, _CONNECTION_ERRORS):
-                    raise
-                # The batch rolled back whole; redo it with a savepoint per arg so that only
-                # the arg that fails again gets the error.
-                log.warning(f"{self.name}_batch_split", error=str(exc), items=len(batch))
             async with conn.transaction():
-                for p in batch:
-                    await self._run_alone(conn, p)
+                for op, items in _by_op(batch):
+                    await self._run_op(conn, op, items)
             return conn
         except DB_ERRORS as exc:
-            log.error(f"{self.name}_commit_failed", error=str(exc), items=len(batch))
             if conn is not None:
                 conn.terminate()
-            err = storage_error(exc, self.name, "could not commit")
-            for p in batch:
-                p.error = err
+            fail_batch(self.name, batch, storage_error(exc, self.name, "could not commit"), exc)
             return None
+
+    async def _run_op(self, conn: Any, op: BatchOp[Any, Any], items: list[_Pending]) -> None:
+        """One ``op.run`` under a savepoint; if it fails, each arg alone (``engine``)."""
+        try:
+            async with conn.transaction():
+                results = await cast(Awaitable[list[Any]], op.run(conn, [p.arg for p in items]))
+        except _CONNECTION_ERRORS:
+            raise
+        except (asyncpg.PostgresError, TidemeshError) as exc:
+            if isinstance(exc, asyncpg.PostgresError) and fails_batch(
+                    storage_error(exc, self.name, "could not commit")):
+                raise
+            log.warning(f"{self.name}_batch_split", error=str(exc), items=len(items))
+            for p in items:
+                await self._run_alone(conn, p)
+            return
+        for p, r in zip(items, results, strict=True):
+            p.result = r
 
     async def _run_alone(self, conn: Any, p: _Pending) -> None:
         try:
             async with conn.transaction():
-                p.result = (await p.op.run(conn, [p.arg]))[0]
+                p.result = (await cast(Awaitable[list[Any]], p.op.run(conn, [p.arg])))[0]
+        except _CONNECTION_ERRORS:
+            raise
         except asyncpg.PostgresError as exc:
-            log.error(f"{self.name}_write_failed", op=p.op.name, error=str(exc))
-            p.error = storage_error(exc, self.name, "rejected this write")
+            p.error = err = storage_error(exc, self.name, "rejected this write")
+            if fails_batch(err):
+                raise
+            one_arg_failed(self.name, p.op.name, err)
         except TidemeshError as exc:
             p.error = exc
 

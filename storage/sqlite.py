@@ -32,12 +32,13 @@ import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar, cast
 
 import aiosqlite
 import structlog
 
 from tidemesh.core.errors import InsufficientStorage, TidemeshError, Unavailable
+from tidemesh.storage.engine import BatchOp, fail_batch, fails_batch, one_arg_failed
 from tidemesh.storage.pending import Pending, answer, fail_all, take
 from tidemesh.storage.stats import BatchCounters
 
@@ -131,19 +132,6 @@ def storage_error(exc: sqlite3.Error, name: str) -> TidemeshError:
         return InsufficientStorage(
             f"the {name} database could not be written: {text}; nothing was stored")
     return Unavailable(f"the {name} database is unavailable: {text}; nothing was stored")
-
-
-@dataclass(frozen=True, slots=True)
-class BatchOp(Generic[A, T]):
-    """A write that runs for many callers at once: ``run(conn, args)`` returns one result per
-    arg, in order, deciding each against what the ones before it wrote. It must be all or
-    nothing; if it raises, the batch falls back to one savepoint per arg."""
-
-    name: str
-    run: Callable[[sqlite3.Connection, Sequence[A]], list[T]]
-    # Both or neither: the rows an arg writes and whose it is (``light_first``).
-    weight: Callable[[A], int] | None = None
-    owner: Callable[[A], Hashable] | None = None
 
 
 @dataclass(slots=True, kw_only=True)
@@ -470,11 +458,7 @@ class Database(BatchCounters):
     def _failed(self, conn: sqlite3.Connection, exc: sqlite3.Error, items: list[_Item]) -> None:
         if conn.in_transaction:
             conn.execute("ROLLBACK")
-        err = storage_error(exc, self.name)
-        log.error(f"{self.name}_commit_failed", path=str(self.path), error=str(exc),
-                  items=len(items))
-        for item in items:
-            item.error = err
+        fail_batch(self.name, items, storage_error(exc, self.name), exc, path=str(self.path))
 
     def _run_items(self, conn: sqlite3.Connection, batch: list[_Item]) -> None:
         """Run ``batch`` in order: each run of one op's args as one ``op.run``."""
@@ -491,34 +475,35 @@ class Database(BatchCounters):
             start = end
 
     def _run_op(self, conn: sqlite3.Connection, op: BatchOp[Any, Any], items: list[_Item]) -> None:
+        """One ``op.run`` under a savepoint; if it fails, each arg alone (``engine``)."""
         conn.execute("SAVEPOINT run")
         try:
-            results = op.run(conn, [it.arg for it in items])
-        except sqlite3.Error as exc:
+            results = cast(list[Any], op.run(conn, [it.arg for it in items]))
+        except (sqlite3.Error, TidemeshError) as exc:
             conn.execute("ROLLBACK TO run")
             conn.execute("RELEASE run")
-            if isinstance(storage_error(exc, self.name), InsufficientStorage):
+            if isinstance(exc, sqlite3.Error) and fails_batch(storage_error(exc, self.name)):
                 raise
-            # One bad arg must not fail the others: retry each on its own savepoint.
             for it in items:
-                it.fn = lambda c, arg=it.arg: op.run(c, [arg])[0]
-                self._run_item(conn, it)
+                it.fn = lambda c, arg=it.arg: cast(list[Any], op.run(c, [arg]))[0]
+                self._run_item(conn, it, op.name)
             return
         conn.execute("RELEASE run")
         for it, res in zip(items, results, strict=True):
             it.result = res
 
-    def _run_item(self, conn: sqlite3.Connection, item: _Item) -> None:
+    def _run_item(self, conn: sqlite3.Connection, item: _Item, what: str = "write") -> None:
         assert item.fn is not None
         conn.execute("SAVEPOINT item")
         try:
             item.result = item.fn(conn)
         except sqlite3.Error as exc:
             conn.execute("ROLLBACK TO item")
-            item.error = storage_error(exc, self.name)
-            if isinstance(item.error, InsufficientStorage):
+            item.error = err = storage_error(exc, self.name)
+            if fails_batch(err):
                 conn.execute("RELEASE item")
                 raise
+            one_arg_failed(self.name, what, err)
         except Exception as exc:
             conn.execute("ROLLBACK TO item")
             item.error = exc

@@ -23,9 +23,16 @@ from tidemesh.core import jsonbounds
 from tidemesh.core.errors import NotFound
 from tidemesh.core.jsonbounds import META_DEPTH
 from tidemesh.core.record import record
+from tidemesh.storage.migrate import Migrations
 from tidemesh.storage.postgres import Database as PostgresDatabase
 from tidemesh.storage.sqlite import Database as SqliteDatabase
 from tidemesh.storage.stats import BatchCounters
+
+# The store's migration sets, numbered alike on both engines (``tidemesh.storage.migrate``).
+_BEHIND = "run `tidemesh broker migrate`"
+SQLITE_MIGRATIONS = Migrations("broker/sqlite", "the broker store", behind=_BEHIND)
+POSTGRES_MIGRATIONS = Migrations("broker/postgres", "the broker store", behind=_BEHIND,
+                                 pg_schema="mesh")
 
 TABLES = (
     "mesh", "member", "invite", "topic", "topic_subscription", "queue_consumer",

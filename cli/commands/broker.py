@@ -18,8 +18,13 @@ import click
 
 from tidemesh.broker import admin
 from tidemesh.broker import main as broker_main
-from tidemesh.broker.admin import BrokerSettings, Store
-from tidemesh.broker.admin import migrate as store_migrate
+from tidemesh.broker.admin import (
+    SQLITE_MIGRATIONS,
+    BrokerSettings,
+    SchemaBehind,
+    SchemaTooNew,
+    Store,
+)
 from tidemesh.cli.commands.common import json_option, paths_for
 from tidemesh.cli.lazy import LazyGroup
 from tidemesh.cli.output import emit_json, fail, readable, table
@@ -60,7 +65,7 @@ def _run(store: str | None, fn: Callable[[Store], Awaitable[T]], creates: bool =
         return asyncio.run(broker_main.with_store(settings, fn))
     except TidemeshError as exc:
         fail(exc)
-    except (OSError, store_migrate.SchemaTooNew, store_migrate.SchemaBehind) as exc:
+    except (OSError, SchemaTooNew, SchemaBehind) as exc:
         fail(TidemeshError(f"the broker store is unavailable: {exc}"))
 
 
@@ -106,7 +111,7 @@ def migrate_cmd(store: str | None) -> None:
         return None  # opening the store applies them
 
     _run(store, fn, creates=True)
-    click.echo(f"broker store is at schema version {len(store_migrate.load('sqlite'))}")
+    click.echo(f"broker store is at schema version {len(SQLITE_MIGRATIONS.load())}")
 
 
 @broker_group.group("mesh")

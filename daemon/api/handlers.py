@@ -16,6 +16,7 @@ from tidemesh.core import compat, metrics, numbers
 from tidemesh.core.errors import InvalidRequest
 from tidemesh.core.send import SendRequest, parse_send_request
 from tidemesh.daemon import token_rotation
+from tidemesh.daemon.api.exchange import Answer, Parsed, json_answer
 from tidemesh.daemon.api.keys import (
     BACKUP,
     CAPABILITIES,
@@ -24,14 +25,12 @@ from tidemesh.daemon.api.keys import (
     MEMBERSHIP,
     OUTBOX,
     PRESENCE,
-    REPLY_TOKEN,
     RETENTION,
     STATE,
 )
 from tidemesh.daemon.api.responses import batch_item, scoped_outcome, send_response
 from tidemesh.daemon.api.validation import checked, parse_json
 from tidemesh.daemon.records import BatchItem, Page, SendKind
-from tidemesh.daemon.service.outbox import OutboxService
 
 _STATUSES = ("pending", "inflight", "done", "dead", "aborted")
 
@@ -103,35 +102,20 @@ def _send_request(data: Any, header_id: str | None = None,
     return parse_send_request(checked("send_request.schema.json", data), header_id, traceparent)
 
 
-async def accept_send(outbox: OutboxService, raw: bytes, key: str | None,
-                      traceparent: str | None = None) -> tuple[int, dict[str, Any]]:
-    """POST /v1/send's status and body for a raw request body; the aiohttp route and the
-    Unix socket's send lane (``send_lane``) both answer through it."""
-    req = _send_request(parse_json(raw), key, traceparent)
-    return send_response(await outbox.submit(req))
-
-
-async def post_send(request: web.Request) -> web.Response:
-    token = request.get(REPLY_TOKEN)
+async def post_send(app: web.Application, req: Parsed) -> Answer:
+    """POST /v1/send, on aiohttp and on the Unix socket's send lane alike. With a hook's
+    reply token it sees only the rows its token made."""
+    sreq = _send_request(parse_json(req.body), req.headers.get("idempotency-key"),
+                         req.headers.get("traceparent"))
+    out = await app[OUTBOX].submit(sreq)
+    token = req.reply_token
     if token is not None:
-        return await _post_scoped_send(request, token)
-    status, body = await accept_send(request.app[OUTBOX], await request.read(),
-                                     request.headers.get("Idempotency-Key"),
-                                     request.headers.get("traceparent"))
-    return _json(body, status)
-
-
-async def _post_scoped_send(request: web.Request, token: str) -> web.Response:
-    """POST /v1/send with a hook's reply token: it sees only the rows its token made."""
-    caps = request.app[CAPABILITIES]
-    req = _send_request(parse_json(await request.read()),
-                        request.headers.get("Idempotency-Key"), request.headers.get("traceparent"))
-    out = await request.app[OUTBOX].submit(req)
-    out = scoped_outcome(out, caps.owns(token, out.row.id))
-    if out.kind is SendKind.NEW:
-        caps.made(token, out.row.id)
+        caps = app[CAPABILITIES]
+        out = scoped_outcome(out, caps.owns(token, out.row.id))
+        if out.kind is SendKind.NEW:
+            caps.made(token, out.row.id)
     status, body = send_response(out)
-    return _json(body, status)
+    return json_answer(body, status)
 
 
 def _batch_item(data: Any) -> BatchItem:
@@ -142,20 +126,15 @@ def _batch_item(data: Any) -> BatchItem:
         return exc
 
 
-async def accept_batch(outbox: OutboxService, raw: bytes, has_key: bool) -> dict[str, Any]:
-    """POST /v1/send_batch's 200 body for a raw request body (``has_key``: the request
-    carried an Idempotency-Key header, which a batch refuses)."""
-    if has_key:
+async def post_send_batch(app: web.Application, req: Parsed) -> Answer:
+    """POST /v1/send_batch, on aiohttp and on the send lane alike: 1-1000 sends, each
+    answered as /v1/send would, in one 200. An Idempotency-Key header is refused."""
+    if "idempotency-key" in req.headers:
         raise InvalidRequest("a batch takes no Idempotency-Key header; give each send its own "
                              "client_message_id", field="Idempotency-Key")
-    data = checked("send_batch_request.schema.json", parse_json(raw))
-    outcomes = await outbox.submit_many([_batch_item(d) for d in data["sends"]])
-    return {"results": [batch_item(o) for o in outcomes]}
-
-
-async def post_send_batch(request: web.Request) -> web.Response:
-    return _json(await accept_batch(request.app[OUTBOX], await request.read(),
-                                    "Idempotency-Key" in request.headers))
+    data = checked("send_batch_request.schema.json", parse_json(req.body))
+    outcomes = await app[OUTBOX].submit_many([_batch_item(d) for d in data["sends"]])
+    return json_answer({"results": [batch_item(o) for o in outcomes]})
 
 
 async def get_outbox(request: web.Request) -> web.Response:

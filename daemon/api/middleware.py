@@ -14,7 +14,6 @@ without the token end with their first answer (``connections``).
 
 from __future__ import annotations
 
-import math
 import time
 
 import structlog
@@ -34,6 +33,13 @@ from tidemesh.core.errors import (
 )
 from tidemesh.core.hooks import capability_allows
 from tidemesh.core.send import Destination
+from tidemesh.daemon.api.exchange import (
+    Answer,
+    Answerer,
+    Parsed,
+    error_answer,
+    response,
+)
 from tidemesh.daemon.api.keys import CAPABILITIES, MAX_BODY, REPLY_TOKEN, STATE, IpcState
 from tidemesh.daemon.api.validation import parse_json
 
@@ -79,15 +85,7 @@ def _from_http(exc: web.HTTPException, max_body: int | None = None) -> TidemeshE
 
 
 def render(err: TidemeshError) -> web.Response:
-    resp = web.json_response(err.to_body(), status=err.http_status)
-    if isinstance(err, RateLimited):
-        resp.headers["Retry-After"] = retry_after(err.retry_after_ms)
-    return resp
-
-
-def retry_after(ms: int) -> str:
-    """Retry-After's whole seconds (RFC 9110 §10.2.3): rounded up, at least 1."""
-    return str(max(1, math.ceil(ms / 1000)))
+    return response(error_answer(err))
 
 
 @web.middleware
@@ -117,16 +115,13 @@ async def _answered(request: web.Request, handler: Handler, transport: str
     """The handler's response, or the error envelope of what it (or a guard) raised."""
     try:
         return await _guarded(request, handler, transport)
-    except TidemeshError as exc:
-        logged(exc, request.path)
-        return render(exc)
     except web.HTTPException as exc:
         resp = render(_from_http(exc, request.app.get(MAX_BODY)))
         if isinstance(exc, web.HTTPMethodNotAllowed):  # RFC 9110 §15.5.6: a 405 names them
             resp.headers["Allow"] = ", ".join(sorted(exc.allowed_methods))
         return resp
-    except Exception:
-        return render(crashed(request.path, request.method))
+    except Exception as exc:
+        return response(failed(exc, request.path, request.method))
 
 
 async def _guarded(request: web.Request, handler: Handler, transport: str) -> web.StreamResponse:
@@ -172,6 +167,35 @@ def charge(state: IpcState, key: str, transport: str) -> None:
         raise RateLimited(f"over {rate.per_s:g} requests/s (burst {rate.burst}) for this "
                           f"token (settings ipc.rate_per_s, ipc.rate_burst); retry after "
                           f"{wait_ms} ms", retry_after_ms=wait_ms)
+
+
+async def plain_unix(app: web.Application, req: Parsed, answer: Answerer) -> Answer:
+    """What this middleware does for a request with nothing to check but its budget: one on
+    the Unix socket with no token and no query string, as the send lane frames them. The
+    request is charged to ``UNIX``, admitted under the in-flight cap, answered, a failure
+    rendered as the error envelope, and counted in the request metrics. Never raises."""
+    state = app[STATE]
+    started = time.perf_counter()
+    try:
+        charge(state, UNIX, req.transport)
+        admit(state)
+        try:
+            answered = await answer(app, req)
+        finally:
+            state.inflight -= 1
+    except Exception as exc:
+        answered = failed(exc, req.path, req.method)
+    state.metrics.record(req.path, answered.status, req.transport, time.perf_counter() - started)
+    return answered
+
+
+def failed(exc: Exception, path: str, method: str) -> Answer:
+    """The error envelope of what a guard or route raised (call inside ``except``: a crash
+    is logged with its traceback)."""
+    if isinstance(exc, TidemeshError):
+        logged(exc, path)
+        return error_answer(exc)
+    return error_answer(crashed(path, method))
 
 
 def logged(exc: TidemeshError, path: str) -> None:

@@ -76,14 +76,14 @@ def _operation(route: Any, operation_id: str) -> dict[str, Any]:
 def _operation_id(route: Any, shared: Counter[str]) -> str:
     """The handler's name; a handler serving several routes gets the path appended, because
     OpenAPI requires operation ids to be unique."""
-    name: str = route.handler.__name__
+    name: str = route.function.__name__
     if shared[name] == 1:
         return name
     return name + re.sub(r"\W+", "_", route.path.removeprefix("/v1")).rstrip("_")
 
 
 def document() -> dict[str, Any]:
-    shared = Counter(route.handler.__name__ for route in TABLE)
+    shared = Counter(route.function.__name__ for route in TABLE)
     paths: dict[str, dict[str, Any]] = {}
     for route in TABLE:
         op = _operation(route, _operation_id(route, shared))

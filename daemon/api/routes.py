@@ -2,25 +2,44 @@
 
 Each entry names the JSON Schemas of its request and responses; ``openapi.py`` builds the
 OpenAPI document from this table, and a test checks that every route has its schemas.
+
+A route is either an aiohttp handler or an ``answer`` (``exchange.Answerer``): a function of
+the parsed request that both HTTP stacks call. The Unix socket's send lane takes exactly the
+answer routes (``LANE``); aiohttp serves them everywhere else (TCP, and every connection the
+lane hands over) through ``aiohttp_handler``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiohttp import web
 
 from tidemesh.daemon.api import events, handlers
+from tidemesh.daemon.api.exchange import Answerer, Parsed, first_headers, response
+from tidemesh.daemon.api.keys import REPLY_TOKEN
+from tidemesh.daemon.api.middleware import transport_of
 
 ERROR = "error.schema.json"
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def aiohttp_handler(answer: Answerer) -> Handler:
+    """An answer route as aiohttp's handler: the request parsed as the lane parses it."""
+    async def handle(request: web.Request) -> web.StreamResponse:
+        parsed = Parsed(request.method, request.path, first_headers(request.headers.items()),
+                        await request.read(), transport_of(request), request.get(REPLY_TOKEN))
+        return response(await answer(request.app, parsed))
+    return handle
 
 
 @dataclass(frozen=True, slots=True)
 class Route:
     method: str
     path: str
-    handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    handler: Handler | None
     summary: str
     request: str | None = None
     # False when the handler also accepts no body at all (the prune routes: {} by default).
@@ -31,6 +50,15 @@ class Route:
     params: dict[str, str] = field(default_factory=dict)
     # Query parameter -> its OpenAPI description (all optional strings on the wire).
     query: dict[str, str] = field(default_factory=dict)
+    # The route as a function of the parsed request, for both stacks (``handler`` None).
+    answer: Answerer | None = None
+
+    @property
+    def function(self) -> Callable[..., Any]:
+        """The code that answers the route (its name is the OpenAPI operation id)."""
+        fn = self.answer or self.handler
+        assert fn is not None, self.path
+        return fn
 
     @property
     def router_path(self) -> str:
@@ -49,13 +77,13 @@ TABLE: tuple[Route, ...] = (
           responses={200: "compat_response.schema.json"}),
     Route("GET", "/v1/health", handlers.get_health, "Health, queue depth, connection",
           responses={200: "health_response.schema.json"}),
-    Route("POST", "/v1/send", handlers.post_send, "Accept one send (the 11-row table)",
+    Route("POST", "/v1/send", None, "Accept one send (the 11-row table)", answer=handlers.post_send,
           request="send_request.schema.json",
           responses={202: "send_response.schema.json", 200: "send_response.schema.json",
                      400: ERROR, 409: ERROR, 413: ERROR, 429: ERROR, 503: ERROR, 507: ERROR}),
-    Route("POST", "/v1/send_batch", handlers.post_send_batch,
+    Route("POST", "/v1/send_batch", None,
           "Accept 1-1000 sends in one outbox transaction, each as /v1/send would; one result "
-          "each, in order",
+          "each, in order", answer=handlers.post_send_batch,
           request="send_batch_request.schema.json",
           responses={200: "send_batch_response.schema.json",
                      400: ERROR, 413: ERROR, 429: ERROR, 503: ERROR, 507: ERROR}),
@@ -135,4 +163,27 @@ TABLE: tuple[Route, ...] = (
           responses={200: None}, content_type="text/plain"),
 )
 
-ROUTES: list[web.RouteDef] = [web.route(r.method, r.router_path, r.handler) for r in TABLE]
+
+
+def _handler(route: Route) -> Handler:
+    if route.answer is not None:
+        return aiohttp_handler(route.answer)
+    assert route.handler is not None, route.path
+    return route.handler
+
+
+ROUTES: list[web.RouteDef] = [web.route(r.method, r.router_path, _handler(r)) for r in TABLE]
+
+
+def _lane(table: tuple[Route, ...]) -> dict[tuple[bytes, bytes], tuple[str, Answerer]]:
+    """(method, path) -> (path, answer) of the routes the send lane frames itself: every
+    answer route (a fixed path: the lane matches exactly, it has no router)."""
+    lane = {}
+    for r in table:
+        if r.answer is not None:
+            assert "{" not in r.path, r.path
+            lane[r.method.encode(), r.path.encode()] = (r.path, r.answer)
+    return lane
+
+
+LANE = _lane(TABLE)

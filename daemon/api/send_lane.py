@@ -1,13 +1,13 @@
-"""The Unix socket's HTTP/1.1 protocol: the two send routes answered without aiohttp's
-request machinery, everything else handed to aiohttp.
+"""The Unix socket's HTTP/1.1 protocol: the answer routes (``routes.LANE``: the two send
+routes) framed without aiohttp's request machinery, everything else handed to aiohttp.
 
 Programs on the Unix socket call POST /v1/send and /v1/send_batch far more than anything
 else. aiohttp's per-request objects (request, router match, middleware chain, response) cost
 the event loop more than the send itself (docs/daemon.md, "The send lane", has the figures).
 So this protocol frames requests itself: it finds each head, has httptools parse it, and
-when the head is a plain POST to one of those two paths it answers through the same code as
-the aiohttp routes (``handlers.accept_send`` and ``accept_batch``), with the same statuses,
-bodies, in-flight cap, error log and request metrics.
+when the head is a plain request to one of the lane's routes it calls the same ``answer``
+function aiohttp calls for that route, through the middleware's ``plain_unix`` (budget,
+in-flight cap, error envelope, metrics). The lane holds no route logic: it only frames.
 
 The first request that is anything else (another route, a query string, a token, a chunked
 or oversized body, a head httptools refuses) hands the connection, with every byte not yet
@@ -27,39 +27,36 @@ from http import HTTPStatus
 from typing import Any, cast
 
 import httptools
-import orjson
 import structlog
 
 from tidemesh.core import numbers
-from tidemesh.core.errors import RateLimited, TidemeshError
 from tidemesh.daemon.api.connections import HEADER_TIMEOUT_S, IDLE_TIMEOUT_S, MAX_HEAD
-from tidemesh.daemon.api.handlers import accept_batch, accept_send
-from tidemesh.daemon.api.keys import IpcState
-from tidemesh.daemon.api.middleware import UNIX, admit, charge, crashed, logged, retry_after
-from tidemesh.daemon.service.outbox import OutboxService
+from tidemesh.daemon.api.exchange import JSON_HEADERS, Answer, Answerer, Parsed
+from tidemesh.daemon.api.keys import STATE
+from tidemesh.daemon.api.middleware import plain_unix
+from tidemesh.daemon.api.routes import LANE
 
 log = structlog.get_logger(__name__)
 
-SEND, SEND_BATCH = "/v1/send", "/v1/send_batch"
-_PATHS = {SEND.encode(): SEND, SEND_BATCH.encode(): SEND_BATCH}
-# Headers that need aiohttp's handling: a token (capabilities), bodies not framed by a
-# Content-Length, protocol switches.
+# Headers the lane does not frame or guard: a token (the middleware's capability and TCP
+# checks), bodies not framed by a Content-Length, protocol switches. aiohttp has them.
 _HAND_OVER = {b"authorization", b"transfer-encoding", b"expect", b"upgrade"}
 # Bytes of later requests buffered while one is answered before reading pauses.
 _READ_AHEAD = 256 * 1024
 
 
-@dataclass(frozen=True, slots=True)
-class SendHead:
-    """A request head the lane answers itself."""
+@dataclass(slots=True)
+class LaneHead:
+    """A request head the lane answers itself: which route, the body's length, the header
+    fields as ``Parsed.headers``, and how the connection goes on."""
 
+    method: str
     path: str
+    answer: Answerer
     length: int
-    key: str | None
-    has_key: bool
+    headers: dict[str, str]
     keep_alive: bool
     http10: bool
-    traceparent: str | None = None
 
 
 class _Fields:
@@ -78,9 +75,9 @@ class _Fields:
         self.headers.append((name, value))
 
 
-def send_head(head: bytes, max_body: int) -> SendHead | None:
-    """The head (request line to the blank line included) as a send the lane answers, or
-    None when aiohttp should have the request."""
+def lane_head(head: bytes, max_body: int) -> LaneHead | None:
+    """The head (request line to the blank line included) as a request the lane answers,
+    or None when aiohttp should have it."""
     fields = _Fields()
     parser = httptools.HttpRequestParser(fields)
     try:
@@ -88,32 +85,26 @@ def send_head(head: bytes, max_body: int) -> SendHead | None:
     except (httptools.HttpParserError, httptools.HttpParserUpgrade):
         # aiohttp answers these (its 400, or its own take on an upgrade or CONNECT).
         return None
-    path = _PATHS.get(fields.url)
-    if path is None or parser.get_method() != b"POST":
+    method = parser.get_method()
+    route = LANE.get((method, fields.url))
+    if route is None:
         return None
     length: int | None = None
-    key: str | None = None
-    has_key = False
-    traceparent: str | None = None
+    headers: dict[str, str] = {}
     for name, value in fields.headers:
         lname = name.lower()
         if lname == b"content-length":
             length = None if length is not None else numbers.decimal(value.strip(b" \t"))
             if length is None:
                 return None
-        elif lname == b"traceparent":
-            if traceparent is None:  # the first one counts, as for the key
-                traceparent = value.decode("utf-8", "surrogateescape")
-        elif lname == b"idempotency-key":
-            if not has_key:  # the first one counts, as aiohttp's headers.get does
-                key = value.decode("utf-8", "surrogateescape")
-            has_key = True
         elif lname in _HAND_OVER:
             return None
+        # As aiohttp decodes them; the first of a name counts, as in its ``headers.get``.
+        headers.setdefault(lname.decode("latin-1"), value.decode("utf-8", "surrogateescape"))
     if length is None or length > max_body:
         return None
-    return SendHead(path, length, key, has_key, parser.should_keep_alive(),
-                    parser.get_http_version() == "1.0", traceparent)
+    return LaneHead(method.decode(), route[0], route[1], length, headers,
+                    parser.should_keep_alive(), parser.get_http_version() == "1.0")
 
 
 class _Date:
@@ -133,22 +124,25 @@ class _Date:
 
 
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
+# The header fields of nearly every answer, framed once.
+_JSON_FIELDS = b"".join(n.encode() + b": " + v.encode() + b"\r\n" for n, v in JSON_HEADERS)
 
 
 class Lane:
-    """What every connection of the lane shares: the services, the limits, the connections
-    still open (for shutdown) and the factory of aiohttp's protocol (for hand-overs)."""
+    """What every connection of the lane shares: the app (its services and state), the
+    limits, the connections still open (for shutdown) and the factory of aiohttp's protocol
+    (for hand-overs)."""
 
-    def __init__(self, state: IpcState, outbox: OutboxService, max_body: int,
+    def __init__(self, app: Any, max_body: int,
                  aiohttp_protocol: Callable[[], asyncio.Protocol],
                  keepalive_s: float = IDLE_TIMEOUT_S,
                  header_timeout_s: float = HEADER_TIMEOUT_S) -> None:
-        self.state = state
+        self.app = app
+        self.state = app[STATE]
         self.keepalive_s = keepalive_s
         self.header_timeout_s = header_timeout_s
         # No deadline of a connection comes sooner than this after the timer is armed.
         self.first_check_s = min(keepalive_s, header_timeout_s)
-        self.outbox = outbox
         self.max_body = max_body
         self.aiohttp_protocol = aiohttp_protocol
         self.connections: set[LaneConnection] = set()
@@ -158,37 +152,26 @@ class Lane:
     def protocol(self) -> LaneConnection:
         return LaneConnection(self)
 
-    async def answer(self, head: SendHead, body: bytes) -> tuple[int, Any, bytes]:
-        """The status, JSON body and extra header lines of one send request; never raises."""
-        try:
-            charge(self.state, UNIX, "unix")
-            admit(self.state)
-            try:
-                if head.path == SEND:
-                    return (*await accept_send(self.outbox, body, head.key, head.traceparent),
-                            b"")
-                return 200, await accept_batch(self.outbox, body, head.has_key), b""
-            finally:
-                self.state.inflight -= 1
-        except RateLimited as exc:
-            return (exc.http_status, exc.to_body(),
-                    b"Retry-After: " + retry_after(exc.retry_after_ms).encode() + b"\r\n")
-        except TidemeshError as exc:
-            logged(exc, head.path)
-            return exc.http_status, exc.to_body(), b""
-        except Exception:
-            err = crashed(head.path, "POST")
-            return err.http_status, err.to_body(), b""
+    async def answer(self, head: LaneHead, body: bytes) -> Answer:
+        """The route's answer to one framed request; never raises."""
+        return await plain_unix(self.app, Parsed(head.method, head.path, head.headers, body,
+                                                 "unix"), head.answer)
 
-    def response(self, status: int, body: bytes, head: SendHead, extra: bytes = b"") -> bytes:
-        connection = (b"" if head.keep_alive and not head.http10 else
-                      b"Connection: keep-alive\r\n" if head.keep_alive else
-                      b"Connection: close\r\n")
+    def response(self, answer: Answer, head: LaneHead) -> bytes:
+        """The answer framed as aiohttp frames it: the request's HTTP version, and a
+        Connection header only where it differs from that version's default."""
+        connection = (b"Connection: keep-alive\r\n" if head.keep_alive and head.http10 else
+                      b"Connection: close\r\n" if not head.keep_alive and not head.http10 else
+                      b"")
+        fields = (_JSON_FIELDS if answer.headers is JSON_HEADERS else
+                  b"".join(name.encode() + b": " + value.encode() + b"\r\n"
+                           for name, value in answer.headers))
+        status = answer.status
         return b"".join((
-            b"HTTP/1.1 ", str(status).encode(), b" ", _REASONS.get(status, b""),
-            b"\r\nContent-Type: application/json; charset=utf-8\r\nContent-Length: ",
-            str(len(body)).encode(), b"\r\nDate: ", self._date.now(), b"\r\n", extra,
-            connection, b"\r\n", body))
+            b"HTTP/1.0 " if head.http10 else b"HTTP/1.1 ", str(status).encode(), b" ",
+            _REASONS.get(status, b""), b"\r\n", fields, b"Content-Length: ",
+            str(len(answer.body)).encode(), b"\r\nDate: ", self._date.now(), b"\r\n",
+            connection, b"\r\n", answer.body))
 
     def close_idle(self) -> None:
         """Close idle connections now and busy ones after their answer; refuse new ones."""
@@ -214,7 +197,7 @@ class LaneConnection(asyncio.Protocol):
         self.lane = lane
         self.transport: asyncio.Transport | None = None
         self.buf = bytearray()
-        self.head: SendHead | None = None
+        self.head: LaneHead | None = None
         self.head_len = 0
         self.task: asyncio.Task[None] | None = None
         self.reading_paused = False
@@ -287,7 +270,7 @@ class LaneConnection(asyncio.Protocol):
                     self._hand_over()
                 return
             self.head_len = end + 4
-            self.head = send_head(bytes(buf[:self.head_len]), self.lane.max_body)
+            self.head = lane_head(bytes(buf[:self.head_len]), self.lane.max_body)
             if self.head is None:
                 self._hand_over()
                 return
@@ -300,25 +283,23 @@ class LaneConnection(asyncio.Protocol):
         assert self.loop is not None  # set with the transport
         self.task = self.loop.create_task(self._serve(head, body))
 
-    async def _serve(self, head: SendHead, body: bytes) -> None:
+    async def _serve(self, head: LaneHead, body: bytes) -> None:
         try:
             await self._answer(head, body)
         except Exception:  # the answer itself never raises: this is a defect, logged
             log.exception("ipc_lane_failed", path=head.path)
             self.abort()
 
-    async def _answer(self, head: SendHead, body: bytes) -> None:
-        started = time.perf_counter()
-        status, answer, extra = await self.lane.answer(head, body)
+    async def _answer(self, head: LaneHead, body: bytes) -> None:
+        answer = await self.lane.answer(head, body)
         transport = self.transport
         if transport is None:
             self.task = None
             return
-        transport.write(self.lane.response(status, orjson.dumps(answer), head, extra))
+        transport.write(self.lane.response(answer, head))
         assert self.loop is not None
         self.active_at = self.loop.time()
         self.answered = True
-        self.lane.state.metrics.record(head.path, status, "unix", time.perf_counter() - started)
         if self.writable is not None:
             await self.writable
         self.task = None

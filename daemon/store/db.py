@@ -1,14 +1,23 @@
 """The daemon's two databases run on the shared SQLite engine (``tidemesh.storage.sqlite``);
-this module names it for the daemon's stores and adds the start-up integrity check."""
+this module names it for the daemon's stores, declares their migration sets (run by
+``tidemesh.storage.migrate``) and adds the start-up integrity check."""
 
 from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
 
-from tidemesh.storage.sqlite import BatchOp, Database, connect, storage_error
+from tidemesh.storage.engine import BatchOp
+from tidemesh.storage.migrate import Migrations, SchemaTooNew
+from tidemesh.storage.sqlite import Database, connect, storage_error
 
-__all__ = ["BatchOp", "Database", "StoreDamaged", "check_integrity", "connect", "storage_error"]
+__all__ = ["INBOX_MIGRATIONS", "OUTBOX_MIGRATIONS", "BatchOp", "Database", "SchemaTooNew",
+           "StoreDamaged", "check_integrity", "connect", "storage_error"]
+
+OUTBOX_MIGRATIONS = Migrations("daemon/outbox", "the outbox database",
+                               too_new="upgrade tidemesh or restore a backup")
+INBOX_MIGRATIONS = Migrations("daemon/inbox", "the inbox database",
+                              too_new="upgrade tidemesh or restore a backup")
 
 
 class StoreDamaged(RuntimeError):

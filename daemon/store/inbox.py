@@ -17,8 +17,8 @@ from tidemesh.core.record import record
 from tidemesh.daemon.records import Event as Event
 from tidemesh.daemon.records import Page as Page
 from tidemesh.daemon.store import hooks as hook_runs
+from tidemesh.storage.engine import BatchOp
 from tidemesh.storage.multirow import insert_rows
-from tidemesh.storage.sqlite import BatchOp
 
 INBOX_COLUMNS = (
     "seq, id, mesh, sender_pubkey, sender_name, client_message_id, broker_message_id,"

@@ -11,8 +11,8 @@ from tidemesh.core.accept import Action, OutboxStatus, Outcome, Prior, decide
 from tidemesh.core.errors import Conflict, NotFound
 from tidemesh.core.outcome import Kind, Settlement, expired
 from tidemesh.core.record import record
+from tidemesh.storage.engine import BatchOp
 from tidemesh.storage.multirow import insert_rows
-from tidemesh.storage.sqlite import BatchOp
 
 COLUMNS = (
     "id, client_message_id, request_fingerprint, payload, dest_kind, dest_ref, enqueued_at,"

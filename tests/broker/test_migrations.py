@@ -9,16 +9,16 @@ import asyncpg
 import pytest
 
 from tests.broker.conftest import accept_input, new_pubkey, now_ms
-from tidemesh.broker.store import migrate, open_store
-from tidemesh.broker.store.base import TABLES
+from tidemesh.broker.store import open_store
+from tidemesh.broker.store.base import POSTGRES_MIGRATIONS, SQLITE_MIGRATIONS, TABLES
 from tidemesh.core.sqlscript import split_statements
 
 
 def _sqlite_columns(path: Path) -> dict[str, set[str]]:
     conn = sqlite3.connect(path, isolation_level=None)
     try:
-        assert migrate.apply_sqlite(conn) == [m.version for m in migrate.load("sqlite")]
-        assert migrate.apply_sqlite(conn) == []
+        assert SQLITE_MIGRATIONS.apply_sqlite(conn) == [m.version for m in SQLITE_MIGRATIONS.load()]
+        assert SQLITE_MIGRATIONS.apply_sqlite(conn) == []
         out: dict[str, set[str]] = {}
         for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'"):
             out[name] = {r[1] for r in conn.execute(f"PRAGMA table_info({name})")}
@@ -28,8 +28,8 @@ def _sqlite_columns(path: Path) -> dict[str, set[str]]:
 
 
 def test_migration_sets_are_numbered_alike() -> None:
-    assert [(m.version, m.name) for m in migrate.load("sqlite")] == [
-        (m.version, m.name) for m in migrate.load("postgres")]
+    assert [(m.version, m.name) for m in SQLITE_MIGRATIONS.load()] == [
+        (m.version, m.name) for m in POSTGRES_MIGRATIONS.load()]
 
 
 def test_sqlite_has_every_agreed_table(tmp_path: Path) -> None:
@@ -44,8 +44,9 @@ def test_sqlite_has_every_agreed_table(tmp_path: Path) -> None:
 async def test_postgres_tables_and_columns_match_sqlite(pg_database: str, tmp_path: Path) -> None:
     conn = await asyncpg.connect(pg_database)
     try:
-        assert await migrate.apply_postgres(conn) == [m.version for m in migrate.load("postgres")]
-        assert await migrate.apply_postgres(conn) == []
+        assert await POSTGRES_MIGRATIONS.apply_postgres(conn) == [
+            m.version for m in POSTGRES_MIGRATIONS.load()]
+        assert await POSTGRES_MIGRATIONS.apply_postgres(conn) == []
         rows = await conn.fetch("SELECT table_name, column_name FROM information_schema.columns"
                                 " WHERE table_schema = 'mesh'")
     finally:
@@ -86,7 +87,7 @@ async def _fill_old_schema(store_url: str, a: str, b: str) -> None:
         try:
             conn.execute("CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY,"
                          " name TEXT NOT NULL, applied_at BIGINT NOT NULL)")
-            for mg in migrate.load("sqlite")[:7]:
+            for mg in SQLITE_MIGRATIONS.load()[:7]:
                 for stmt in split_statements(mg.sql):
                     conn.execute(stmt)
                 conn.execute("INSERT INTO schema_migrations (version, name, applied_at)"
@@ -101,7 +102,7 @@ async def _fill_old_schema(store_url: str, a: str, b: str) -> None:
     try:
         await conn.execute("CREATE SCHEMA mesh; CREATE TABLE mesh.schema_migrations (version"
                            " INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at BIGINT NOT NULL)")
-        for mg in migrate.load("postgres")[:7]:
+        for mg in POSTGRES_MIGRATIONS.load()[:7]:
             await conn.execute(mg.sql.replace("CREATE SCHEMA IF NOT EXISTS mesh;", ""))
             await conn.execute("INSERT INTO mesh.schema_migrations VALUES ($1, $2, 0)",
                                mg.version, mg.name)

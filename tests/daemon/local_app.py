@@ -40,6 +40,7 @@ class LocalApp:
     bus: EventBus
     outbox: OutboxService
     state: IpcState
+    server: IpcServer
 
     def session(self) -> aiohttp.ClientSession:
         return aiohttp.ClientSession(base_url="http://localhost",
@@ -74,7 +75,7 @@ async def local_app(folder: Path, **state: Any) -> AsyncIterator[LocalApp]:
     server = IpcServer(app, folder / "sock", None, 2.0)
     await server.start()
     try:
-        yield LocalApp(folder / "sock", app[INBOX], bus, app[OUTBOX], app[STATE])
+        yield LocalApp(folder / "sock", app[INBOX], bus, app[OUTBOX], app[STATE], server)
     finally:
         await server.stop()
         await outbox_db.close()

@@ -43,7 +43,7 @@ from tidemesh.daemon.service.events import EventBus
 from tidemesh.daemon.service.inbox import InboxService
 from tidemesh.daemon.service.outbox import OutboxService
 from tidemesh.daemon.store import inbox as inbox_store
-from tidemesh.daemon.store import migrate
+from tidemesh.daemon.store.db import INBOX_MIGRATIONS
 from tidemesh.daemon.stores import open_inbox, open_outbox
 
 
@@ -228,8 +228,8 @@ async def test_redaction_and_the_stdin_cap_reach_the_hook(short_tmp: Path) -> No
 def test_migration_keeps_event_ids_and_allows_hook_failed(short_tmp: Path) -> None:
     conn = sqlite3.connect(short_tmp / "inbox.db", isolation_level=None)
     try:
-        migrate.applied_version(conn)
-        for mg in migrate.load("inbox")[:3]:
+        INBOX_MIGRATIONS.sqlite_version(conn)
+        for mg in INBOX_MIGRATIONS.load()[:3]:
             for stmt in split_statements(mg.sql):
                 conn.execute(stmt).fetchall()
             conn.execute("INSERT INTO schema_migrations VALUES (?, ?, 0)", (mg.version, mg.name))
@@ -237,7 +237,7 @@ def test_migration_keeps_event_ids_and_allows_hook_failed(short_tmp: Path) -> No
             conn.execute("INSERT INTO events (type, data, created_at) VALUES"
                          " ('broker_status', ?, 0)", (f'{{"n": {n}}}',))
         conn.execute("DELETE FROM events WHERE id = 3")   # retention took the newest
-        assert migrate.apply(conn, "inbox")[0] == 4
+        assert INBOX_MIGRATIONS.apply_sqlite(conn)[0] == 4
         assert inbox_store.last_event_id(conn) == 3, "ids given before stay given"
         assert [e.id for e in inbox_store.events_after(conn, 0, 10)] == [1, 2]
         added = inbox_store.add_event(conn, inbox_store.NewEvent("hook_failed", {}, 0))

@@ -20,8 +20,8 @@ from tidemesh.daemon.service.events import EventBus
 from tidemesh.daemon.service.inbox import InboxService
 from tidemesh.daemon.service.outbox import OutboxService
 from tidemesh.daemon.service.retention import RetentionService, RetentionSettings
-from tidemesh.daemon.store import inbox, migrate
-from tidemesh.daemon.store.db import Database
+from tidemesh.daemon.store import inbox
+from tidemesh.daemon.store.db import INBOX_MIGRATIONS, Database
 from tidemesh.daemon.stores import open_inbox, open_outbox
 from tidemesh.storage.sqlite import connect
 
@@ -263,7 +263,7 @@ def test_deleting_inbox_rows_looks_up_their_events_by_index(short_tmp: Path) -> 
     # The sweep unlinks events, then deletes entries (each checked against events.inbox_seq,
     # its foreign key): a scan of the event log per deleted row held the writer for seconds.
     conn = connect(short_tmp / "inbox.db")
-    migrate.apply(conn, "inbox")
+    INBOX_MIGRATIONS.apply_sqlite(conn)
     plans = [" ".join(r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + sql))
              for sql in ("UPDATE events SET inbox_seq = NULL WHERE inbox_seq IN (1, 2)",
                          "DELETE FROM inbox WHERE seq IN (1, 2)")]

@@ -14,7 +14,8 @@ from tidemesh.core.errors import InvalidRequest
 from tidemesh.core.retention import DAY_MS, InboxPolicy
 from tidemesh.core.sqlscript import split_statements
 from tidemesh.daemon.records import Page
-from tidemesh.daemon.store import inbox, migrate, retention, search
+from tidemesh.daemon.store import inbox, retention, search
+from tidemesh.daemon.store.db import INBOX_MIGRATIONS
 from tidemesh.daemon.store.inbox import Delivery
 
 NOW = 1_700_000_000_000
@@ -22,7 +23,7 @@ NOW = 1_700_000_000_000
 
 def _db(path: Path, on: bool = True) -> sqlite3.Connection:
     conn = sqlite3.connect(path, isolation_level=None)
-    migrate.apply(conn, "inbox")
+    INBOX_MIGRATIONS.apply_sqlite(conn)
     search.configure(conn, on, NOW)
     return conn
 
@@ -125,8 +126,8 @@ def test_turned_off_the_index_is_emptied_and_turned_on_it_is_filled_again(
 
 def test_an_inbox_from_before_search_is_indexed_on_its_first_start(tmp_path: Path) -> None:
     conn = sqlite3.connect(tmp_path / "inbox.db", isolation_level=None)
-    migrate.applied_version(conn)
-    for mg in migrate.load("inbox")[:5]:   # the schema before search
+    INBOX_MIGRATIONS.sqlite_version(conn)
+    for mg in INBOX_MIGRATIONS.load()[:5]:   # the schema before search
         for stmt in split_statements(mg.sql):
             conn.execute(stmt).fetchall()
         conn.execute("INSERT INTO schema_migrations VALUES (?, ?, 0)", (mg.version, mg.name))
@@ -138,7 +139,7 @@ def test_an_inbox_from_before_search_is_indexed_on_its_first_start(tmp_path: Pat
                  (d.id, d.mesh, d.sender_pubkey, d.sender_name, d.client_message_id,
                   d.broker_message_id, d.dest_kind, d.dest_ref, d.body, d.body_encoding,
                   d.priority, d.reply_to, d.epoch, d.seq, d.sent_at, d.received_at))
-    assert migrate.apply(conn, "inbox")[0] == 6   # search, then any later ones
+    assert INBOX_MIGRATIONS.apply_sqlite(conn)[0] == 6   # search, then any later ones
     assert _found(conn, "older") == [], "migrated, not yet filled"
     assert search.configure(conn, True, NOW) == "filled"
     assert _found(conn, "older") == ["older words"]

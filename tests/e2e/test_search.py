@@ -28,8 +28,7 @@ from tidemesh.client import AsyncClient, Client
 from tidemesh.core.errors import InvalidRequest
 from tidemesh.core.retention import DAY_MS
 from tidemesh.daemon.service.retention import RetentionService, RetentionSettings
-from tidemesh.daemon.store import migrate
-from tidemesh.daemon.store.db import Database
+from tidemesh.daemon.store.db import INBOX_MIGRATIONS, Database
 from tidemesh.daemon.stores import open_outbox
 
 pytestmark = pytest.mark.slow
@@ -74,7 +73,7 @@ def _indexed(d: RunningDaemon) -> int:
 
 
 def _migrate_inbox(conn: sqlite3.Connection) -> None:
-    migrate.apply(conn, "inbox")
+    INBOX_MIGRATIONS.apply_sqlite(conn)
 
 
 async def _prune_later(d: RunningDaemon, later_ms: int) -> int:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import unavailable
-from tidemesh.broker.store import migrate
+from tidemesh.broker.store.base import POSTGRES_MIGRATIONS, SQLITE_MIGRATIONS
 
 pytestmark = pytest.mark.spark
 
@@ -35,7 +35,7 @@ def _audited() -> list[tuple[str, str, str]]:
 def test_audited_columns_exist_in_sqlite_migrations(tmp_path: Path) -> None:
     conn = sqlite3.connect(tmp_path / "broker.db")
     try:
-        migrate.apply_sqlite(conn)
+        SQLITE_MIGRATIONS.apply_sqlite(conn)
         declared = {(table, row[1]): row[2].upper()
                     for table in {t for t, _, _ in _audited()}
                     for row in conn.execute(f"PRAGMA table_info({table})")}
@@ -52,7 +52,7 @@ def test_audited_columns_exist_in_postgres_migrations(pg_database: str) -> None:
     async def columns() -> dict[tuple[str, str], str]:
         conn = await asyncpg.connect(pg_database)
         try:
-            await migrate.apply_postgres(conn)
+            await POSTGRES_MIGRATIONS.apply_postgres(conn)
             rows = await conn.fetch("SELECT table_name, column_name, data_type FROM"
                                     " information_schema.columns WHERE table_schema = 'mesh'")
             return {(r["table_name"], r["column_name"]): r["data_type"] for r in rows}

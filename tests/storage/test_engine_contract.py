@@ -18,8 +18,9 @@ from typing import Any
 import asyncpg
 import pytest
 
-from tidemesh.core.errors import InsufficientStorage, TidemeshError, Unavailable
+from tidemesh.core.errors import InsufficientStorage, InvalidRequest, TidemeshError, Unavailable
 from tidemesh.storage import postgres, sqlite
+from tidemesh.storage.engine import BatchOp, Engine
 
 Row = tuple[str, int, bytes]
 
@@ -38,20 +39,24 @@ async def _pg_insert(conn: Any, rows: Sequence[Row]) -> list[str]:
     return [r[0] for r in rows]
 
 
-SQLITE_INSERT = sqlite.BatchOp("insert", _sqlite_insert)
-PG_INSERT = postgres.BatchOp("insert", _pg_insert, key=lambda r: r[0])
+SQLITE_INSERT = BatchOp("insert", _sqlite_insert)
+PG_INSERT = BatchOp("insert", _pg_insert, owner=lambda r: r[0], key=lambda r: r[0])
 
 
 @dataclass
-class Engine:
-    """One engine under test, with what the tests need to drive and observe it."""
+class Subject:
+    """One engine under test (as the ``Engine`` protocol, nothing more), its insert op, and
+    a look at what committed over a connection of its own."""
 
-    db: sqlite.Database | postgres.Database
-    submit: Callable[[Row], Awaitable[str]]
-    committed: Callable[[], Awaitable[set[str]]]  # read over a connection of its own
+    db: Engine
+    op: BatchOp[Row, str]
+    committed: Callable[[], Awaitable[set[str]]]
+
+    async def submit(self, row: Row) -> str:
+        return await self.db.submit(self.op, row)
 
 
-async def _open_sqlite(folder: Path) -> Engine:
+async def _open_sqlite(folder: Path) -> Subject:
     path = folder / "contract.db"
     db = await sqlite.Database.open(path, lambda c: c.execute(TABLE.format(blob="BLOB")))
 
@@ -62,10 +67,10 @@ async def _open_sqlite(folder: Path) -> Engine:
         finally:
             conn.close()
 
-    return Engine(db, lambda row: db.submit(SQLITE_INSERT, row), committed)
+    return Subject(db, SQLITE_INSERT, committed)
 
 
-async def _open_postgres(dsn: str, tablespace: str | None = None) -> Engine:
+async def _open_postgres(dsn: str, tablespace: str | None = None) -> Subject:
     where = f" TABLESPACE {tablespace}" if tablespace else ""
 
     async def setup(conn: Any) -> None:
@@ -82,7 +87,7 @@ async def _open_postgres(dsn: str, tablespace: str | None = None) -> Engine:
             finally:
                 await conn.close()
 
-    return Engine(db, lambda row: db.submit(PG_INSERT, row, shard=row[0]), committed)
+    return Subject(db, PG_INSERT, committed)
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
@@ -95,7 +100,7 @@ def where(request: pytest.FixtureRequest, tmp_path: Path) -> Path | str:
 
 
 @pytest.fixture
-async def engine(where: Path | str) -> AsyncIterator[Engine]:
+async def engine(where: Path | str) -> AsyncIterator[Subject]:
     e = await (_open_sqlite(where) if isinstance(where, Path) else _open_postgres(where))
     try:
         yield e
@@ -108,7 +113,7 @@ def _row(i: int, v: int = 1, blob: bytes = b"") -> Row:
 
 
 async def test_concurrent_callers_share_transactions_and_hear_back_after_commit(
-        engine: Engine) -> None:
+        engine: Subject) -> None:
     async def one(i: int) -> bool:
         key = await engine.submit(_row(i))
         return key in await engine.committed()  # durable before the caller heard back
@@ -121,7 +126,7 @@ async def test_concurrent_callers_share_transactions_and_hear_back_after_commit(
     assert engine.db.batches < 200
 
 
-async def test_one_failing_item_does_not_fail_the_rest_of_its_batch(engine: Engine) -> None:
+async def test_one_failing_item_does_not_fail_the_rest_of_its_batch(engine: Subject) -> None:
     rows = [_row(i, v=-1 if i == 7 else 1) for i in range(20)]
 
     answers = await asyncio.gather(*(engine.submit(r) for r in rows), return_exceptions=True)
@@ -131,7 +136,43 @@ async def test_one_failing_item_does_not_fail_the_rest_of_its_batch(engine: Engi
     assert await engine.committed() == {r[0] for r in rows} - {"k0007"}
 
 
-async def test_a_dead_writer_answers_503_to_queued_and_later_callers(engine: Engine) -> None:
+async def test_an_op_refusing_one_arg_fails_that_arg_alone(engine: Subject) -> None:
+    """An op may refuse an arg with a ``TidemeshError`` (a rule, not a statement): the run
+    is rolled back and redone arg by arg, and only the refused arg hears of it."""
+    async def refusing(conn: Any, rows: Sequence[Row]) -> list[str]:
+        if any(r[1] == 13 for r in rows):
+            raise InvalidRequest("13 is refused", field="v")
+        return await _pg_insert(conn, rows)
+
+    engine.op = BatchOp("refusing", refusing if isinstance(engine.db, postgres.Database)
+                        else _refusing_sync, owner=engine.op.owner, key=engine.op.key)
+    rows = [_row(i, v=13 if i == 3 else 1) for i in range(12)]
+
+    answers = await asyncio.gather(*(engine.submit(r) for r in rows), return_exceptions=True)
+
+    (refused,) = [a for a in answers if isinstance(a, BaseException)]
+    assert isinstance(refused, InvalidRequest) and refused.http_status == 400
+    assert await engine.committed() == {r[0] for r in rows} - {"k0003"}
+    assert not any(t.done() for t in engine.db.writer_tasks)
+
+
+def _refusing_sync(conn: sqlite3.Connection, rows: Sequence[Row]) -> list[str]:
+    if any(r[1] == 13 for r in rows):
+        raise InvalidRequest("13 is refused", field="v")
+    return _sqlite_insert(conn, rows)
+
+
+async def test_submit_all_answers_each_arg_in_order(engine: Subject) -> None:
+    rows = [_row(i, v=-1 if i == 2 else 1) for i in range(6)]
+
+    answers = await engine.db.submit_all(engine.op, rows)
+
+    assert answers[:2] == ["k0000", "k0001"] and answers[3:] == ["k0003", "k0004", "k0005"]
+    assert isinstance(answers[2], Unavailable)
+    assert await engine.committed() == {r[0] for r in rows} - {"k0002"}
+
+
+async def test_a_dead_writer_answers_503_to_queued_and_later_callers(engine: Subject) -> None:
     await engine.submit(_row(0))
     queued = [asyncio.ensure_future(engine.submit(_row(i))) for i in range(1, 30)]
     for task in engine.db.writer_tasks:
@@ -147,7 +188,7 @@ async def test_a_dead_writer_answers_503_to_queued_and_later_callers(engine: Eng
                for a in answers)
 
 
-async def test_close_commits_everything_queued_before_it(engine: Engine) -> None:
+async def test_close_commits_everything_queued_before_it(engine: Subject) -> None:
     queued = [asyncio.ensure_future(engine.submit(_row(i))) for i in range(50)]
     await asyncio.sleep(0)  # every caller has queued its row
 
@@ -157,7 +198,7 @@ async def test_close_commits_everything_queued_before_it(engine: Engine) -> None
     assert len(await engine.committed()) == 50
 
 
-async def _fill_until_refused(engine: Engine) -> TidemeshError:
+async def _fill_until_refused(engine: Subject) -> TidemeshError:
     """Write incompressible 1 MiB rows until the engine refuses one (48 MiB file system)."""
     for i in range(200):
         try:

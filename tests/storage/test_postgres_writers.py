@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from tidemesh.storage import postgres
+from tidemesh.storage.engine import BatchOp
 
 pytestmark = pytest.mark.postgres
 
@@ -28,7 +29,7 @@ async def _insert(conn: Any, rows: Sequence[Row]) -> list[int]:
     return [r[1] for r in rows]
 
 
-INSERT = postgres.BatchOp("insert", _insert)
+INSERT = BatchOp("insert", _insert, owner=lambda r: r[0])   # the shard is the row's owner
 
 
 @pytest.fixture
@@ -53,7 +54,7 @@ async def test_a_quiet_shard_is_not_queued_behind_a_busy_one(db: postgres.Databa
     finished: list[str] = []
 
     async def write(shard: str, n: int, nap: float) -> None:
-        await db.submit(INSERT, (shard, n, nap), shard=shard)
+        await db.submit(INSERT, (shard, n, nap))
         finished.append(f"{shard}{n}")
 
     flood = asyncio.create_task(write("flood", 0, 1.0))
@@ -72,7 +73,7 @@ async def test_one_shards_writes_commit_in_submission_order(db: postgres.Databas
     async def shard(name: str, naps: list[float]) -> None:
         for start in range(0, len(naps), 5):
             # Five at once (they may share a batch), then the next five.
-            await asyncio.gather(*(db.submit(INSERT, (name, i, naps[i]), shard=name)
+            await asyncio.gather(*(db.submit(INSERT, (name, i, naps[i]))
                                    for i in range(start, min(start + 5, len(naps)))))
 
     await asyncio.gather(shard("a", [0.0] * 40),

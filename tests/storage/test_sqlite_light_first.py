@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tidemesh.storage import sqlite
+from tidemesh.storage.engine import BatchOp
 
 Part = tuple[str, int]   # (owner, part)
 
@@ -20,7 +21,7 @@ def _put(conn: sqlite3.Connection, args: Sequence[list[Part]]) -> list[int]:
     return [len(parts) for parts in args]
 
 
-PUT = sqlite.BatchOp("put", _put, weight=len, owner=lambda parts: parts[0][0])
+PUT = BatchOp("put", _put, weight=len, owner=lambda parts: parts[0][0])
 
 
 async def test_a_light_write_beside_a_heavy_one_commits_first_and_an_owner_keeps_its_order(
@@ -65,7 +66,7 @@ class Gate:
         self.go = threading.Semaphore(0)
         self.loop = asyncio.get_running_loop()
         self.calls = 0
-        self.op = sqlite.BatchOp("put", self.put, weight=len, owner=lambda parts: parts[0][0])
+        self.op = BatchOp("put", self.put, weight=len, owner=lambda parts: parts[0][0])
 
     def open(self, chunks: int) -> None:
         """Let the writer through this many flood chunks."""

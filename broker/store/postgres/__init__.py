@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tidemesh.broker.store import migrate
-from tidemesh.broker.store.base import TABLES, OnEngine
+from tidemesh.broker.store.base import POSTGRES_MIGRATIONS, TABLES, OnEngine
 from tidemesh.broker.store.postgres.accept import Accept
 from tidemesh.broker.store.postgres.delivery import Delivery
 from tidemesh.broker.store.postgres.membership import Membership
@@ -36,9 +35,9 @@ class PostgresStore(OnEngine[Database], Membership, Accept, Delivery, Retention)
                    writers: int = 2, migrate_now: bool = True) -> PostgresStore:
         async def setup(conn: Any) -> None:
             if migrate_now:
-                await migrate.apply_postgres(conn)
+                await POSTGRES_MIGRATIONS.apply_postgres(conn)
             else:
-                await migrate.require_current_postgres(conn)
+                await POSTGRES_MIGRATIONS.require_current_postgres(conn)
 
         # Several writers overlap one batch's statements with others' COMMITs; PostgreSQL
         # flushes concurrent commits together, so the fsync is shared too.

@@ -34,8 +34,9 @@ from tidemesh.broker.store.postgres.base import PostgresBase
 from tidemesh.broker.store.postgres.topiclog import LOCK_CURSORS_SQL, hand_out_on
 from tidemesh.broker.topiclog import Own
 from tidemesh.core.errors import TidemeshError
+from tidemesh.storage.engine import BatchOp
 from tidemesh.storage.pgarray import int_array, text_array
-from tidemesh.storage.postgres import BatchOp, storage_error
+from tidemesh.storage.postgres import storage_error
 
 log = structlog.get_logger(__name__)
 # The server or the connection failed, not a send: no savepoint can help; the engine answers.
@@ -52,6 +53,10 @@ class Frame:
     tried: bool = False
 
 
+def _sender(frame: Frame) -> tuple[str, str]:
+    return frame.items[0].mesh_id, frame.items[0].sender_pubkey
+
+
 class Accept(PostgresBase):
     accept_rows: accept.AcceptRows
     _accept_op: BatchOp[Frame, list[AcceptResult]]
@@ -59,7 +64,9 @@ class Accept(PostgresBase):
     def _init_accept(self) -> None:
         # The op and the after-commit callback both run in the writer's task.
         self.accept_rows = accept.AcceptRows(asyncio.current_task)
-        self._accept_op = BatchOp("accept", self._accept_frames)
+        # Each sender belongs to one writer, which keeps its frames in arrival order: a
+        # recipient's seq follows the order the broker received one sender's sends in.
+        self._accept_op = BatchOp("accept", self._accept_frames, owner=_sender)
 
     async def accept(self, item: AcceptInput) -> AcceptResult:
         return (await self.accept_batch([item]))[0]
@@ -74,11 +81,8 @@ class Accept(PostgresBase):
     async def accept_batch(self, items: Sequence[AcceptInput]) -> list[AcceptResult]:
         if not items:
             return []
-        # Each sender belongs to one writer, which keeps its frames in arrival order: a
-        # recipient's seq follows the order the broker received one sender's sends in.
         try:
-            return await self.db.submit(self._accept_op, Frame(items),
-                                        shard=(items[0].mesh_id, items[0].sender_pubkey))
+            return await self.db.submit(self._accept_op, Frame(items))
         except TidemeshError as exc:
             return [failed(a, exc) for a in items]
 

@@ -13,8 +13,7 @@ import os
 import sqlite3
 from pathlib import Path
 
-from tidemesh.broker.store import migrate
-from tidemesh.broker.store.base import TABLES, OnEngine
+from tidemesh.broker.store.base import SQLITE_MIGRATIONS, TABLES, OnEngine
 from tidemesh.broker.store.sqlite.accept import Accept
 from tidemesh.broker.store.sqlite.delivery import Delivery
 from tidemesh.broker.store.sqlite.membership import Membership
@@ -50,9 +49,9 @@ class SqliteStore(OnEngine[Database], Membership, Accept, Delivery, Retention):
 
         def setup(conn: sqlite3.Connection) -> None:
             if migrate_now:
-                migrate.apply_sqlite(conn)
+                SQLITE_MIGRATIONS.apply_sqlite(conn)
             else:
-                migrate.require_current_sqlite(conn)
+                SQLITE_MIGRATIONS.require_current_sqlite(conn)
 
         return cls(await Database.open(path, setup, batch_max, name="broker"))
 

@@ -26,8 +26,9 @@ from tidemesh.broker.store.sqlite.base import SqliteBase, write_error
 from tidemesh.broker.store.sqlite.topiclog import hand_out_on
 from tidemesh.broker.topiclog import Own
 from tidemesh.core.errors import InsufficientStorage, TidemeshError, Unavailable
+from tidemesh.storage.engine import BatchOp
 from tidemesh.storage.multirow import insert_rows
-from tidemesh.storage.sqlite import HEAVY_CHUNK, BatchOp, storage_error
+from tidemesh.storage.sqlite import HEAVY_CHUNK, storage_error
 
 log = structlog.get_logger(__name__)
 Frames = Sequence[Sequence[AcceptInput]]

@@ -8,7 +8,8 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from tidemesh.core.errors import TidemeshError, Unavailable
-from tidemesh.storage.sqlite import BatchOp, Database
+from tidemesh.storage.engine import BatchOp
+from tidemesh.storage.sqlite import Database
 
 T = TypeVar("T")
 A = TypeVar("A")

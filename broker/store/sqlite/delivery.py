@@ -9,7 +9,7 @@ from tidemesh.broker.accept import pick_queue_consumer
 from tidemesh.broker.store.base import Cursor, DeliveryRow, Reassigned, latest_acks
 from tidemesh.broker.store.sqlite.base import SqliteBase
 from tidemesh.broker.store.sqlite.topiclog import hand_out_on
-from tidemesh.storage.sqlite import BatchOp
+from tidemesh.storage.engine import BatchOp
 
 Ack = tuple[str, str, int, int, int]   # mesh, member, epoch, seq, now_ms
 Key = tuple[str, str]
