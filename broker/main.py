@@ -136,7 +136,9 @@ async def _run(settings: BrokerSettings, url: str, stop: asyncio.Event,
                           max_frame_bytes=settings.limits_inline_bytes * 2 + 65536,
                           hello_timeout_s=settings.auth_hello_timeout_s,
                           send_queue_frames=settings.limits_send_queue_frames,
-                          slow_reader_s=settings.limits_slow_reader_s)
+                          slow_reader_s=settings.limits_slow_reader_s,
+                          handshake_concurrency=settings.server_handshake_concurrency,
+                          ping_interval_s=settings.server_ping_interval_s)
     if watchdog is not None:
         watchdog.counted = Counter(
             "cm_broker_loop_stalls_total", "Times the event loop did not turn for "

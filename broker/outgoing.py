@@ -8,7 +8,10 @@ nobody else's work waits on that connection's socket. Its queue holds two kinds 
   reader that stops taking frames is cut off by the writer (``slow_reader``);
 * **presence** about other members (``peer_join`` / ``peer_leave``), never waited for:
   coalesced per member (a newer event about a member replaces an older one not yet sent, in
-  the older one's place) and bounded, the oldest member's event dropped first.
+  the older one's place) and bounded, the oldest member's event dropped first;
+* **presence batches** (``presence_batch``, for a daemon that negotiated them): one encoded
+  frame shared by every listener of the mesh, never waited for, bounded in number, the oldest
+  dropped first.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ class QueueLimits:
     frames: int = 1024          # own frames queued
     bytes: int = 256 << 10      # their encoded size (one frame always fits an empty queue)
     presence: int = 4096        # members with a presence event queued
+    presence_batches: int = 64  # presence_batch frames queued
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,12 +39,21 @@ class CloseAfter:
     reason: str
 
 
+@dataclass(slots=True)
+class PresenceText:
+    """An encoded ``presence_batch`` frame (the same text queued on many connections)."""
+
+    text: str
+    dropped: bool = False
+
+
 class Outgoing:
     def __init__(self, limits: QueueLimits) -> None:
         self.limits = limits
         # Own frames (encoded), presence subjects (their newest frame is in ``_presence``) and
         # a close, in the order they are to go out.
-        self._order: deque[str | Subject | CloseAfter] = deque()
+        self._order: deque[str | Subject | CloseAfter | PresenceText] = deque()
+        self._batches: deque[PresenceText] = deque()
         self._presence: dict[Subject, dict[str, Any]] = {}
         self._frames = 0
         self._bytes = 0
@@ -81,6 +94,19 @@ class Outgoing:
                                 if not isinstance(i, tuple) or i in self._presence)
         return 1
 
+    def tell_batch(self, text: str) -> int:
+        """A ``presence_batch`` frame; returns how many older ones it pushed out (0 or 1)."""
+        if self.closing:
+            return 0
+        item = PresenceText(text)
+        self._order.append(item)
+        self._batches.append(item)
+        if len(self._batches) <= self.limits.presence_batches:
+            return 0
+        self._batches.popleft().dropped = True   # skipped when reached in ``_order``
+        self.dropped += 1
+        return 1
+
     def close_after(self, code: int, reason: str) -> None:
         """Close once what is queued has gone out; nothing queued later is sent."""
         if not self.closing:
@@ -91,6 +117,7 @@ class Outgoing:
         """Drop everything: the connection is being cut off."""
         self._order.clear()
         self._presence.clear()
+        self._batches.clear()
         self._frames = self._bytes = 0
         self.closing = True
 
@@ -105,6 +132,12 @@ class Outgoing:
                 return item
             if isinstance(item, CloseAfter):
                 return item
+            if isinstance(item, PresenceText):
+                if self._batches and self._batches[0] is item:
+                    self._batches.popleft()
+                if not item.dropped:
+                    return item.text
+                continue
             frame = self._presence.pop(item, None)
             if frame is not None:
                 return frame

@@ -95,6 +95,12 @@ class WsPeer:
             self.metrics.presence_dropped.inc()
         self._queued.set()
 
+    def tell_batch(self, text: str) -> None:
+        """Queue an encoded presence_batch frame; never waits."""
+        if self.out.tell_batch(text):
+            self.metrics.presence_dropped.inc()
+        self._queued.set()
+
     async def close(self, code: int, reason: str) -> None:
         """Close after the frames already queued; returns at once (the writer closes)."""
         self.out.close_after(code, reason)
@@ -162,8 +168,13 @@ class BrokerServer:
     def __init__(self, service: BrokerService, *, max_inflight: int = 256, max_bad: int = 20,
                  bad_window_s: float = 10.0, max_frame_bytes: int = 4 << 20,
                  hello_timeout_s: float = 10.0, send_queue_frames: int = 1024,
-                 slow_reader_s: float = 30.0) -> None:
+                 slow_reader_s: float = 30.0, handshake_concurrency: int = 64,
+                 ping_interval_s: float = 20.0) -> None:
         self.service = service
+        self.ping_interval_s = ping_interval_s
+        # Hellos authenticated at once (store lookups, the session claim); the others wait
+        # their turn off the hello clock (issue #30: a storm of 1,000 overran it).
+        self.admission = asyncio.Semaphore(handshake_concurrency)
         self.queue_limits = QueueLimits(frames=send_queue_frames)
         self.slow_reader_s = slow_reader_s
         self.max_inflight = max_inflight
@@ -178,7 +189,8 @@ class BrokerServer:
     async def start(self, host: str, port: int) -> BrokerServer:
         self.server = await serve(self.handler, host, port, process_request=self.http,
                                   max_size=self.max_frame_bytes, compression=None,
-                                  ping_interval=20, ping_timeout=20)
+                                  ping_interval=self.ping_interval_s,
+                                  ping_timeout=self.ping_interval_s)
         log.info("broker_listening", host=host, port=self.port)
         return self
 
@@ -257,7 +269,7 @@ class BrokerServer:
                         await asyncio.sleep((conn.hold_until_ms - now) / 1000)
                     for action in live.session.on_text(raw, loop.time()):
                         if isinstance(action, Authenticate):
-                            await self._authenticate(live, action, tg)
+                            await self._admitted(live, action, tg, deadline)
                             if live.conn is not None:
                                 deadline.reschedule(None)
                                 # Announced outside the hello deadline.
@@ -271,6 +283,25 @@ class BrokerServer:
                 live.peer.gone()   # the reader ended: no task of this connection waits for room
                 if live.pump is not None:
                     live.pump.cancel()
+
+    async def _admitted(self, live: Live, action: Authenticate, tg: asyncio.TaskGroup,
+                        deadline: asyncio.Timeout) -> None:
+        """Authenticate once a handshake slot is free. The good hello came in time: waiting
+        for the slot is not on its clock, the authentication is (a clock of its own)."""
+        metrics = self.service.metrics
+        deadline.reschedule(None)
+        metrics.handshakes_waiting.inc()
+        try:
+            await self.admission.acquire()
+        finally:
+            metrics.handshakes_waiting.dec()
+        try:
+            metrics.handshakes_running.inc()
+            deadline.reschedule(asyncio.get_running_loop().time() + self.hello_timeout_s)
+            await self._authenticate(live, action, tg)
+        finally:
+            metrics.handshakes_running.dec()
+            self.admission.release()
 
     async def _left(self, conn: Conn, last: bool) -> None:
         try:

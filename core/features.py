@@ -27,7 +27,13 @@ DELIVER_BATCH_MAX_BYTES = 256 << 10
 # sends it only to a broker that advertises this, and a broker delivers it only to a daemon
 # that asked for it.
 TRACE_CONTEXT = "trace_context"
-OPTIONAL: tuple[str, ...] = (DELIVER_BATCH, TRACE_CONTEXT)
+# Optional: presence as ``presence_batch`` frames, the changes of a short window about many
+# members in one frame (the same encoded frame for every listener of the mesh), instead of one
+# ``peer_join`` / ``peer_leave`` frame per member per listener (issue #30: a connect storm of
+# N members was N² frames).
+PRESENCE_BATCH = "presence_batch"
+PRESENCE_BATCH_MAX_COUNT = 4096
+OPTIONAL: tuple[str, ...] = (DELIVER_BATCH, TRACE_CONTEXT, PRESENCE_BATCH)
 MODES = ("retention_scoped", "permanent")
 
 
@@ -53,6 +59,7 @@ def advertise(mode: str, retention_days: int, inline_bytes: int) -> dict[str, An
         DELIVER_BATCH: {"params": {"version": 1, "max_count": DELIVER_BATCH_MAX_COUNT,
                                    "max_bytes": DELIVER_BATCH_MAX_BYTES}},
         TRACE_CONTEXT: {"params": {"version": 1}},
+        PRESENCE_BATCH: {"params": {"version": 1, "max_count": PRESENCE_BATCH_MAX_COUNT}},
     }
 
 

@@ -52,6 +52,7 @@ class FrameType(StrEnum):
     PROFILE = "profile"
     PEER_JOIN = "peer_join"
     PEER_LEAVE = "peer_leave"
+    PRESENCE_BATCH = "presence_batch"
     CLONE_SUSPECTED = "clone_suspected"
 
 

@@ -9,8 +9,9 @@ answer with that ``id`` arrives. Concurrent ``send`` calls are coalesced by one 
 into a ``send_batch`` frame (answered by one ``send_results``). The link asks for the
 optional ``deliver_batch`` feature; each ``deliver`` or ``deliver_batch`` frame goes whole, as
 a list of deliveries, to the bounded ``deliveries`` queue (a full queue stops the reader,
-which pushes back on the broker); ``peer_join``/``peer_leave`` go to ``presence`` (oldest
-dropped when full). No outbox logic here.
+which pushes back on the broker); ``peer_join``/``peer_leave``, alone or in the optional
+``presence_batch`` frames, go to ``presence`` one by one (oldest dropped when full). No
+outbox logic here.
 
 Imports ``core`` and websockets; never ``broker`` or ``cli``.
 """
@@ -330,12 +331,21 @@ class BrokerLink:
                 self._resolve(result)
             return
         if frame["type"] in ("peer_join", "peer_leave", "clone_suspected"):
-            if self.presence.full():  # presence is best effort; never stall deliveries for it
-                self.presence.get_nowait()
-            self.presence.put_nowait(frame)
+            self._presence(frame)
+            return
+        if frame["type"] == "presence_batch":
+            me = self.hello_ack.get("pubkey")
+            for event in frame["events"]:   # the mesh's one frame names us too
+                if event["pubkey"] != me:
+                    self._presence(event)
             return
         if not self._resolve(frame) and frame["type"] == "error":
             log.warning("broker_error_received", error=frame["error"])
+
+    def _presence(self, frame: dict[str, Any]) -> None:
+        if self.presence.full():  # presence is best effort; never stall deliveries for it
+            self.presence.get_nowait()
+        self.presence.put_nowait(frame)
 
     async def _deliver(self, deliveries: list[dict[str, Any]]) -> None:
         if self.deliveries.full():

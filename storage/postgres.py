@@ -116,7 +116,8 @@ class Database(BatchCounters):
         """Create the pool, run ``setup`` (migrations, checks) on one connection, then start
         the writers."""
         try:
-            pool = await asyncpg.create_pool(dsn, min_size=1, max_size=pool_size)
+            pool = await asyncpg.create_pool(dsn, min_size=1, max_size=pool_size,
+                                             reset=_keep_session)
         except DB_ERRORS as exc:
             raise open_error(exc, name, dsn) from exc
         try:
@@ -304,3 +305,12 @@ def _by_op(batch: list[_Pending]) -> list[tuple[BatchOp[Any, Any], list[_Pending
     for p in batch:
         groups.setdefault(p.op.name, (p.op, []))[1].append(p)
     return list(groups.values())
+
+
+async def _keep_session(_conn: Any) -> None:
+    """A released connection is not reset by a query. asyncpg's default runs
+    ``pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *; RESET ALL`` on every release, a round
+    trip per query made through the pool (issue #30: a tenth of the broker's CPU in a connect
+    storm). Pooled connections keep no session state here: LISTEN has a connection of its
+    own, advisory locks are released by their holder, nothing is SET; a transaction left open
+    is still rolled back by asyncpg before this is called."""

@@ -47,6 +47,8 @@ class BrokerService:
         self.peering = Peering(cluster or SingleBroker(), self.connections,
                                session_expiry_s=session_expiry_s)
         self.metrics = Metrics(self.connections.active, store)
+        self.connections.presence_failed = self.metrics.presence_failed.inc
+        self.connections.revoked_closed = self.metrics.revocations.inc
         self.auth = Auth(store, self.metrics, self.connections)
         self.clones = Clones(clone_policy, self.connections, self.metrics, self.peering)
         self.limiter = Limiter(member_rate, store)

@@ -13,9 +13,11 @@ from tidemesh.broker.service.metrics import Metrics
 from tidemesh.broker.store.base import Store
 from tidemesh.core.errors import NotFound
 from tidemesh.core.invite import token_hash
-from tidemesh.core.wire import CloseCode
 
 log = structlog.get_logger(__name__)
+# A revocation is looked for this far before the last look: the revoking process's clock may
+# lag this broker's, and a member revoked while it was being admitted is caught too.
+RECHECK_MARGIN_MS = 60_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +35,7 @@ class Auth:
         self.store = store
         self.metrics = metrics
         self.connections = connections
+        self._checked_at = now_ms()
 
     async def authenticate(self, frame: dict[str, Any]) -> AuthOutcome:
         mesh_id, pubkey = frame["mesh_id"], frame["pubkey"]
@@ -65,10 +68,12 @@ class Auth:
         log.warning("broker_handshake_rejected", reason=reason)
 
     async def recheck_members(self) -> None:
-        """Close the connections of members revoked since they connected."""
-        for (mesh_id, pubkey), conns in list(self.connections.conns.items()):
-            member = await self.store.get_member(mesh_id, pubkey)
-            if member is None or member.revoked_at is not None:
-                for c in list(conns):
-                    log.warning("broker_revoked_member_closed", mesh_id=mesh_id, pubkey=pubkey)
-                    await c.peer.close(CloseCode.AUTH, "member_revoked")
+        """Close the connections of members revoked since the last look: one statement
+        whatever the number connected (with PostgreSQL, NOTIFY closes them at once; this is
+        the safety net, and SQLite's only way to hear of a revocation made by the CLI)."""
+        now = now_ms()
+        since = self._checked_at - RECHECK_MARGIN_MS
+        revoked = await self.store.revoked_since(since)
+        self._checked_at = now
+        for mesh_id, pubkey in revoked:
+            await self.connections.close_revoked(mesh_id, pubkey)

@@ -55,6 +55,8 @@ class ClusterEvents(Protocol):
 
     async def on_presence(self, frame: dict[str, Any]) -> None: ...
 
+    async def on_revoked(self, mesh_id: str, pubkey: str) -> None: ...
+
     async def on_clone(self, mesh_id: str, pubkey: str, host: str, close: bool,
                        policy: str) -> None: ...
 
@@ -70,7 +72,12 @@ class Cluster(Protocol):
     async def publish_taken_over(self, broker_id: str, mesh_id: str, pubkey: str,
                                  session_id: str) -> None: ...
 
-    async def publish_presence(self, frame: dict[str, Any]) -> None: ...
+    presence_unsent: Callable[[int], None]
+
+    def publish_presence(self, frame: dict[str, Any]) -> None:
+        """Tell the other brokers, in the background (best effort: what cannot be sent is
+        counted through ``presence_unsent``)."""
+        ...
 
     async def publish_clone(self, broker_id: str, mesh_id: str, pubkey: str, host: str,
                             close: bool, policy: str) -> None:
@@ -89,9 +96,12 @@ class Cluster(Protocol):
         """(mesh_id, pubkey, epoch, last_seq) of these recipients with unacked deliveries."""
         ...
 
-    async def heartbeat(self, now_ms: int, live: Sequence[SessionRow]) -> None:
-        """Say this broker is alive, and hold the sessions of ``live`` (again, if an expiry
-        removed them while this broker could not reach the database)."""
+    async def heartbeat(self, now_ms: int, stale_before: int,
+                        live: Callable[[], Sequence[SessionRow]]) -> Sequence[SessionRow]:
+        """Say this broker is alive. When its previous heartbeat is older than
+        ``stale_before`` (an expiry may have removed its sessions while it could not reach
+        the database) hold the sessions of ``live()`` again, in one statement, and return
+        them; else touch nothing more (idle costs one row, whatever the members)."""
         ...
 
     async def claim(self, row: SessionRow) -> SessionRow | None:
@@ -146,14 +156,15 @@ class Peering:
         if not isinstance(cluster, SingleBroker):
             self.shared: Cluster = cluster
             connections.elsewhere = self
+            cluster.presence_unsent = lambda n: connections.presence_failed(n)
 
     # -- what the registry asks of the others (connections.Elsewhere) ---------------------
 
     def relay_wake(self, keys: set[Key]) -> None:
         self.cluster.publish_wake(keys)
 
-    async def relay_presence(self, frame: dict[str, Any]) -> None:
-        await self.shared.publish_presence(frame)
+    def relay_presence(self, frame: dict[str, Any]) -> None:
+        self.shared.publish_presence(frame)
 
     async def remote_peers(self, mesh_id: str, local: set[str]) -> list[dict[str, Any]]:
         out = []
@@ -273,6 +284,9 @@ class Peering:
     async def on_presence(self, frame: dict[str, Any]) -> None:
         self.connections.tell_local(frame)
 
+    async def on_revoked(self, mesh_id: str, pubkey: str) -> None:
+        await self.connections.close_revoked(mesh_id, pubkey, leavers=False)
+
     # -- background jobs -------------------------------------------------------------------
 
     async def run(self) -> None:
@@ -289,10 +303,10 @@ class Peering:
         if self.single:
             return
         now = now_ms()
-        live = [self._row(max(cs, key=lambda c: c.connected_at))
-                for cs in self.connections.conns.values() if cs]
-        await self.shared.heartbeat(now, live)
-        await self._release_ended(live)
+        # Half the expiry: another broker's expiry, judging from an older snapshot, can
+        # only have removed our rows if our last heartbeat was nearly that old.
+        put_back = await self.shared.heartbeat(now, now - self.expiry_ms // 2, self._live_rows)
+        await self._release_ended(put_back)
         await self._release_unreleased()
         for gone in await self.shared.expire(now - self.expiry_ms):
             log.info("broker_session_expired", mesh_id=gone.mesh_id, pubkey=gone.pubkey,
@@ -302,7 +316,11 @@ class Peering:
             frame = {"type": "peer_leave", "mesh_id": gone.mesh_id, "pubkey": gone.pubkey,
                      "at": now}
             self.connections.tell_local(frame)
-            await self.shared.publish_presence(frame)
+            self.shared.publish_presence(frame)
+
+    def _live_rows(self) -> list[SessionRow]:
+        return [self._row(max(cs, key=lambda c: c.connected_at))
+                for cs in self.connections.conns.values() if cs]
 
     async def _release_ended(self, rows: Sequence[SessionRow]) -> None:
         """The heartbeat puts back missing rows of the sessions it read as live; one of them

@@ -1,7 +1,11 @@
 """Who is connected (the registry) and what the others hear about it (presence).
 
 A member may hold several connections; the first announces a ``peer_join``, the last a
-``peer_leave``. Presence metadata (profiles) lives in memory like presence itself: each daemon
+``peer_leave``. Announcing walks nobody: the event joins the mesh's pending batch (the latest
+per member), and one flush per ``presence_window_s`` walks the registry once, queueing on each
+listener either one shared ``presence_batch`` frame (daemons that negotiated it) or the single
+events. A member learns who is there from one snapshot (``peers``), then from these batches.
+Presence metadata (profiles) lives in memory like presence itself: each daemon
 holds the authoritative copy and sends it again after every connect. Presence is best effort:
 it is queued on each listener's connection, coalesced per member, and never waited for.
 With several brokers on one database, ``elsewhere`` (``service/cluster.py``) carries wake-ups
@@ -12,15 +16,17 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import structlog
 
 from tidemesh.broker.service.coalesce import Coalescer
+from tidemesh.core.features import PRESENCE_BATCH_MAX_COUNT
 from tidemesh.core.ids import new_ulid
 from tidemesh.core.ratelimit import Rate
+from tidemesh.core.wire import CloseCode, encode
 
 log = structlog.get_logger(__name__)
 Key = tuple[str, str]   # (mesh_id, member pubkey)
@@ -31,6 +37,14 @@ PROFILE_RATE = Rate(per_s=0.5, burst=5)
 # How often one member's comings and goings are announced (its peer_join / peer_leave): a
 # member reconnecting in a loop is, past this, its latest state now and then.
 PRESENCE_RATE = Rate(per_s=1.0, burst=10)
+# How long presence changes gather before one flush tells them (issue #30: a storm of N
+# joins told one at a time was N walks of N listeners): at least this, and 2 ms more per
+# listener, since each flush is a frame to each of them: while changes keep coming, presence
+# then costs about 500 frames a second whatever the number of members (the window is 0.4 s
+# at 200 listeners, 2 s at 1,000; at most 3 s).
+PRESENCE_WINDOW_S = 0.05
+PRESENCE_WINDOW_PER_LISTENER_S = 0.002
+PRESENCE_WINDOW_MAX_S = 3.0
 
 
 class Elsewhere(Protocol):
@@ -38,7 +52,9 @@ class Elsewhere(Protocol):
 
     def relay_wake(self, keys: set[tuple[str, str]]) -> None: ...
 
-    async def relay_presence(self, frame: dict[str, Any]) -> None: ...
+    def relay_presence(self, frame: dict[str, Any]) -> None:
+        """Tell the other brokers, in the background; never waits."""
+        ...
 
     async def remote_peers(self, mesh_id: str, local: set[str]) -> list[dict[str, Any]]: ...
 
@@ -55,6 +71,10 @@ class Peer(Protocol):
 
     def tell(self, frame: dict[str, Any]) -> None:
         """A presence event about another member: queued, coalesced, never waited for."""
+        ...
+
+    def tell_batch(self, text: str) -> None:
+        """An encoded ``presence_batch`` frame: queued, never waited for."""
         ...
 
     async def close(self, code: int, reason: str) -> None:
@@ -78,6 +98,8 @@ class Conn:
     pumping: bool = False
     batch_deliveries: bool = False  # the daemon negotiated deliver_batch frames
     trace_context: bool = False     # the daemon negotiated traceparent in deliver frames
+    presence_batch: bool = False    # the daemon negotiated presence_batch frames
+    leaving: bool = False           # it asked for member_leave: its answer must go out first
     # After a 429 the connection is not read again before this (ms): see service/send.py.
     hold_until_ms: int = 0
     host: str | None = None      # the hello's host_fingerprint (service/clone.py)
@@ -88,8 +110,18 @@ class Conn:
 
 class Connections:
     def __init__(self, profile_rate: Rate = PROFILE_RATE,
-                 presence_rate: Rate = PRESENCE_RATE) -> None:
+                 presence_rate: Rate = PRESENCE_RATE,
+                 presence_window_s: float = PRESENCE_WINDOW_S) -> None:
         self.conns: dict[Key, set[Conn]] = {}
+        self.count = 0   # connections registered
+        # Presence not told yet: per mesh, the latest event per member, oldest first.
+        self.pending: dict[str, dict[str, dict[str, Any]]] = {}
+        self.presence_window_s = presence_window_s
+        self._flush: asyncio.TimerHandle | None = None
+        # Counted by the service's metrics: announcements the other brokers did not get, and
+        # connections closed for a revocation.
+        self.presence_failed: Callable[[int], None] = lambda _n: None
+        self.revoked_closed: Callable[[], None] = lambda: None
         # The profiles in effect: what ``peers`` shows and presence was told.
         self.profiles: dict[Key, dict[str, Any]] = {}
         # The other brokers on the same database; one broker alone has nobody to tell.
@@ -101,7 +133,7 @@ class Connections:
                                                          self._tell_everywhere)
 
     def active(self) -> list[tuple[dict[str, str], float]]:
-        return [({}, float(sum(len(c) for c in self.conns.values())))]
+        return [({}, float(self.count))]
 
     def register(self, peer: Peer, mesh_id: str, pubkey: str,
                  display_name: str | None = None, host: str | None = None
@@ -110,6 +142,7 @@ class Connections:
         conn = Conn(peer, mesh_id, pubkey, new_ulid(), display_name=display_name, host=host)
         conns = self.conns.setdefault((mesh_id, pubkey), set())
         conns.add(conn)
+        self.count += 1
         log.info("broker_member_connected", mesh_id=mesh_id, pubkey=pubkey,
                  session_id=conn.session_id)
         return conn, len(conns) == 1
@@ -117,7 +150,9 @@ class Connections:
     def unregister(self, conn: Conn) -> bool:
         """Forget a connection; the bool says it was the member's last (a peer_leave)."""
         peers = self.conns.get((conn.mesh_id, conn.pubkey), set())
-        peers.discard(conn)
+        if conn in peers:
+            peers.discard(conn)
+            self.count -= 1
         if not peers:
             self.conns.pop((conn.mesh_id, conn.pubkey), None)
         elif all(c.muted for c in peers):
@@ -149,6 +184,18 @@ class Connections:
                 c.wake.set()
         return absent
 
+    async def close_revoked(self, mesh_id: str, pubkey: str, *, leavers: bool = True) -> None:
+        """The member was revoked (or left): its connections here close 4002. Without
+        ``leavers``, one that asked to leave is spared (the revocation's event can come
+        before that connection's answer is queued; its daemon closes it, else the next
+        recheck does)."""
+        for c in list(self.conns.get((mesh_id, pubkey), ())):
+            if c.leaving and not leavers:
+                continue
+            log.warning("broker_revoked_member_closed", mesh_id=mesh_id, pubkey=pubkey)
+            self.revoked_closed()
+            await c.peer.close(CloseCode.AUTH, "member_revoked")
+
     async def announce(self, conn: Conn, kind: str, *, hiding: bool = False) -> None:
         """peer_join / peer_leave to the mesh's other members; presence is best effort.
         A member whose profile says ``visible: false`` is not announced (but for the leave
@@ -168,17 +215,39 @@ class Connections:
     async def _tell_everywhere(self, _key: Hashable, frame: dict[str, Any]) -> None:
         self.tell_local(frame)
         if self.elsewhere is not None:
-            await self.elsewhere.relay_presence(frame)
+            self.elsewhere.relay_presence(frame)
 
     def tell_local(self, frame: dict[str, Any]) -> None:
-        """A presence event to the members of its mesh connected here, but its subject.
-        Queued on each connection (coalesced there, see ``broker/outgoing.py``): telling
-        never waits on anyone's socket."""
+        """A presence event for the members of its mesh connected here, but its subject:
+        kept for the next flush, in place of an older one about the same member. O(1): it
+        walks nobody, and telling never waits on anyone's socket."""
+        events = self.pending.setdefault(str(frame["mesh_id"]), {})
+        events.pop(str(frame["pubkey"]), None)   # the latest goes last, in order
+        events[str(frame["pubkey"])] = frame
+        if self._flush is None:
+            window = min(PRESENCE_WINDOW_MAX_S, max(
+                self.presence_window_s, self.count * PRESENCE_WINDOW_PER_LISTENER_S))
+            self._flush = asyncio.get_running_loop().call_later(window, self.flush)
+
+    def flush(self) -> None:
+        """Tell what is pending: one walk of the registry, each mesh's batch encoded once."""
+        self._flush = None
+        pending, self.pending = self.pending, {}
+        texts: dict[str, list[str]] = {}
         for (mesh_id, pubkey), conns in self.conns.items():
-            if mesh_id != frame["mesh_id"] or pubkey == frame["pubkey"]:
+            events = pending.get(mesh_id)
+            if not events:
                 continue
             for other in conns:
-                other.peer.tell(frame)
+                if other.presence_batch:
+                    if mesh_id not in texts:
+                        texts[mesh_id] = batch_texts(mesh_id, list(events.values()))
+                    for text in texts[mesh_id]:
+                        other.peer.tell_batch(text)
+                    continue
+                for subject, frame in events.items():
+                    if subject != pubkey:
+                        other.peer.tell(frame)
 
     async def peers(self, conn: Conn, frame: dict[str, Any]) -> dict[str, Any]:
         """Who is connected, with their profiles; hidden members only see themselves."""
@@ -209,6 +278,10 @@ class Connections:
 
     def stop(self) -> None:
         """The server stopped: changes still waiting for their budget are dropped."""
+        if self._flush is not None:
+            self._flush.cancel()
+            self._flush = None
+        self.pending.clear()
         self.profile_changes.stop()
         self.presence_events.stop()
 
@@ -234,3 +307,10 @@ class Connections:
             await self.announce(conn, "peer_join")
         elif hidden and not was_hidden:
             await self.announce(conn, "peer_leave", hiding=True)
+
+
+def batch_texts(mesh_id: str, events: list[dict[str, Any]]) -> list[str]:
+    """A mesh's pending events as encoded ``presence_batch`` frames (within the count cap)."""
+    step = PRESENCE_BATCH_MAX_COUNT
+    return [encode({"type": "presence_batch", "mesh_id": mesh_id, "events": events[i:i + step]})
+            for i in range(0, len(events), step)]

@@ -38,10 +38,11 @@ class Destinations:
     async def _leave(self, conn: Conn, request_id: str, name: str, now: int) -> dict[str, Any]:
         """Revoke the member, as `broker member revoke` does, and drop its subscriptions,
         queue memberships and undelivered deliveries; its key can no longer hello. Its other
-        connections are closed by the periodic member recheck."""
+        connections are closed by the revocation's event (PostgreSQL) or the next recheck."""
         if name != conn.pubkey:
             raise InvalidRequest("member_leave names the leaving member's own key",
                                  field="name")
+        conn.leaving = True   # the revocation's event spares this one: the answer goes first
         removed = await self.store.leave_member(conn.mesh_id, conn.pubkey, now)
         if removed is None:
             raise NotFound("this member is not in the mesh any more", reason="member_revoked")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 from tidemesh.broker.store.base import Store
 from tidemesh.core.metrics import BATCH_BUCKETS, CallbackGauge, CollectorRegistry, Samples
@@ -75,6 +75,18 @@ class Metrics:
         self.slow_readers = Counter("cm_broker_slow_readers_closed_total",
                                     "Connections cut off (4012 slow_reader) for taking no "
                                     "frame within limits.slow_reader_s.", registry=r)
+        self.presence_failed = Counter("cm_broker_presence_failed_total",
+                                       "Presence events the other brokers were not told (the "
+                                       "database could not be reached); counted, not logged.",
+                                       registry=r)
+        self.handshakes_waiting = Gauge("cm_broker_handshakes_waiting",
+                                        "Hellos received that wait for a handshake slot "
+                                        "(server.handshake_concurrency).", registry=r)
+        self.handshakes_running = Gauge("cm_broker_handshakes_running",
+                                        "Handshakes being authenticated now.", registry=r)
+        self.revocations = Counter("cm_broker_revoked_connections_closed_total",
+                                   "Connections closed because their member was revoked.",
+                                   registry=r)
         CallbackGauge("cm_broker_connections_active", "Authenticated connections.", [], active, r)
         rows = store.accept_rows
         CallbackGauge("cm_broker_group_commit_batches", "Accept transactions since start.", [],

@@ -21,5 +21,6 @@ class Negotiation:
         asked = (*frame["require"], *frame.get("optional", ()))
         conn.batch_deliveries = features.DELIVER_BATCH in asked
         conn.trace_context = features.TRACE_CONTEXT in asked
+        conn.presence_batch = features.PRESENCE_BATCH in asked
         return {"type": "feature_negotiation_response", "id": frame["id"],
                 "supported": self.supported, "missing_required": missing}

@@ -76,3 +76,12 @@ def test_a_cut_drops_everything() -> None:
     out.tell(presence("peer_join", "bob"))
     out.cut()
     assert out.take() is None and out.has_room()
+
+
+def test_presence_batches_never_wait_and_the_oldest_is_dropped_past_the_bound() -> None:
+    out = Outgoing(QueueLimits(frames=1, bytes=1 << 20, presence=8, presence_batches=2))
+    out.put("own")
+    assert not out.has_room()   # own frames full: batches are queued all the same
+    assert [out.tell_batch(t) for t in ("b1", "b2", "b3")] == [0, 0, 1]
+    assert drain(out) == ["own", "b2", "b3"]
+    assert out.dropped == 1

@@ -510,7 +510,8 @@ async def test_a_member_reconnecting_in_a_loop_reaches_the_others_as_a_few_prese
             link = await broker.link(broker.bob)
             await link.close()
         await _until(bob_gone, timeout=10)
-        assert 2 <= len(heard) <= 30
+        # A flush window holds the member's latest state only: its last leave may be all.
+        assert 1 <= len(heard) <= 30
         assert {f["pubkey"] for f in heard} == {pub(broker.bob)}
     finally:
         listening.cancel()

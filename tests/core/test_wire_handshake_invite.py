@@ -93,3 +93,16 @@ def test_invite_with_several_brokers_round_trips_and_one_broker_stays_as_it_was(
                                                        ).decode()
     with pytest.raises(InvalidRequest):
         decode(Invite("ws://a:1", "M", "team", "tok", ("http://b",)).encode())
+
+
+def test_a_presence_batch_holds_joins_and_leaves_and_nothing_else() -> None:
+    mesh, key = "01M8BQRTS5FD5WAAKSENZYEQ2J", "ab" * 32
+    join = {"type": "peer_join", "mesh_id": mesh, "pubkey": key, "at": 1,
+            "display_name": None, "profile": {"status": "idle"}}
+    leave = {"type": "peer_leave", "mesh_id": mesh, "pubkey": key, "at": 2}
+    check({"type": "presence_batch", "mesh_id": mesh, "events": [join, leave]})
+    with pytest.raises(InvalidFrame):
+        check({"type": "presence_batch", "mesh_id": mesh, "events": []})
+    with pytest.raises(InvalidFrame):
+        check({"type": "presence_batch", "mesh_id": mesh,
+               "events": [{**leave, "type": "deliver"}]})

@@ -33,9 +33,13 @@ T = TypeVar("T")
 WAKE_CHANNEL = "tidemesh_wake"          # {"b": sender broker, "k": [[mesh_id, pubkey], …]}
 SESSION_CHANNEL = "tidemesh_session"    # {"b": holder broker, "m", "p", "s": session to close}
 #                     or {"b", "m", "p", "h": host, "clone": "close" | "tell", "policy"}
-PRESENCE_CHANNEL = "tidemesh_presence"  # {"b": sender broker, "f": peer_join/peer_leave frame}
+PRESENCE_CHANNEL = "tidemesh_presence"  # {"b": sender broker, "fs": [peer_join/peer_leave]}
+#                     (or "f": one frame, from brokers before batches)
+REVOKED_CHANNEL = "tidemesh_revoked"    # {"m", "p"}: a member revoked (or left), at commit
 # NOTIFY payloads must stay under 8000 bytes; keys are sent in chunks well below that.
 PAYLOAD_BUDGET = 7000
+# Presence events waiting for their NOTIFY; past this the oldest are dropped (and counted).
+PRESENCE_BACKLOG = 10_000
 # asyncpg notices a dead socket only when it uses it: the LISTEN connection is pinged.
 PING_S = 5.0
 
@@ -48,6 +52,10 @@ class PostgresCluster:
         self.broker_id = broker_id
         self.backoff = backoff or Backoff()
         self._outgoing: set[Key] = set()
+        self._presence_out: list[dict[str, Any]] = []
+        # Presence events the others could not be told (counted by the service, not logged:
+        # a storm is thousands).
+        self.presence_unsent: Callable[[int], None] = lambda _n: None
         self._queued = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -60,37 +68,48 @@ class PostgresCluster:
         await self._notify(SESSION_CHANNEL, {"b": broker_id, "m": mesh_id, "p": pubkey,
                                              "s": session_id})
 
-    async def publish_presence(self, frame: dict[str, Any]) -> None:
-        await self._notify(PRESENCE_CHANNEL, {"b": self.broker_id, "f": frame})
+    def publish_presence(self, frame: dict[str, Any]) -> None:
+        # Sent in the background, many events per NOTIFY (a storm of joins was one pooled
+        # query each, queued in front of the handshakes' own).
+        self._presence_out.append(frame)
+        if len(self._presence_out) > PRESENCE_BACKLOG:
+            del self._presence_out[0]
+            self.presence_unsent(1)
+        self._queued.set()
 
     async def _notify(self, channel: str, message: dict[str, Any]) -> None:
         try:
             await self.pool.execute("SELECT pg_notify($1, $2)", channel,
                                     json.dumps(message, separators=(",", ":")))
-        except DB_ERRORS as exc:  # presence is best effort; a takeover also ends on expiry
+        except DB_ERRORS as exc:  # a takeover also ends on expiry
             log.warning("broker_cluster_unsent", channel=channel, error=str(exc))
 
-    async def heartbeat(self, now_ms: int, live: Sequence[SessionRow]) -> None:
+    async def heartbeat(self, now_ms: int, stale_before: int,
+                        live: Callable[[], Sequence[SessionRow]]) -> Sequence[SessionRow]:
         async with self.pool.acquire() as conn, conn.transaction():
+            last = await conn.fetchval(
+                "SELECT heartbeat_at FROM mesh.broker_alive WHERE broker_id = $1 FOR UPDATE",
+                self.broker_id)
             await conn.execute(
                 "INSERT INTO mesh.broker_alive (broker_id, heartbeat_at) VALUES ($1, $2)"
                 " ON CONFLICT (broker_id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at",
                 self.broker_id, now_ms)
-            if live:
-                # Only missing rows: a row another broker holds is its takeover, not ours.
-                await conn.executemany(INSERT_SESSION_SQL + " ON CONFLICT DO NOTHING",
-                                       [_args(r) for r in live])
+            if last is not None and last >= stale_before:
+                return ()   # nobody can have expired our sessions: nothing to put back
+            rows = live()
+            if rows:
+                # One statement for all; only missing rows: a row another broker holds is its
+                # takeover, not ours.
+                cols = list(zip(*(_args(r) for r in rows), strict=True))
+                await conn.execute(
+                    "INSERT INTO mesh.member_session (mesh_id, pubkey, broker_id, session_id,"
+                    " display_name, profile, connected_at, host) SELECT * FROM unnest("
+                    "$1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],"
+                    " $7::bigint[], $8::text[]) ON CONFLICT DO NOTHING", *cols)
+            return rows
 
     async def claim(self, row: SessionRow) -> SessionRow | None:
-        async with self.pool.acquire() as conn, conn.transaction():
-            old = await conn.fetchrow(
-                SESSION_COLUMNS_SQL + " WHERE mesh_id = $1 AND pubkey = $2 FOR UPDATE",
-                row.mesh_id, row.pubkey)
-            await conn.execute(
-                INSERT_SESSION_SQL + " ON CONFLICT (mesh_id, pubkey) DO UPDATE SET"
-                " broker_id = excluded.broker_id, session_id = excluded.session_id,"
-                " display_name = excluded.display_name, profile = excluded.profile,"
-                " connected_at = excluded.connected_at, host = excluded.host", *_args(row))
+        old = await self.pool.fetchrow(CLAIM_SESSION_SQL, *_args(row))
         return None if old is None else _session(old)
 
     async def release(self, mesh_id: str, pubkey: str, session_id: str,
@@ -174,6 +193,13 @@ class PostgresCluster:
             await self._queued.wait()
             self._queued.clear()
             keys, self._outgoing = self._outgoing, set()
+            frames, self._presence_out = self._presence_out, []
+            for payload, count in presence_payloads(self.broker_id, frames):
+                try:
+                    await self.pool.execute("SELECT pg_notify($1, $2)", PRESENCE_CHANNEL,
+                                            payload)
+                except DB_ERRORS:
+                    self.presence_unsent(count)
             for payload in wake_payloads(self.broker_id, keys):
                 try:
                     await self.pool.execute("SELECT pg_notify($1, $2)", WAKE_CHANNEL, payload)
@@ -205,7 +231,7 @@ class PostgresCluster:
             def heard(_c: Any, _pid: int, channel: str, payload: str) -> None:
                 self._heard(events, channel, payload)
 
-            for channel in (WAKE_CHANNEL, SESSION_CHANNEL, PRESENCE_CHANNEL):
+            for channel in (WAKE_CHANNEL, SESSION_CHANNEL, PRESENCE_CHANNEL, REVOKED_CHANNEL):
                 await conn.add_listener(channel, heard)
             log.info("broker_cluster_listening", broker_id=self.broker_id)
             events.on_listening()
@@ -222,7 +248,9 @@ class PostgresCluster:
     def _heard(self, events: ClusterEvents, channel: str, payload: str) -> None:
         try:
             message = json.loads(payload)
-            if channel == SESSION_CHANNEL:
+            if channel == REVOKED_CHANNEL:   # from the revoking process, any broker's or CLI's
+                self._spawn(events.on_revoked(str(message["m"]), str(message["p"])))
+            elif channel == SESSION_CHANNEL:
                 if message["b"] != self.broker_id:  # only the holder acts on its session
                     return
                 if "clone" in message:
@@ -235,7 +263,8 @@ class PostgresCluster:
             elif message["b"] == self.broker_id:
                 return  # our own: told here already, when it happened
             elif channel == PRESENCE_CHANNEL:
-                self._spawn(events.on_presence(dict(message["f"])))
+                for frame in message.get("fs") or [message["f"]]:
+                    self._spawn(events.on_presence(dict(frame)))
             else:
                 events.on_wake((str(m), str(p)) for m, p in message["k"])
         except (ValueError, KeyError, TypeError) as exc:
@@ -254,11 +283,23 @@ class PostgresCluster:
             log.error("broker_cluster_event_failed", error=repr(task.exception()))
 
 
-SESSION_COLUMNS_SQL = ("SELECT mesh_id, pubkey, broker_id, session_id, display_name, profile,"
-                       " connected_at, host FROM mesh.member_session")
-INSERT_SESSION_SQL = ("INSERT INTO mesh.member_session (mesh_id, pubkey, broker_id, session_id,"
-                      " display_name, profile, connected_at, host)"
-                      " VALUES ($1, $2, $3, $4, $5, $6, $7, $8)")
+# One statement, one round trip (it was four: BEGIN, the locking read, the upsert, COMMIT),
+# taken by every handshake: the row it replaces is read, locked, then overwritten; a
+# data-modifying WITH runs whether or not it is read.
+CLAIM_SESSION_SQL = """
+WITH old AS (
+  SELECT mesh_id, pubkey, broker_id, session_id, display_name, profile, connected_at, host
+  FROM mesh.member_session WHERE mesh_id = $1 AND pubkey = $2 FOR UPDATE),
+upsert AS (
+  INSERT INTO mesh.member_session (mesh_id, pubkey, broker_id, session_id, display_name,
+                                   profile, connected_at, host)
+  VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+  ON CONFLICT (mesh_id, pubkey) DO UPDATE SET broker_id = excluded.broker_id,
+    session_id = excluded.session_id, display_name = excluded.display_name,
+    profile = excluded.profile, connected_at = excluded.connected_at, host = excluded.host
+  RETURNING 1)
+SELECT * FROM old
+"""
 
 
 def _args(r: SessionRow) -> tuple[Any, ...]:
@@ -299,3 +340,18 @@ def wake_payloads(broker_id: str, keys: set[Key]) -> Iterator[str]:
         size += item_size
     if chunk:
         yield json.dumps({"b": broker_id, "k": chunk}, separators=(",", ":"))
+
+
+def presence_payloads(broker_id: str, frames: list[dict[str, Any]]) -> Iterator[tuple[str, int]]:
+    """The frames as JSON payloads under PAYLOAD_BUDGET bytes, with how many each holds."""
+    chunk: list[str] = []
+    size = 0
+    for frame in frames:
+        text = json.dumps(frame, separators=(",", ":"))
+        if chunk and size + len(text) + 1 > PAYLOAD_BUDGET:
+            yield f'{{"b":{json.dumps(broker_id)},"fs":[{",".join(chunk)}]}}', len(chunk)
+            chunk, size = [], 0
+        chunk.append(text)
+        size += len(text) + 1
+    if chunk:
+        yield f'{{"b":{json.dumps(broker_id)},"fs":[{",".join(chunk)}]}}', len(chunk)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import asyncpg
 
 from tidemesh.broker.store.base import Member, Mesh, MeshLimits, invite_refused
 from tidemesh.broker.store.postgres.base import PostgresBase
+from tidemesh.broker.store.postgres.cluster import REVOKED_CHANNEL
 from tidemesh.core.errors import Conflict, NotFound, UnknownDestination
 from tidemesh.core.ids import new_ulid
 
@@ -81,10 +83,18 @@ class Membership(PostgresBase):
             " WHERE mesh_id = $1 ORDER BY joined_at, pubkey", mesh_id)
         return [Member(*r) for r in rows]
 
+    async def revoked_since(self, since_ms: int) -> list[tuple[str, str]]:
+        rows = await self.pool.fetch("SELECT mesh_id, pubkey FROM mesh.member"
+                                     " WHERE revoked_at >= $1", since_ms)
+        return [(str(r[0]), str(r[1])) for r in rows]
+
     async def revoke_member(self, mesh_id: str, pubkey: str, now_ms: int) -> bool:
-        done = await self.pool.execute(
-            "UPDATE mesh.member SET revoked_at = $1 WHERE mesh_id = $2 AND pubkey = $3"
-            " AND revoked_at IS NULL", now_ms, mesh_id, pubkey)
+        async with self.pool.acquire() as conn, conn.transaction():
+            done = await conn.execute(
+                "UPDATE mesh.member SET revoked_at = $1 WHERE mesh_id = $2 AND pubkey = $3"
+                " AND revoked_at IS NULL", now_ms, mesh_id, pubkey)
+            if done.endswith(" 1"):
+                await _notify_revoked(conn, mesh_id, pubkey)
         return bool(done.endswith(" 1"))
 
     async def leave_member(self, mesh_id: str, pubkey: str, now_ms: int
@@ -97,6 +107,7 @@ class Membership(PostgresBase):
                 " AND revoked_at IS NULL", now_ms, mesh_id, pubkey)
             if not done.endswith(" 1"):
                 return None
+            await _notify_revoked(conn, mesh_id, pubkey)
             subs = await conn.execute("DELETE FROM mesh.topic_subscription WHERE mesh_id = $1"
                                       " AND member_pubkey = $2", mesh_id, pubkey)
             queues = await conn.execute("DELETE FROM mesh.queue_consumer WHERE mesh_id = $1"
@@ -160,3 +171,10 @@ async def _member(conn: Any, mesh_id: str, pubkey: str) -> Member | None:
                             " FROM mesh.member WHERE mesh_id = $1 AND pubkey = $2",
                             mesh_id, pubkey)
     return Member(*r) if r else None
+
+
+async def _notify_revoked(conn: Any, mesh_id: str, pubkey: str) -> None:
+    """Every broker hears of it at the commit (NOTIFY is transactional) and closes the
+    member's connections at once; the periodic one-statement look is the safety net."""
+    await conn.execute("SELECT pg_notify($1, $2)", REVOKED_CHANNEL,
+                       json.dumps({"m": mesh_id, "p": pubkey}, separators=(",", ":")))

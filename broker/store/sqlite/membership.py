@@ -94,6 +94,10 @@ class Membership(SqliteBase):
 
         return await self._read(fn)
 
+    async def revoked_since(self, since_ms: int) -> list[tuple[str, str]]:
+        return await self._read(lambda c: [(str(m), str(p)) for m, p in c.execute(
+            "SELECT mesh_id, pubkey FROM member WHERE revoked_at >= ?", (since_ms,))])
+
     async def revoke_member(self, mesh_id: str, pubkey: str, now_ms: int) -> bool:
         def fn(conn: sqlite3.Connection) -> bool:
             cur = conn.execute("UPDATE member SET revoked_at = ? WHERE mesh_id = ? AND pubkey = ?"
