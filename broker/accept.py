@@ -58,6 +58,9 @@ class DedupeRow:
 
 @record
 class Delivery:
+    """A recipient of an accepted send. A topic message's subscribers are given their seq
+    when each is handed the topic's log (``broker/topiclog.py``): epoch and seq are 0 here."""
+
     recipient_pubkey: str
     epoch: int
     seq: int

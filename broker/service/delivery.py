@@ -1,8 +1,10 @@
 """Getting committed messages to recipients: resume (where a daemon's stream picks up), the
 per-connection pump, acks, and moving lapsed queue leases to another consumer.
 
-The pump reads committed delivery rows in seq order, so deliveries are gapless and in order
-no matter which connection accepted the message; frames go out only after the store commits.
+The pump first has the store hand the member what its topics logged (a topic is a log, a
+subscriber a cursor: ``broker/topiclog.py``), then reads its committed deliveries in seq
+order, so deliveries are gapless and in order no matter which connection accepted the
+message; frames go out only after the store commits.
 A daemon that negotiated ``deliver_batch`` gets each page of due deliveries as few frames as
 the caps allow (``batch_frames``); any other gets one ``deliver`` frame per delivery.
 """
@@ -92,6 +94,9 @@ class Deliveries:
 
     async def _send_due(self, conn: Conn) -> None:
         while True:
+            # What the member's topics logged since the last call takes its next seqs
+            # first (pumps woken together share the transaction).
+            more = await self.store.hand_out(conn.mesh_id, conn.pubkey, now_ms())
             rows = await self.store.deliveries_after(conn.mesh_id, conn.pubkey, conn.epoch,
                                                      conn.sent_seq, PUMP_PAGE)
             items = [deliver_frame(row, conn.trace_context) for row in rows]
@@ -104,7 +109,7 @@ class Deliveries:
                 conn.sent_seq = group[-1]["seq"]
                 self.metrics.delivered.inc(len(group))
                 self.metrics.deliver_batch.observe(len(group))
-            if len(rows) < PUMP_PAGE:
+            if len(rows) < PUMP_PAGE and not more:
                 return
 
     async def reassign_lapsed(self, lease_s: float) -> int:

@@ -6,8 +6,9 @@ that the write engine grouped), as a generator that yields what it needs from th
 every key (in key order, so that brokers sharing a database cannot deadlock), read them
 back unless the claim inserted every one, branch each with ``broker/accept.branch`` (201 /
 200 duplicate / 409), check B2 for the claimed ones (a failure deletes its claim in the
-same transaction, which is the same as rolling it back), then insert message, history and
-a gapless delivery row per recipient for the winners, in arrival order. A key sent twice
+same transaction, which is the same as rolling it back), then insert message and history
+for the winners, in arrival order: a topic message once, in its topic's log; a DM or queue
+message with a gapless delivery row for its recipient. A key sent twice
 in one batch is decided in memory against what its earlier send left. Each dialect
 implements the port with batch statements (PostgreSQL: one round trip per statement per
 batch, through arrays and ``unnest``; never one per send) and drives the sequence: ``run``
@@ -60,8 +61,10 @@ class AcceptPort(Protocol):
 
     def insert(self, accepted: Sequence[tuple[AcceptInput, list[str]]]
                ) -> dict[str, list[Delivery]]:
-        """Message, history, cursor and delivery rows of each accepted send and its
-        recipients, in batch order; returns the deliveries by broker_message_id."""
+        """Message and history rows of each accepted send, a topic message at its topic's
+        next log position, a DM or queue message with its recipient's delivery row (a gapless
+        seq, after what the recipient's topics logged before it); returns the recipients by
+        broker_message_id (a topic message's without a seq yet)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,7 +38,7 @@ POSTGRES_MIGRATIONS = Migrations("broker/postgres", "the broker store", behind=_
 TABLES = (
     "mesh", "member", "invite", "topic", "topic_subscription", "queue_consumer",
     "client_message_dedupe", "topic_message", "message_queue", "message_history",
-    "recipient_cursor", "delivery_queue", "broker_info",
+    "recipient_cursor", "delivery_queue", "topic_delivery", "broker_info",
     "file_object", "file_chunk",   # shared files (store/files.py)
 )
 
@@ -146,6 +146,16 @@ class DeliveryRow:
         meta = stored_meta(r[11]) if r[11] is not None else None
         return cls(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], bytes(r[8]), r[9], r[10],
                    meta, r[12], r[13], bool(r[14]), r[15], r[16])
+
+
+def latest_acks(acks: Sequence[tuple[str, str, int, int, int]]
+                ) -> dict[tuple[str, str, int], int]:
+    """Acks of a batch (mesh, member, epoch, seq, now_ms) → the highest seq per (mesh,
+    member, epoch), in (mesh, member) order: acks are cumulative, so it covers the others."""
+    latest: dict[tuple[str, str, int], int] = {}
+    for m, p, e, s, _ in acks:
+        latest[(m, p, e)] = max(s, latest.get((m, p, e), s))
+    return dict(sorted(latest.items()))
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,7 +273,16 @@ class Store(FileStore, Protocol):
                               limit: int = 500) -> list[Reassigned]: ...
     async def deliveries_after(self, mesh_id: str, pubkey: str, epoch: int, after_seq: int,
                                limit: int) -> list[DeliveryRow]: ...
-    async def ack(self, mesh_id: str, pubkey: str, epoch: int, seq: int, now_ms: int) -> int: ...
+    async def hand_out(self, mesh_id: str, pubkey: str, now_ms: int) -> bool:
+        """Give the member its next seqs for what its topics logged since it was last given
+        any (one span per run of positions, ``broker/topiclog.py``); True if its topics
+        logged more than one call hands out. Calls of many members share a transaction."""
+        ...
+
+    async def ack(self, mesh_id: str, pubkey: str, epoch: int, seq: int, now_ms: int) -> int:
+        """Cumulative: move the member's cursor to ``seq`` (at most its last seq); returns
+        by how many seqs it moved. Calls of many members share a transaction."""
+        ...
 
     # retention (spec §17.5-6)
     async def delete_expired_dedupe(self, now_ms: int) -> int: ...

@@ -68,6 +68,7 @@ async def _limited(store_url: str, rate: Rate) -> AsyncIterator[Broker]:
 
 async def _bob_received(b: Broker) -> list[str]:
     """The client_message_ids bob has been delivered, in his order."""
+    await b.store.hand_out(b.mesh_id, pub(b.bob), 0)   # what bob's pump does first
     return [r.client_message_id
             for r in await b.store.deliveries_after(b.mesh_id, pub(b.bob), 1, 0, 100)]
 

@@ -106,6 +106,7 @@ async def test_a_batch_is_answered_as_its_sends_one_by_one_in_order(store_url: s
             await _answer(ws)
             singles = [await _alone(ws, s) for s in sends]
         counts = await b.store.counts()
+        await b.store.hand_out(b.mesh_id, pub(b.bob), 0)   # what bob's pump does first
         received = await b.store.deliveries_after(b.mesh_id, pub(b.bob), 1, 0, 1000)
     finally:
         await server.stop()

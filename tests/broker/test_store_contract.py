@@ -35,14 +35,119 @@ async def _world(store: Store) -> World:
     return w
 
 
+async def _handed(store: Store, w: World, at: int | None = None) -> None:
+    """What the pumps do first: each member is handed what its topics logged."""
+    for pk in (w.alice, w.bob, w.carol):
+        await store.hand_out(w.mesh_id, pk, at or now_ms())
+
+
 async def test_first_send_is_201_with_every_row(store: Store) -> None:
     w = await _world(store)
     r = await store.accept(accept_input(w.mesh_id, w.alice, "c1"))
     assert r.status == 201 and r.broker_message_id and r.history_id
     assert sorted(d.recipient_pubkey for d in r.deliveries) == sorted([w.bob, w.carol])
     counts = await store.counts()
+    # A topic message is written once, whatever its subscribers (DESIGN §11).
     assert (counts["client_message_dedupe"], counts["topic_message"],
-            counts["message_history"], counts["delivery_queue"]) == (1, 1, 1, 2)
+            counts["message_history"], counts["delivery_queue"],
+            counts["topic_delivery"]) == (1, 1, 1, 0, 0)
+    await _handed(store, w)
+    assert (await store.counts())["topic_delivery"] == 2   # a span each for bob and carol
+
+
+async def test_a_topic_accept_writes_the_same_rows_for_any_number_of_subscribers(
+        store: Store) -> None:
+    w = await _world(store)
+    before = await store.counts()
+    await store.accept(accept_input(w.mesh_id, w.alice, "c1"))
+    few = await store.counts()
+    for _ in range(50):
+        pk = new_pubkey()
+        await store.add_member(w.mesh_id, pk, now_ms())
+        await store.subscribe(w.mesh_id, "ops", pk, now_ms())
+    before_many = await store.counts()
+    await store.accept(accept_input(w.mesh_id, w.alice, "c2"))
+    many = await store.counts()
+    written = {t: few[t] - before[t] for t in few}
+    assert written == {t: many[t] - before_many[t] for t in many}
+    assert sum(written.values()) == 3    # dedupe, message, history
+
+
+async def test_spans_give_each_member_its_stream_without_its_own_messages(
+        store: Store) -> None:
+    w = await _world(store)
+    senders = [w.alice, w.bob, w.bob, w.alice, w.carol, w.alice]
+    for i, pk in enumerate(senders):
+        await store.accept(accept_input(w.mesh_id, pk, f"c{i}", body=f"m{i}"))
+    await _handed(store, w)
+    for pk in (w.alice, w.bob, w.carol):
+        rows = await store.deliveries_after(w.mesh_id, pk, 1, 0, 100)
+        assert [r.body.decode() for r in rows] == [
+            f"m{i}" for i, s in enumerate(senders) if s != pk]
+        assert [r.seq for r in rows] == list(range(1, len(rows) + 1))
+        # Read from any point, the same seq names the same message.
+        for after in range(len(rows)):
+            again = await store.deliveries_after(w.mesh_id, pk, 1, after, 2)
+            assert [(r.seq, r.body) for r in again] == [(r.seq, r.body)
+                                                        for r in rows[after:after + 2]]
+
+
+async def test_pumps_woken_together_share_hand_outs_reads_and_acks(store: Store) -> None:
+    w = await _world(store)
+    for i in range(4):
+        await store.accept(accept_input(w.mesh_id, w.alice, f"c{i}", body=f"m{i}"))
+    await store.accept(accept_input(w.mesh_id, w.bob, "dm", kind="dm", ref=w.carol))
+    members = [w.alice, w.bob, w.carol] * 3
+    await asyncio.gather(*(store.hand_out(w.mesh_id, pk, now_ms()) for pk in members))
+    alone = {pk: await store.deliveries_after(w.mesh_id, pk, 1, 1, 10) for pk in members}
+    together = await asyncio.gather(*(store.deliveries_after(w.mesh_id, pk, 1, 1, 10)
+                                      for pk in members))
+    assert [alone[pk] for pk in members] == together
+    assert [len(alone[pk]) for pk in (w.alice, w.bob, w.carol)] == [0, 3, 4]
+    moved = await asyncio.gather(*(store.ack(w.mesh_id, pk, 1, seq, now_ms())
+                                   for pk, seq in [(w.bob, 2), (w.bob, 4), (w.carol, 5)]))
+    assert sum(moved[:2]) == 4 and moved[2] == 5
+    assert [(await store.cursor(w.mesh_id, pk)).acked_seq for pk in (w.bob, w.carol)] == [4, 5]
+
+
+async def test_a_dm_after_a_topic_message_keeps_its_senders_order(store: Store) -> None:
+    w = await _world(store)
+    await store.accept(accept_input(w.mesh_id, w.alice, "t1", body="first"))
+    await store.accept(accept_input(w.mesh_id, w.alice, "d1", kind="dm", ref=w.bob,
+                                    body="second"))
+    await store.accept(accept_input(w.mesh_id, w.alice, "t2", body="third"))
+    await _handed(store, w)
+    rows = await store.deliveries_after(w.mesh_id, w.bob, 1, 0, 100)
+    assert [(r.seq, r.body) for r in rows] == [(1, b"first"), (2, b"second"), (3, b"third")]
+
+
+async def test_a_senders_order_holds_across_topics_and_dms_in_one_batch(
+        store: Store) -> None:
+    w = await _world(store)
+    await store.create_topic(w.mesh_id, "alpha", w.alice, now_ms())   # before "ops" by name
+    await store.subscribe(w.mesh_id, "alpha", w.bob, now_ms())
+    sends = [("ops", "topic"), (w.bob, "dm"), ("alpha", "topic"), ("ops", "topic"),
+             (w.bob, "dm"), ("alpha", "topic")]
+    results = await store.accept_batch([
+        accept_input(w.mesh_id, w.alice, f"c{i}", kind=kind, ref=ref, body=f"m{i}")
+        for i, (ref, kind) in enumerate(sends)])
+    assert all(r.status == 201 for r in results)
+    await store.accept(accept_input(w.mesh_id, w.alice, "d", kind="dm", ref=w.bob, body="m6"))
+    await store.hand_out(w.mesh_id, w.bob, now_ms())
+    rows = await store.deliveries_after(w.mesh_id, w.bob, 1, 0, 100)
+    assert [(r.seq, r.body.decode()) for r in rows] == [(i + 1, f"m{i}") for i in range(7)]
+
+
+async def test_a_new_subscriber_gets_what_is_logged_after_it_subscribed(store: Store) -> None:
+    w = await _world(store)
+    await store.accept(accept_input(w.mesh_id, w.alice, "c1", body="before"))
+    dave = new_pubkey()
+    await store.add_member(w.mesh_id, dave, now_ms())
+    await store.subscribe(w.mesh_id, "ops", dave, now_ms())
+    await store.accept(accept_input(w.mesh_id, w.alice, "c2", body="after"))
+    await store.hand_out(w.mesh_id, dave, now_ms())
+    rows = await store.deliveries_after(w.mesh_id, dave, 1, 0, 100)
+    assert [(r.seq, r.body) for r in rows] == [(1, b"after")]
 
 
 async def test_hundred_concurrent_same_id_sends_give_one_message(store_url: str) -> None:
@@ -62,7 +167,38 @@ async def test_hundred_concurrent_same_id_sends_give_one_message(store_url: str)
         assert counts["client_message_dedupe"] == 1
         assert counts["topic_message"] == 1
         assert counts["message_history"] == 1
-        assert counts["delivery_queue"] == 2
+        assert counts["delivery_queue"] == 0
+    finally:
+        for s in stores:
+            await s.close()
+
+
+async def test_hand_outs_racing_accepts_on_several_stores_skip_and_repeat_nothing(
+        store_url: str) -> None:
+    # Several brokers on one database: accepts of two senders commit while every store hands
+    # bob his topic entries; each entry takes exactly one seq, in one gapless stream.
+    stores = [await open_store(store_url) for _ in range(3)]
+    try:
+        w = await _world(stores[0])
+
+        async def sends(sender: str) -> None:
+            for i in range(30):
+                await stores[i % 3].accept(accept_input(w.mesh_id, sender, f"{sender[:4]}{i}"))
+
+        async def hand_outs() -> None:
+            for i in range(40):
+                await stores[i % 3].hand_out(w.mesh_id, w.bob, now_ms())
+                await asyncio.sleep(0)
+
+        await asyncio.gather(sends(w.alice), sends(w.carol), hand_outs(), hand_outs())
+        await stores[1].hand_out(w.mesh_id, w.bob, now_ms())
+        views = [await s.deliveries_after(w.mesh_id, w.bob, 1, 0, 1000) for s in stores]
+        assert views[0] == views[1] == views[2]
+        assert [r.seq for r in views[0]] == list(range(1, 61))
+        assert len({r.broker_message_id for r in views[0]}) == 60
+        for sender in (w.alice, w.carol):   # each sender's order holds
+            mine = [r.client_message_id for r in views[0] if r.sender_pubkey == sender]
+            assert mine == [f"{sender[:4]}{i}" for i in range(30)]
     finally:
         for s in stores:
             await s.close()
@@ -163,9 +299,11 @@ async def test_per_recipient_sequence_is_gapless_under_concurrency(store: Store)
     results = await asyncio.gather(*(
         store.accept(accept_input(w.mesh_id, w.alice, f"c{i}")) for i in range(60)))
     assert all(r.status == 201 for r in results)
+    await _handed(store, w)
     for pk in (w.bob, w.carol):
-        seqs = sorted(d.seq for r in results for d in r.deliveries if d.recipient_pubkey == pk)
-        assert seqs == list(range(1, 61))
+        rows = await store.deliveries_after(w.mesh_id, pk, 1, 0, 1000)
+        assert sorted(r.broker_message_id for r in rows) == sorted(
+            r.broker_message_id for r in results)
     rows = await store.deliveries_after(w.mesh_id, w.bob, 1, 0, 1000)
     assert [r.seq for r in rows] == list(range(1, 61))
     assert rows[0].body == b"hello" and rows[0].sender_pubkey == w.alice
@@ -175,6 +313,7 @@ async def test_cumulative_ack_moves_the_cursor(store: Store) -> None:
     w = await _world(store)
     for i in range(5):
         await store.accept(accept_input(w.mesh_id, w.alice, f"c{i}"))
+    await _handed(store, w)
     assert await store.ack(w.mesh_id, w.bob, 1, 3, now_ms()) == 3
     cur = await store.cursor(w.mesh_id, w.bob)
     assert (cur.epoch, cur.last_seq, cur.acked_seq) == (1, 5, 3)
@@ -188,11 +327,13 @@ async def test_each_delivery_is_acked_once_across_many_acks(store: Store) -> Non
     w = await _world(store)
     for i in range(5):
         await store.accept(accept_input(w.mesh_id, w.alice, f"c{i}"))
+    await _handed(store, w)
     acked = [await store.ack(w.mesh_id, w.bob, 1, seq, now_ms()) for seq in (2, 5, 9)]
     assert acked == [2, 3, 0]
     assert (await store.cursor(w.mesh_id, w.bob)).acked_seq == 5
     for i in range(5, 7):
         await store.accept(accept_input(w.mesh_id, w.alice, f"c{i}"))
+    await _handed(store, w)
     assert await store.ack(w.mesh_id, w.bob, 1, 9, now_ms()) == 2
     assert await store.ack(w.mesh_id, w.carol, 1, 7, now_ms()) == 7
     assert (await store.cursor(w.mesh_id, w.bob)).acked_seq == 7
@@ -219,12 +360,14 @@ async def test_pruning_a_message_flips_history_available(store: Store) -> None:
     w = await _world(store)
     t0 = now_ms()
     first = await store.accept(accept_input(w.mesh_id, w.alice, "c1", at=t0))
+    await _handed(store, w, t0)
+    assert await store.prune_messages(t0 + 1, t0 - 1) == 0, "not acked yet"
     for pk in (w.bob, w.carol):
         await store.ack(w.mesh_id, pk, 1, 1, t0)
     assert await store.prune_messages(t0 + 1, t0 + 1) == 1
     counts = await store.counts()
-    assert (counts["topic_message"], counts["message_history"], counts["delivery_queue"]) == (
-        0, 0, 0)
+    assert (counts["topic_message"], counts["message_history"], counts["delivery_queue"],
+            counts["topic_delivery"]) == (0, 0, 0, 0)
     again = await store.accept(accept_input(w.mesh_id, w.alice, "c1"))
     assert (again.status, again.history_available) == (200, False)
     assert again.broker_message_id == first.broker_message_id
@@ -238,11 +381,29 @@ async def test_pruning_moves_each_recipients_compacted_seq_to_its_last_pruned(
     t0 = now_ms()
     for i in range(3):
         await store.accept(accept_input(w.mesh_id, w.alice, f"c{i}", at=t0 + i))
+    await _handed(store, w, t0)
     for pk in (w.bob, w.carol):
         await store.ack(w.mesh_id, pk, 1, 3, t0)
     assert await store.prune_messages(t0 + 2, t0 + 2) == 2   # the two oldest
     cursors = [await store.cursor(w.mesh_id, pk) for pk in (w.alice, w.bob, w.carol)]
     assert [(c.last_seq, c.compacted_seq) for c in cursors] == [(0, 0), (3, 2), (3, 2)]
+    rows = await store.deliveries_after(w.mesh_id, w.bob, 1, 2, 10)
+    assert [r.seq for r in rows] == [3], "the span's kept entry keeps its seq"
+
+
+async def test_an_entry_pruned_before_it_was_handed_out_is_compacted(store: Store) -> None:
+    # A member away past the stall window: its entries were pruned unseen; it is handed
+    # their seqs as compacted, so that its daemon hears STALE_SEQUENCE, and then the rest.
+    w = await _world(store)
+    t0 = now_ms()
+    for i in range(3):
+        await store.accept(accept_input(w.mesh_id, w.alice, f"c{i}", at=t0 + i, body=f"m{i}"))
+    assert await store.prune_messages(t0 + 2, t0 + 2) == 2
+    await store.hand_out(w.mesh_id, w.bob, t0)
+    cur = await store.cursor(w.mesh_id, w.bob)
+    assert (cur.last_seq, cur.compacted_seq) == (3, 2)
+    rows = await store.deliveries_after(w.mesh_id, w.bob, 1, 2, 10)
+    assert [(r.seq, r.body) for r in rows] == [(3, b"m2")]
 
 
 async def test_unacked_deliveries_inside_the_stall_window_are_kept(store: Store) -> None:
@@ -274,6 +435,7 @@ async def test_a_member_that_leaves_is_revoked_with_its_memberships_and_deliveri
     w = await _world(store)
     await store.add_queue_consumer(w.mesh_id, "jobs", w.bob, now_ms())
     await store.accept(accept_input(w.mesh_id, w.alice, "c1"))      # topic: bob, carol
+    await _handed(store, w)
     removed = await store.leave_member(w.mesh_id, w.bob, now_ms())
     assert removed == {"subscriptions": 1, "queues": 1, "deliveries": 1}
     member = await store.get_member(w.mesh_id, w.bob)
@@ -340,7 +502,7 @@ async def test_postgres_send_the_database_refuses_fails_alone(pg_database: str) 
         results = await asyncio.gather(*(store.accept(a) for a in [*good, bad]))
         assert [r.status for r in results] == [201] * 20 + [503]
         counts = await store.counts()
-        assert (counts["client_message_dedupe"], counts["delivery_queue"]) == (20, 40)
+        assert (counts["client_message_dedupe"], counts["topic_message"]) == (20, 20)
     finally:
         await store.close()
 
@@ -361,6 +523,6 @@ async def test_postgres_send_the_database_refuses_fails_alone_in_its_frame(
         assert [r.status for r in results] == [201] * 10 + [503] + [201] * 10 + [200]
         assert results[-1].broker_message_id == results[3].broker_message_id
         counts = await store.counts()
-        assert (counts["client_message_dedupe"], counts["delivery_queue"]) == (20, 40)
+        assert (counts["client_message_dedupe"], counts["topic_message"]) == (20, 20)
     finally:
         await store.close()

@@ -69,8 +69,10 @@ SENDER, R1, R2 = pubkey("sender"), pubkey("r1"), pubkey("r2")
 PLAN: dict[str, tuple[str, str, int]] = {
     **{f"a{i}": ("alpha", "topic", 2 * DAY + i) for i in range(1, 7)},
     "a_dm": ("alpha", "dm", 2 * DAY),
+    "a_dm2": ("alpha", "dm", 2 * DAY + 7),
     **{f"b{i}": ("beta", "topic", 3 * DAY + i) for i in range(1, 4)},
     "b_dm": ("beta", "dm", 3 * DAY),
+    "b_dm2": ("beta", "dm", 3 * DAY + 4),
     "b_q": ("beta", "queue", 3 * DAY),
     "pruned": ("alpha", "topic", 20 * DAY),
     "pruned_dm": ("beta", "dm", 20 * DAY),
@@ -116,7 +118,10 @@ async def _fill(url: str, plan: dict[str, tuple[str, str, int]]) -> Filled:
             out.sent[label] = Sent(
                 item.mesh_id, SENDER, item.client_message_id, item.broker_message_id,
                 item.history_id, kind,
-                tuple(f"{d.recipient_pubkey}/{d.epoch}/{d.seq}" for d in result.deliveries))
+                # Delivery rows: a DM's or queue message's. A topic message has none (its
+                # subscribers read the topic's log), so its deliveries have no seq yet.
+                tuple(f"{d.recipient_pubkey}/{d.epoch}/{d.seq}" for d in result.deliveries
+                      if d.seq))
         await store.delete_expired_dedupe(NOW)
     finally:
         await store.close()
@@ -214,7 +219,8 @@ class Damage:
         return {("history_without_message", s.mesh_id, s.history_id)}
 
     def repoint_delivery(self, label: str) -> set[Finding]:
-        """Check 4: one delivery row now names a message that never existed."""
+        """Check 4: one delivery row (a DM's or queue message's) now names a message that
+        never existed."""
         s = self._sent(label)
         recipient, epoch, seq = s.deliveries[0].split("/")
         execute(self.filled.url, [(

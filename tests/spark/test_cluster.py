@@ -125,7 +125,7 @@ def test_audit_on_a_standalone_cluster_finds_what_local_finds(
 
     filled = fill(pg_database, PLAN)
     d = Damage(filled)
-    expected = d.drop_history("a1") | d.drop_dedupe("b1") | d.repoint_delivery("b2")
+    expected = d.drop_history("a1") | d.drop_dedupe("b1") | d.repoint_delivery("a2")
 
     proc = subprocess.run(
         [*TIDEMESH, "audit", "orphans", "--store", pg_database, "--out",

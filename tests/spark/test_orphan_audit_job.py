@@ -55,9 +55,9 @@ def _plant(filled: Filled) -> set[Finding]:
     """Every kind of damage, spread over both meshes, plus some the audit must not judge."""
     d = Damage(filled)
     expected = (d.drop_message_keep_dedupe("a1") | d.drop_dedupe("a2") | d.drop_history("a3")
-                | d.repoint_delivery("a4") | d.drop_dedupe("a_dm")
+                | d.repoint_delivery("a_dm2") | d.drop_dedupe("a_dm")
                 | d.leave_history_only("b1") | d.drop_message_only("b_dm")
-                | d.drop_history("b_q") | d.repoint_delivery("b2"))
+                | d.drop_history("b_q") | d.repoint_delivery("b_dm2"))
     d.drop_message_only("fresh")    # after the watermark: in flight, not judged
     return expected
 

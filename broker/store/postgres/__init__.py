@@ -30,6 +30,7 @@ class PostgresStore(OnEngine[Database], Membership, Accept, Delivery, Retention,
         self.db = db
         self.pool = db.pool
         self._init_accept()
+        self._init_delivery()
 
     @classmethod
     async def open(cls, dsn: str, *, pool_size: int = 4, batch_max: int = 512,

@@ -2,11 +2,13 @@
 run by the engine's writers for every frame they drained at once.
 
 A frame's sends are one item of a writer's queue. Each port method is one statement for the
-whole batch (arrays and ``unnest()``), so a batch takes at most seven round trips whatever
-its size and however many frames it holds: BEGIN; claim; read back ``FOR SHARE`` (only when
-the claim did not insert every key); B2 in one query;
-(unclaim the refused); messages with their history rows; cursors and gapless delivery rows;
-COMMIT. Claims are made in key order and cursor rows locked in (mesh, recipient) order, so
+whole batch (arrays and ``unnest()``), so a batch takes a bounded number of round trips
+whatever its size and however many frames it holds: BEGIN; claim; read back ``FOR SHARE``
+(only when the claim did not insert every key); B2 in one query; (unclaim the refused);
+the DM and queue recipients' cursor locks; topic positions; orders; messages with their
+history rows; the DM and queue recipients' hand-out (``topiclog.py``) and delivery rows;
+COMMIT. A topic message writes no row per subscriber. Claims are made in key order, cursor
+rows locked in (mesh, recipient) order and then topic rows in (mesh, name) order, so
 several brokers on one database cannot deadlock; a key sent twice in a batch is decided
 against its earlier send by the sequence itself. If a statement fails, the engine redoes the
 batch with a savepoint per frame; a frame that fails again is redone with a savepoint per
@@ -16,6 +18,7 @@ send, so only the send that fails on its own gets a 5xx.
 from __future__ import annotations
 
 import asyncio
+import collections
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +31,8 @@ from tidemesh.broker.accept import AcceptInput, AcceptResult, DedupeRow, Deliver
 from tidemesh.broker.store import accept
 from tidemesh.broker.store.accept import Key
 from tidemesh.broker.store.postgres.base import PostgresBase
+from tidemesh.broker.store.postgres.topiclog import LOCK_CURSORS_SQL, hand_out_on
+from tidemesh.broker.topiclog import Own
 from tidemesh.core.errors import TidemeshError
 from tidemesh.storage.engine import BatchOp
 from tidemesh.storage.pgarray import int_array, text_array
@@ -149,23 +154,66 @@ class PgAcceptPort:
 
     async def insert(self, accepted: Sequence[tuple[AcceptInput, list[str]]]
                      ) -> dict[str, list[Delivery]]:
+        """Locks in one order for every writer (cursors, then topics): the DM and queue
+        recipients' cursors; each topic's next log positions; an order for every message
+        of the batch (after the topics' locks: it grows with each topic's positions); the
+        messages; then each DM and queue recipient is handed its topics' entries with its
+        new deliveries among them in order (``topiclog.py``), and their rows are written
+        with the seqs that gave. A topic message's subscribers get no row here."""
         items = [a for a, _ in accepted]
-        await self.conn.execute(MESSAGES_SQL, *_message_args(items))
-        rows = [(a, p) for a, recipients in accepted for p in recipients]
+        now = max(a.now_ms for a in items)
+        rows = [(a, p) for a, recipients in accepted if a.kind != "topic" for p in recipients]
+        keys = sorted({(a.mesh_id, p) for a, p in rows})
+        if keys:
+            await self.conn.execute(LOCK_CURSORS_SQL, text_array([k[0] for k in keys]),
+                                    text_array([k[1] for k in keys]), now)
+        topic = [a for a in items if a.kind == "topic"]
+        positions = await self._positions(topic)
+        orders = sorted(int(r[0]) for r in await self.conn.fetch(ORDERS_SQL, len(items)))
+        order_of = {a.broker_message_id: o for a, o in zip(items, orders, strict=True)}
+        await self.conn.execute(MESSAGES_SQL, *_message_args(
+            items, positions, [order_of[a.broker_message_id] for a in topic]))
         by_message: dict[str, list[Delivery]] = {}
         if rows:
-            now = max(a.now_ms for a in items)
-            for bm, pubkey, epoch, seq in await self.conn.fetch(
-                DELIVERIES_INSERT_SQL, text_array([a.mesh_id for a, _ in rows]),
-                text_array([p for _, p in rows]),
-                text_array([a.broker_message_id for a, _ in rows]),
-                int_array([a.now_ms for a, _ in rows]), now,
-            ):
-                by_message.setdefault(bm, []).append(Delivery(pubkey, epoch, seq))
+            own: dict[tuple[str, str], list[Own]] = {}
+            for a, p in rows:
+                own.setdefault((a.mesh_id, p), []).append(
+                    Own(order_of[a.broker_message_id], a.broker_message_id))
+            seqs = (await hand_out_on(self.conn, keys, now, lock_all=True, own=own)).seqs
+            given = [(a, Delivery(p, *seqs[((a.mesh_id, p), a.broker_message_id)]))
+                     for a, p in rows]
+            for a, d in given:
+                by_message.setdefault(a.broker_message_id, []).append(d)
+            await self.conn.execute(
+                DELIVERIES_INSERT_SQL, text_array([a.mesh_id for a, _ in given]),
+                text_array([d.recipient_pubkey for _, d in given]),
+                int_array([d.epoch for _, d in given]), int_array([d.seq for _, d in given]),
+                text_array([a.broker_message_id for a, _ in given]),
+                int_array([a.now_ms for a, _ in given]))
+        for a, recipients in accepted:
+            if a.kind == "topic":   # seqs are given when each recipient reads the log
+                by_message[a.broker_message_id] = [Delivery(p, 0, 0) for p in recipients]
         for ds in by_message.values():
             if len(ds) > 1:
                 ds.sort(key=lambda d: d.recipient_pubkey)
         return by_message
+
+    async def _positions(self, topic: Sequence[AcceptInput]) -> list[int]:
+        """The next log positions of each topic, in batch order (topic rows locked in
+        (mesh, name) order until COMMIT: positions commit in order)."""
+        if not topic:
+            return []
+        counts = collections.Counter((a.mesh_id, a.ref) for a in topic)
+        keys = sorted(counts)
+        last = {(r[0], r[1]): int(r[2]) for r in await self.conn.fetch(
+            TOPIC_POS_SQL, text_array([k[0] for k in keys]), text_array([k[1] for k in keys]),
+            int_array([counts[k] for k in keys]))}
+        nxt = {k: last[k] - counts[k] for k in keys}
+        out = []
+        for a in topic:
+            nxt[(a.mesh_id, a.ref)] += 1
+            out.append(nxt[(a.mesh_id, a.ref)])
+        return out
 
 
 CLAIM_SQL = """
@@ -216,15 +264,27 @@ JOIN mesh.member mb ON mb.mesh_id = c.mesh_id AND mb.pubkey = c.member_pubkey
   AND mb.revoked_at IS NULL
 """
 
+TOPIC_POS_SQL = """
+WITH l AS (
+  SELECT t.mesh_id, t.name, u.n FROM unnest($1::text::text[], $2::text::text[],
+                                             $3::text::bigint[]) AS u(m, t, n)
+  JOIN mesh.topic t ON t.mesh_id = u.m AND t.name = u.t
+  ORDER BY t.mesh_id, t.name FOR NO KEY UPDATE OF t
+)
+UPDATE mesh.topic t SET last_pos = t.last_pos + l.n FROM l
+WHERE t.mesh_id = l.mesh_id AND t.name = l.name
+RETURNING t.mesh_id, t.name, t.last_pos
+"""
+
 # Messages and their history rows in one statement.
 MESSAGES_SQL = """
 WITH tm AS (
   INSERT INTO mesh.topic_message (id, mesh_id, sender_pubkey, client_message_id, topic, body,
-      body_encoding, priority, meta, reply_to, created_at, traceparent)
+      body_encoding, priority, meta, reply_to, created_at, traceparent, log_pos, log_order)
   SELECT * FROM unnest($1::text::text[], $2::text::text[], $3::text::text[], $4::text::text[],
                        $5::text::text[], $6::bytea[], $7::text::text[], $8::text::text[],
                        $9::text::text[], $10::text::text[], $11::text::bigint[],
-                       $31::text::text[])
+                       $31::text::text[], $33::text::bigint[], $34::text::bigint[])
 ), mq AS (
   INSERT INTO mesh.message_queue (id, mesh_id, sender_pubkey, client_message_id,
       destination_kind, destination_ref, body, body_encoding, priority, meta, reply_to,
@@ -241,29 +301,14 @@ SELECT * FROM unnest($24::text::text[], $25::text::text[], $26::text::text[],
                      $30::text::bigint[])
 """
 
-# Bump each recipient's cursor by its number of new deliveries (rows locked in
-# (mesh, pubkey) order, so concurrent batches cannot deadlock), then number the batch's
-# deliveries for that recipient in batch order just below the new last_seq: gapless.
+ORDERS_SQL = "SELECT nextval('mesh.topic_log_order') FROM generate_series(1, $1::int)"
+
+# DM and queue deliveries with the seqs the hand-out gave them.
 DELIVERIES_INSERT_SQL = """
-WITH c AS (
-  INSERT INTO mesh.recipient_cursor (mesh_id, recipient_pubkey, last_seq, updated_at)
-  SELECT m, p, count(*), $5::bigint FROM unnest($1::text::text[], $2::text::text[]) AS u(m, p)
-  GROUP BY m, p ORDER BY m, p
-  ON CONFLICT (mesh_id, recipient_pubkey) DO UPDATE
-    SET last_seq = mesh.recipient_cursor.last_seq + EXCLUDED.last_seq,
-        updated_at = EXCLUDED.updated_at
-  RETURNING mesh_id, recipient_pubkey, epoch, last_seq
-), x AS (
-  SELECT m, p, bm, at, count(*) OVER (PARTITION BY m, p) AS n,
-         row_number() OVER (PARTITION BY m, p ORDER BY ord) AS rn
-  FROM unnest($1::text::text[], $2::text::text[], $3::text::text[], $4::text::bigint[])
-       WITH ORDINALITY AS u(m, p, bm, at, ord)
-)
 INSERT INTO mesh.delivery_queue (mesh_id, recipient_pubkey, epoch, seq, broker_message_id,
     created_at)
-SELECT x.m, x.p, c.epoch, c.last_seq - x.n + x.rn, x.bm, x.at
-FROM x JOIN c ON c.mesh_id = x.m AND c.recipient_pubkey = x.p
-RETURNING broker_message_id, recipient_pubkey, epoch, seq
+SELECT * FROM unnest($1::text::text[], $2::text::text[], $3::text::bigint[],
+                     $4::text::bigint[], $5::text::text[], $6::text::bigint[])
 """
 
 
@@ -283,7 +328,8 @@ def _ints(items: Sequence[AcceptInput], attr: str) -> str:
     return int_array([getattr(a, attr) for a in items])
 
 
-def _message_args(items: Sequence[AcceptInput]) -> list[Any]:
+def _message_args(items: Sequence[AcceptInput], positions: Sequence[int],
+                  orders: Sequence[int]) -> list[Any]:
     metas = {a.broker_message_id: orjson.dumps(a.meta).decode() if a.meta else None
              for a in items}
     t = [a for a in items if a.kind == "topic"]
@@ -302,5 +348,6 @@ def _message_args(items: Sequence[AcceptInput]) -> list[Any]:
         _texts(items, "history_id"), _texts(items, "broker_message_id"),
         _texts(items, "mesh_id"), _texts(items, "sender_pubkey"), _texts(items, "kind"),
         _texts(items, "ref"), _ints(items, "now_ms"),
-        _texts(t, "traceparent"), _texts(q, "traceparent"),
+        _texts(t, "traceparent"), _texts(q, "traceparent"), int_array(positions),
+        int_array(orders),
     ]

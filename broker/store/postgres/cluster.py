@@ -185,11 +185,7 @@ class PostgresCluster:
     async def unacked(self, keys: Sequence[Key]) -> list[tuple[str, str, int, int]]:
         if not keys:
             return []
-        rows = await self.pool.fetch(
-            "SELECT c.mesh_id, c.recipient_pubkey, c.epoch, c.last_seq"
-            " FROM mesh.recipient_cursor c JOIN unnest($1::text[], $2::text[]) AS k(m, p)"
-            " ON c.mesh_id = k.m AND c.recipient_pubkey = k.p WHERE c.last_seq > c.acked_seq",
-            [k[0] for k in keys], [k[1] for k in keys])
+        rows = await self.pool.fetch(UNACKED_SQL, [k[0] for k in keys], [k[1] for k in keys])
         return [(r[0], r[1], int(r[2]), int(r[3])) for r in rows]
 
     async def _publish(self) -> None:
@@ -314,6 +310,21 @@ def _args(r: SessionRow) -> tuple[Any, ...]:
 def _session(r: Sequence[Any]) -> SessionRow:
     return SessionRow(r[0], r[1], r[2], r[3], r[4], json.loads(r[5]) if r[5] else {},
                       int(r[6]), r[7] if len(r) > 7 else None)
+
+
+# Recipients with deliveries not acked, and those whose topics logged past what they were
+# handed (counted one past their last seq: their pump has something to hand out and send).
+UNACKED_SQL = """
+SELECT c.mesh_id, c.recipient_pubkey, c.epoch, c.last_seq
+FROM mesh.recipient_cursor c JOIN unnest($1::text[], $2::text[]) AS k(m, p)
+  ON c.mesh_id = k.m AND c.recipient_pubkey = k.p WHERE c.last_seq > c.acked_seq
+UNION
+SELECT DISTINCT s.mesh_id, s.member_pubkey, COALESCE(c.epoch, 1), COALESCE(c.last_seq, 0) + 1
+FROM unnest($1::text[], $2::text[]) AS k(m, p)
+JOIN mesh.topic_subscription s ON s.mesh_id = k.m AND s.member_pubkey = k.p
+JOIN mesh.topic t ON t.mesh_id = s.mesh_id AND t.name = s.topic AND t.last_pos > s.log_pos
+LEFT JOIN mesh.recipient_cursor c ON c.mesh_id = k.m AND c.recipient_pubkey = k.p
+"""
 
 
 def wake_payloads(broker_id: str, keys: set[Key]) -> Iterator[str]:

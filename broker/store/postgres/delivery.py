@@ -2,12 +2,58 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
+
+import asyncpg
+import structlog
+
 from tidemesh.broker.accept import pick_queue_consumer
-from tidemesh.broker.store.base import Cursor, DeliveryRow, Reassigned
+from tidemesh.broker.store.base import Cursor, DeliveryRow, Reassigned, latest_acks
 from tidemesh.broker.store.postgres.base import PostgresBase
+from tidemesh.broker.store.postgres.topiclog import LAGS_SQL, hand_out_on
+from tidemesh.storage.groupcommit import GroupCommit
+from tidemesh.storage.pgarray import int_array, text_array
+
+log = structlog.get_logger(__name__)
+T = TypeVar("T")
+DEADLOCK_TRIES = 3
+Ack = tuple[str, str, int, int, int]   # mesh, member, epoch, seq, now_ms
+Page = tuple[str, str, int, int, int]  # mesh, member, epoch, after_seq, limit
+Key = tuple[str, str]
 
 
 class Delivery(PostgresBase):
+    _acks: GroupCommit[Ack, int]
+    _hand_outs: GroupCommit[tuple[Key, int], bool]
+    _pages: GroupCommit[Page, list[DeliveryRow]]
+
+    def _init_delivery(self) -> None:
+        # Pumps and acks of many members share transactions (issue #30: a lone message to
+        # N members costs a few statements, not N transactions). Not on the accept's
+        # writers: those lock cursors then topics, and a transaction mixing both kinds of
+        # work could lock cursors out of order.
+        self._acks = GroupCommit(self._ack_batch)
+        self._hand_outs = GroupCommit(self._hand_out_batch)
+        self._pages = GroupCommit(self._page_batch)
+
+    async def hand_out(self, mesh_id: str, pubkey: str, now_ms: int) -> bool:
+        return await self._hand_outs.submit(((mesh_id, pubkey), now_ms))
+
+    async def _hand_out_batch(self, args: Sequence[tuple[Key, int]]) -> list[bool]:
+        keys = sorted({k for k, _ in args})
+        lagging = {(r[0], r[1]) for r in await self.pool.fetch(
+            LAGS_SQL, text_array([k[0] for k in keys]), text_array([k[1] for k in keys]))}
+        if not lagging:
+            return [False] * len(args)
+        async def run() -> set[Key]:
+            async with self.pool.acquire() as conn, conn.transaction():
+                return (await hand_out_on(conn, sorted(lagging), max(t for _, t in args),
+                                          lock_all=True)).more
+
+        more = await _again_after_deadlock(run)
+        return [k in more for k, _ in args]
+
     async def cursor(self, mesh_id: str, pubkey: str) -> Cursor:
         r = await self.pool.fetchrow(
             "SELECT epoch, last_seq, acked_seq, compacted_seq FROM mesh.recipient_cursor"
@@ -16,8 +62,21 @@ class Delivery(PostgresBase):
 
     async def deliveries_after(self, mesh_id: str, pubkey: str, epoch: int, after_seq: int,
                                limit: int) -> list[DeliveryRow]:
-        rows = await self.pool.fetch(DELIVERIES_SQL, mesh_id, pubkey, epoch, after_seq, limit)
-        return [DeliveryRow.of_record(r) for r in rows]
+        return await self._pages.submit((mesh_id, pubkey, epoch, after_seq, limit))
+
+    async def _page_batch(self, asks: Sequence[Page]) -> list[list[DeliveryRow]]:
+        """The pages of many pumps in one query (one round trip, one plan): a message for N
+        connected members is read for all of them at once."""
+        if len(asks) == 1:
+            return [[DeliveryRow.of_record(r)
+                     for r in await self.pool.fetch(DELIVERIES_SQL, *asks[0])]]
+        out: list[list[DeliveryRow]] = [[] for _ in asks]
+        for r in await self.pool.fetch(
+                PAGES_SQL, text_array([a[0] for a in asks]), text_array([a[1] for a in asks]),
+                int_array([a[2] for a in asks]), int_array([a[3] for a in asks]),
+                int_array([a[4] for a in asks])):
+            out[r[0] - 1].append(DeliveryRow.of_record(r[1:]))
+        return out
 
     async def reassign_lapsed(self, lease_before: int, now_ms: int,
                               limit: int = 500) -> list[Reassigned]:
@@ -59,28 +118,80 @@ class Delivery(PostgresBase):
         return moved
 
     async def ack(self, mesh_id: str, pubkey: str, epoch: int, seq: int, now_ms: int) -> int:
-        async with self.pool.acquire() as conn, conn.transaction():
-            done = await conn.execute(ACK_SQL, now_ms, mesh_id, pubkey, epoch, seq)
-            await conn.execute(
-                "UPDATE mesh.recipient_cursor SET acked_seq = GREATEST(acked_seq,"
-                " LEAST($1, last_seq)), updated_at = $2 WHERE mesh_id = $3"
-                " AND recipient_pubkey = $4 AND epoch = $5", seq, now_ms, mesh_id, pubkey, epoch)
-            return int(done.rsplit(" ", 1)[1])
+        return await self._acks.submit((mesh_id, pubkey, epoch, seq, now_ms))
+
+    async def _ack_batch(self, acks: Sequence[Ack]) -> list[int]:
+        latest = latest_acks(acks)
+        moved = {(r[0], r[1], int(r[2])): int(r[3]) for r in await _again_after_deadlock(
+            lambda: self.pool.fetch(
+                ACK_SQL, text_array([k[0] for k in latest]),
+                text_array([k[1] for k in latest]), int_array([k[2] for k in latest]),
+                int_array(list(latest.values())), max(a[4] for a in acks)))}
+        # What the cursor moved by goes to the ack that moved it (the latest of its key).
+        out = []
+        for m, p, e, s, _ in acks:
+            out.append(moved.pop((m, p, e), 0) if latest.get((m, p, e)) == s else 0)
+        return out
 
 
-# Every row at or below the cursor's acked_seq was acked by the ack that moved it (in the
-# same transaction): the range starts above it, so an ack reads the rows it acks, not the
-# recipient's whole kept history (which made each ack cost O(history) rows).
+async def _again_after_deadlock(run: Callable[[], Awaitable[T]]) -> T:
+    """Run a batch again if PostgreSQL broke a deadlock by aborting it. Cursors are locked in
+    one order everywhere, but a lease move locks a delivery row before a cursor while an
+    ack batch stamps rows after its cursors: rare, and harmless to redo."""
+    attempt = 1
+    while True:
+        try:
+            return await run()
+        except asyncpg.exceptions.DeadlockDetectedError as exc:
+            if attempt == DEADLOCK_TRIES:
+                raise
+            log.warning("broker_cursor_batch_redone", error=str(exc), attempt=attempt)
+            attempt += 1
+
+
+# A cumulative ack moves the recipient's cursor (no index covers acked_seq: a HOT update)
+# and stamps the DM and queue rows it covers (queue leases and pruning read acked_at); topic
+# spans are never touched. Cursors are locked in (mesh, member) order, as everywhere.
 ACK_SQL = """
-UPDATE mesh.delivery_queue SET acked_at = $1
-WHERE mesh_id = $2 AND recipient_pubkey = $3 AND epoch = $4 AND seq <= $5
-  AND seq > (SELECT COALESCE(max(acked_seq), 0) FROM mesh.recipient_cursor
-             WHERE mesh_id = $2 AND recipient_pubkey = $3 AND epoch = $4)
-  AND acked_at IS NULL
+WITH u AS (
+  SELECT * FROM unnest($1::text::text[], $2::text::text[], $3::text::bigint[],
+                       $4::text::bigint[]) AS u(m, p, e, s)
+), old AS (
+  SELECT c.mesh_id, c.recipient_pubkey, c.epoch, c.acked_seq, LEAST(u.s, c.last_seq) AS upto
+  FROM mesh.recipient_cursor c JOIN u ON c.mesh_id = u.m AND c.recipient_pubkey = u.p
+    AND c.epoch = u.e
+  ORDER BY c.mesh_id, c.recipient_pubkey FOR UPDATE OF c
+), rows AS (
+  UPDATE mesh.delivery_queue d SET acked_at = $5
+  FROM old WHERE d.mesh_id = old.mesh_id AND d.recipient_pubkey = old.recipient_pubkey
+    AND d.epoch = old.epoch AND d.seq > old.acked_seq AND d.seq <= old.upto
+    AND d.acked_at IS NULL
+)
+UPDATE mesh.recipient_cursor c SET acked_seq = old.upto, updated_at = $5
+FROM old WHERE c.mesh_id = old.mesh_id AND c.recipient_pubkey = old.recipient_pubkey
+  AND old.upto > old.acked_seq
+RETURNING c.mesh_id, c.recipient_pubkey, c.epoch, old.upto - old.acked_seq
 """
 
+# A recipient's rows (DMs, queue messages, and topic messages from before the topic log)
+# and its topic spans, expanded to their positions (seq = seq_first + pos - pos_first), in
+# one seq order. Only the spans and positions the page can reach are read.
 DELIVERIES_SQL = """
-SELECT d.epoch, d.seq, d.broker_message_id, h.history_id,
+WITH d AS (
+  (SELECT d.epoch, d.seq, d.broker_message_id AS bm, d.created_at, d.reassigned_at
+   FROM mesh.delivery_queue d
+   WHERE d.mesh_id = $1 AND d.recipient_pubkey = $2 AND d.epoch = $3 AND d.seq > $4
+   ORDER BY d.seq LIMIT $5)
+  UNION ALL
+  (SELECT r.epoch, r.seq_first + (e.log_pos - r.pos_first), e.id, e.created_at, NULL::bigint
+   FROM (SELECT * FROM mesh.topic_delivery r
+         WHERE r.mesh_id = $1 AND r.recipient_pubkey = $2 AND r.epoch = $3 AND r.seq_last > $4
+         ORDER BY r.seq_last LIMIT $5) r
+   JOIN mesh.topic_message e ON e.mesh_id = r.mesh_id AND e.topic = r.topic
+     AND e.log_pos >= r.pos_first + GREATEST(0, $4 + 1 - r.seq_first)
+     AND e.log_pos <= r.pos_first + (LEAST(r.seq_last, $4 + $5) - r.seq_first))
+)
+SELECT d.epoch, d.seq, d.bm, h.history_id,
        COALESCE(t.sender_pubkey, q.sender_pubkey),
        COALESCE(t.client_message_id, q.client_message_id),
        COALESCE(q.destination_kind, 'topic'), COALESCE(t.topic, q.destination_ref),
@@ -88,15 +199,26 @@ SELECT d.epoch, d.seq, d.broker_message_id, h.history_id,
        COALESCE(t.priority, q.priority), COALESCE(t.meta, q.meta),
        COALESCE(t.reply_to, q.reply_to), d.created_at, d.reassigned_at IS NOT NULL,
        m.display_name, COALESCE(t.traceparent, q.traceparent)
-FROM mesh.delivery_queue d
-LEFT JOIN mesh.topic_message t ON t.id = d.broker_message_id
-LEFT JOIN mesh.message_queue q ON q.id = d.broker_message_id
-LEFT JOIN mesh.message_history h ON h.broker_message_id = d.broker_message_id
-LEFT JOIN mesh.member m ON m.mesh_id = d.mesh_id
+FROM d
+LEFT JOIN mesh.topic_message t ON t.id = d.bm
+LEFT JOIN mesh.message_queue q ON q.id = d.bm
+LEFT JOIN mesh.message_history h ON h.broker_message_id = d.bm
+LEFT JOIN mesh.member m ON m.mesh_id = $1
   AND m.pubkey = COALESCE(t.sender_pubkey, q.sender_pubkey)
-WHERE d.mesh_id = $1 AND d.recipient_pubkey = $2 AND d.epoch = $3 AND d.seq > $4
-  AND (t.id IS NOT NULL OR q.id IS NOT NULL)
+WHERE t.id IS NOT NULL OR q.id IS NOT NULL
 ORDER BY d.seq LIMIT $5
+"""
+
+# DELIVERIES_SQL for many (mesh, member, epoch, after, limit) at once, each row tagged with
+# the place of its ask.
+PAGES_SQL = """
+SELECT k.i, x.* FROM unnest($1::text::text[], $2::text::text[], $3::text::bigint[],
+                            $4::text::bigint[], $5::text::bigint[])
+     WITH ORDINALITY AS k(m, p, e, a, l, i)
+CROSS JOIN LATERAL (""" + (DELIVERIES_SQL.replace("$1", "k.m").replace("$2", "k.p")
+                           .replace("$3", "k.e").replace("$4", "k.a").replace("$5", "k.l")
+                           ) + """) x
+ORDER BY k.i, x.seq
 """
 
 # Only deliveries another live consumer could take: the ones the only consumer keeps would

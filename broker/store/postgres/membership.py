@@ -121,8 +121,10 @@ class Membership(PostgresBase):
             queues = await conn.execute("DELETE FROM mesh.queue_consumer WHERE mesh_id = $1"
                                         " AND member_pubkey = $2", mesh_id, pubkey)
             deliveries = await conn.execute(LEAVE_DELIVERIES_SQL, mesh_id, pubkey)
+            spans = await conn.execute("DELETE FROM mesh.topic_delivery WHERE mesh_id = $1"
+                                       " AND recipient_pubkey = $2", mesh_id, pubkey)
             return {"subscriptions": _count(subs), "queues": _count(queues),
-                    "deliveries": _count(deliveries)}
+                    "deliveries": _count(deliveries) + _count(spans)}
 
     async def rotate_member(self, mesh_id: str, old_pubkey: str, new_pubkey: str,
                             now_ms: int) -> dict[str, Any]:
@@ -155,7 +157,9 @@ class Membership(PostgresBase):
         try:
             await self.pool.execute(
                 "INSERT INTO mesh.topic_subscription (mesh_id, topic, member_pubkey,"
-                " subscribed_at) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
+                " subscribed_at, log_pos) VALUES ($1, $2, $3, $4, COALESCE((SELECT last_pos"
+                " FROM mesh.topic WHERE mesh_id = $1 AND name = $2), 0))"
+                " ON CONFLICT DO NOTHING",
                 mesh_id, topic, pubkey, now_ms)
         except asyncpg.ForeignKeyViolationError as exc:
             raise UnknownDestination(f"no topic {topic!r} in this mesh", field="name") from exc

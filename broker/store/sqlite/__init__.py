@@ -42,6 +42,7 @@ class SqliteStore(OnEngine[Database], Membership, Accept, Delivery, Retention,
         self.db = db
         self.path = db.path
         self._init_accept()
+        self._init_delivery()
 
     @classmethod
     async def open(cls, path: Path, *, batch_max: int = 512,

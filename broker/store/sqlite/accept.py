@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import sqlite3
 from collections.abc import Sequence
+from typing import Any
 
 import orjson
 import structlog
@@ -22,6 +23,8 @@ from tidemesh.broker.accept import AcceptInput, AcceptResult, DedupeRow, Deliver
 from tidemesh.broker.store import accept
 from tidemesh.broker.store.accept import Key
 from tidemesh.broker.store.sqlite.base import SqliteBase, write_error
+from tidemesh.broker.store.sqlite.topiclog import hand_out_on
+from tidemesh.broker.topiclog import Own
 from tidemesh.core.errors import InsufficientStorage, TidemeshError, Unavailable
 from tidemesh.storage.engine import BatchOp
 from tidemesh.storage.multirow import insert_rows
@@ -161,9 +164,10 @@ class SqliteAcceptPort:
 
     def insert(self, accepted: Sequence[tuple[AcceptInput, list[str]]]
                ) -> dict[str, list[Delivery]]:
-        """The batch's messages, history and deliveries, a statement per table (and one
-        cursor bump per recipient, by its number of new deliveries): seqs are handed out in
-        batch order, gapless, from what the bump returned."""
+        """The batch's messages, history and DM/queue deliveries, a statement per table (and
+        one cursor bump per recipient, by its number of new deliveries): seqs are handed out
+        in batch order, gapless, from what the bump returned. A topic message takes its
+        topic's next log position; its subscribers get no row here (``topiclog.py``)."""
         if not accepted:
             return {}
         topic, queue, history = [], [], []
@@ -179,27 +183,50 @@ class SqliteAcceptPort:
                               a.priority, meta, a.reply_to, a.now_ms, a.traceparent))
             history.append((a.history_id, a.broker_message_id, a.mesh_id, a.sender_pubkey,
                             a.kind, a.ref, a.now_ms))
-        insert_rows(self.conn, TOPIC_MESSAGE_HEAD, topic)
+        now = max(a.now_ms for a, _ in accepted)
+        (first,) = self.conn.execute(
+            "SELECT COALESCE(MAX(log_order), 0) + 1 FROM topic_message").fetchone()
+        order_of = {a.broker_message_id: first + i for i, (a, _) in enumerate(accepted)}
+        insert_rows(self.conn, TOPIC_MESSAGE_HEAD, [
+            (*r, order_of[str(r[0])]) for r in self._positioned(topic)])
         insert_rows(self.conn, QUEUE_MESSAGE_HEAD, queue)
         insert_rows(self.conn, HISTORY_HEAD, history)
-        counts = collections.Counter((a.mesh_id, p) for a, recipients in accepted
-                                     for p in recipients)
-        now = max(a.now_ms for a, _ in accepted)
-        cursors: dict[tuple[str, str], list[int]] = {}   # (epoch, the last seq handed out)
-        for (mesh_id, pubkey), n in counts.items():
-            epoch, last_seq = self.conn.execute(BUMP_CURSOR_SQL, (mesh_id, pubkey, n, now)
-                                                ).fetchone()
-            cursors[(mesh_id, pubkey)] = [epoch, last_seq - n]
+        # Each DM and queue recipient is handed its topics' entries with its new deliveries
+        # among them in order: a sender's messages keep their order whatever their kinds.
+        own: dict[tuple[str, str], list[Own]] = {}
+        for a, recipients in accepted:
+            if a.kind != "topic":
+                for p in recipients:
+                    own.setdefault((a.mesh_id, p), []).append(
+                        Own(order_of[a.broker_message_id], a.broker_message_id))
+        seqs = hand_out_on(self.conn, list(own), now, own).seqs
         out: dict[str, list[Delivery]] = {}
         rows = []
         for a, recipients in accepted:
             out[a.broker_message_id] = deliveries = []
+            if a.kind == "topic":   # seqs are given when each recipient reads the log
+                deliveries += [Delivery(p, 0, 0) for p in recipients]
+                continue
             for p in recipients:
-                cursor = cursors[(a.mesh_id, p)]
-                cursor[1] += 1
-                deliveries.append(Delivery(p, cursor[0], cursor[1]))
-                rows.append((a.mesh_id, p, cursor[0], cursor[1], a.broker_message_id, a.now_ms))
+                epoch, seq = seqs[((a.mesh_id, p), a.broker_message_id)]
+                deliveries.append(Delivery(p, epoch, seq))
+                rows.append((a.mesh_id, p, epoch, seq, a.broker_message_id, a.now_ms))
         insert_rows(self.conn, DELIVERY_HEAD, rows)
+        return out
+
+    def _positioned(self, rows: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+        """Topic message rows with their topic's next log positions, in batch order."""
+        counts = collections.Counter((r[1], r[4]) for r in rows)
+        nxt = {}
+        for (mesh_id, topic), n in sorted(counts.items()):
+            (last,) = self.conn.execute(
+                "UPDATE topic SET last_pos = last_pos + ? WHERE mesh_id = ? AND name = ?"
+                " RETURNING last_pos", (n, mesh_id, topic)).fetchone()
+            nxt[(mesh_id, topic)] = int(last) - n
+        out = []
+        for r in rows:
+            nxt[(r[1], r[4])] += 1
+            out.append((*r, nxt[(r[1], r[4])]))
         return out
 
 
@@ -233,18 +260,10 @@ SELECT c.member_pubkey FROM queue_consumer c JOIN member m
   ON m.mesh_id = c.mesh_id AND m.pubkey = c.member_pubkey AND m.revoked_at IS NULL
 WHERE c.mesh_id = ? AND c.queue = ?
 """
-# A recipient's cursor moved past its ``n`` new deliveries of the batch (one row per mesh and
-# recipient, bumped in the writer's transaction): they take the seqs just below the new
-# last_seq, gapless.
-BUMP_CURSOR_SQL = """
-INSERT INTO recipient_cursor (mesh_id, recipient_pubkey, last_seq, updated_at)
-VALUES (?, ?, ?, ?) ON CONFLICT (mesh_id, recipient_pubkey) DO UPDATE
-SET last_seq = last_seq + excluded.last_seq, updated_at = excluded.updated_at
-RETURNING epoch, last_seq
-"""
 TOPIC_MESSAGE_HEAD = (
     "INSERT INTO topic_message (id, mesh_id, sender_pubkey, client_message_id, topic,"
-    " body, body_encoding, priority, meta, reply_to, created_at, traceparent) VALUES ")
+    " body, body_encoding, priority, meta, reply_to, created_at, traceparent, log_pos,"
+    " log_order) VALUES ")
 QUEUE_MESSAGE_HEAD = (
     "INSERT INTO message_queue (id, mesh_id, sender_pubkey, client_message_id,"
     " destination_kind, destination_ref, body, body_encoding, priority, meta, reply_to,"

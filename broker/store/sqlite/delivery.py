@@ -3,13 +3,30 @@
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Sequence
 
 from tidemesh.broker.accept import pick_queue_consumer
-from tidemesh.broker.store.base import Cursor, DeliveryRow, Reassigned
+from tidemesh.broker.store.base import Cursor, DeliveryRow, Reassigned, latest_acks
 from tidemesh.broker.store.sqlite.base import SqliteBase
+from tidemesh.broker.store.sqlite.topiclog import hand_out_on
+from tidemesh.storage.engine import BatchOp
+
+Ack = tuple[str, str, int, int, int]   # mesh, member, epoch, seq, now_ms
+Key = tuple[str, str]
 
 
 class Delivery(SqliteBase):
+    _ack_op: BatchOp[Ack, int]
+    _hand_out_op: BatchOp[tuple[Key, int], bool]
+
+    def _init_delivery(self) -> None:
+        # Pumps and acks of many members share the writer's transactions (issue #30).
+        self._ack_op = BatchOp("ack", _ack_batch)
+        self._hand_out_op = BatchOp("hand_out", _hand_out_batch)
+
+    async def hand_out(self, mesh_id: str, pubkey: str, now_ms: int) -> bool:
+        return await self._submit(self._hand_out_op, ((mesh_id, pubkey), now_ms))
+
     async def cursor(self, mesh_id: str, pubkey: str) -> Cursor:
         def fn(conn: sqlite3.Connection) -> Cursor:
             row = conn.execute(
@@ -32,30 +49,59 @@ class Delivery(SqliteBase):
         return await self._write(lambda c: _reassign(c, lease_before, now_ms, limit))
 
     async def ack(self, mesh_id: str, pubkey: str, epoch: int, seq: int, now_ms: int) -> int:
-        def fn(conn: sqlite3.Connection) -> int:
-            cur = conn.execute(ACK_SQL, (now_ms, mesh_id, pubkey, epoch, seq))
-            conn.execute(
-                "UPDATE recipient_cursor SET acked_seq = MAX(acked_seq, MIN(?, last_seq)),"
-                " updated_at = ? WHERE mesh_id = ? AND recipient_pubkey = ? AND epoch = ?",
-                (seq, now_ms, mesh_id, pubkey, epoch))
-            return cur.rowcount
-
-        return await self._write(fn)
+        return await self._submit(self._ack_op, (mesh_id, pubkey, epoch, seq, now_ms))
 
 
-# Every row at or below the cursor's acked_seq was acked by the ack that moved it (in the
-# same transaction): the range starts above it, so an ack reads the rows it acks, not the
-# recipient's whole kept history (which made each ack cost O(history) rows).
+def _hand_out_batch(conn: sqlite3.Connection, args: Sequence[tuple[Key, int]]) -> list[bool]:
+    more = hand_out_on(conn, [k for k, _ in args], max(t for _, t in args)).more
+    return [k in more for k, _ in args]
+
+
+def _ack_batch(conn: sqlite3.Connection, acks: Sequence[Ack]) -> list[int]:
+    """A cumulative ack moves the cursor and stamps the DM and queue rows it covers (queue
+    leases and pruning read acked_at); topic spans are never touched."""
+    now = max(a[4] for a in acks)
+    moved = {}
+    for (mesh_id, pubkey, epoch), seq in latest_acks(acks).items():
+        row = conn.execute("SELECT acked_seq, MIN(?, last_seq) FROM recipient_cursor"
+                           " WHERE mesh_id = ? AND recipient_pubkey = ? AND epoch = ?",
+                           (seq, mesh_id, pubkey, epoch)).fetchone()
+        if row is None or row[1] is None or row[1] <= row[0]:
+            continue
+        conn.execute(ACK_SQL, (now, mesh_id, pubkey, epoch, row[1], row[0]))
+        conn.execute("UPDATE recipient_cursor SET acked_seq = ?, updated_at = ?"
+                     " WHERE mesh_id = ? AND recipient_pubkey = ?",
+                     (row[1], now, mesh_id, pubkey))
+        moved[(mesh_id, pubkey, epoch, seq)] = row[1] - row[0]
+    return [moved.pop((m, p, e, s), 0) for m, p, e, s, _ in acks]
+
+
 ACK_SQL = """
 UPDATE delivery_queue SET acked_at = ?1
-WHERE mesh_id = ?2 AND recipient_pubkey = ?3 AND epoch = ?4 AND seq <= ?5
-  AND seq > (SELECT COALESCE(max(acked_seq), 0) FROM recipient_cursor
-             WHERE mesh_id = ?2 AND recipient_pubkey = ?3 AND epoch = ?4)
+WHERE mesh_id = ?2 AND recipient_pubkey = ?3 AND epoch = ?4 AND seq <= ?5 AND seq > ?6
   AND acked_at IS NULL
 """
 
+# A recipient's rows (DMs, queue messages, and topic messages from before the topic log)
+# and its topic spans, expanded to their positions (seq = seq_first + pos - pos_first), in
+# one seq order. Only the spans and positions the page can reach are read.
 DELIVERIES_SQL = """
-SELECT d.epoch, d.seq, d.broker_message_id, h.history_id,
+WITH d AS (
+  SELECT * FROM (
+    SELECT d.epoch, d.seq, d.broker_message_id AS bm, d.created_at, d.reassigned_at
+    FROM delivery_queue d
+    WHERE d.mesh_id = ?1 AND d.recipient_pubkey = ?2 AND d.epoch = ?3 AND d.seq > ?4
+    ORDER BY d.seq LIMIT ?5)
+  UNION ALL
+  SELECT r.epoch, r.seq_first + (e.log_pos - r.pos_first), e.id, e.created_at, NULL
+  FROM (SELECT * FROM topic_delivery r
+        WHERE r.mesh_id = ?1 AND r.recipient_pubkey = ?2 AND r.epoch = ?3 AND r.seq_last > ?4
+        ORDER BY r.seq_last LIMIT ?5) r
+  JOIN topic_message e ON e.mesh_id = r.mesh_id AND e.topic = r.topic
+    AND e.log_pos >= r.pos_first + MAX(0, ?4 + 1 - r.seq_first)
+    AND e.log_pos <= r.pos_first + (MIN(r.seq_last, ?4 + ?5) - r.seq_first)
+)
+SELECT d.epoch, d.seq, d.bm, h.history_id,
        COALESCE(t.sender_pubkey, q.sender_pubkey),
        COALESCE(t.client_message_id, q.client_message_id),
        COALESCE(q.destination_kind, 'topic'), COALESCE(t.topic, q.destination_ref),
@@ -63,15 +109,14 @@ SELECT d.epoch, d.seq, d.broker_message_id, h.history_id,
        COALESCE(t.priority, q.priority), COALESCE(t.meta, q.meta),
        COALESCE(t.reply_to, q.reply_to), d.created_at, d.reassigned_at IS NOT NULL,
        m.display_name, COALESCE(t.traceparent, q.traceparent)
-FROM delivery_queue d
-LEFT JOIN topic_message t ON t.id = d.broker_message_id
-LEFT JOIN message_queue q ON q.id = d.broker_message_id
-LEFT JOIN message_history h ON h.broker_message_id = d.broker_message_id
-LEFT JOIN member m ON m.mesh_id = d.mesh_id
+FROM d
+LEFT JOIN topic_message t ON t.id = d.bm
+LEFT JOIN message_queue q ON q.id = d.bm
+LEFT JOIN message_history h ON h.broker_message_id = d.bm
+LEFT JOIN member m ON m.mesh_id = ?1
   AND m.pubkey = COALESCE(t.sender_pubkey, q.sender_pubkey)
-WHERE d.mesh_id = ? AND d.recipient_pubkey = ? AND d.epoch = ? AND d.seq > ?
-  AND (t.id IS NOT NULL OR q.id IS NOT NULL)
-ORDER BY d.seq LIMIT ?
+WHERE t.id IS NOT NULL OR q.id IS NOT NULL
+ORDER BY d.seq LIMIT ?5
 """
 
 

@@ -131,6 +131,8 @@ class Membership(SqliteBase):
             queues = conn.execute("DELETE FROM queue_consumer WHERE mesh_id = ?"
                                   " AND member_pubkey = ?", (mesh_id, pubkey)).rowcount
             deliveries = conn.execute(LEAVE_DELIVERIES_SQL, (mesh_id, pubkey)).rowcount
+            deliveries += conn.execute("DELETE FROM topic_delivery WHERE mesh_id = ?"
+                                       " AND recipient_pubkey = ?", (mesh_id, pubkey)).rowcount
             return {"subscriptions": subs, "queues": queues, "deliveries": deliveries}
 
         return await self._write(fn)
@@ -164,8 +166,10 @@ class Membership(SqliteBase):
             if not conn.execute("SELECT 1 FROM topic WHERE mesh_id = ? AND name = ?",
                                 (mesh_id, topic)).fetchone():
                 raise UnknownDestination(f"no topic {topic!r} in this mesh", field="name")
+            # A new subscriber is given what its topic logs from now on.
             conn.execute("INSERT INTO topic_subscription (mesh_id, topic, member_pubkey,"
-                         " subscribed_at) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                         " subscribed_at, log_pos) SELECT ?1, ?2, ?3, ?4, last_pos FROM topic"
+                         " WHERE mesh_id = ?1 AND name = ?2 ON CONFLICT DO NOTHING",
                          (mesh_id, topic, pubkey, now_ms))
 
         await self._write(fn)
