@@ -77,8 +77,14 @@ class Member:
     rotated_to: str | None = None   # the key this one was rotated out for (key_rotate)
 
 
-# What a rotation moves to the new key, named as the key_rotated frame counts it.
-ROTATION_COUNTS = ("subscriptions", "queues", "deliveries", "dedupe")
+def rotation_counts(rows: list[int], spanned: int) -> dict[str, int]:
+    """What a rotation moved, as the key_rotated frame counts it, from the row counts of the
+    stores' ROTATE_SQL statements (repointed keys, subscriptions, queue memberships,
+    delivery rows, dedupe rows, cursor, topic delivery spans) and the deliveries the spans
+    hold (``SPANNED_SQL``: a span row stands for a run of seqs)."""
+    _, subs, queues, deliveries, dedupe, _, _ = rows
+    return {"subscriptions": subs, "queues": queues, "deliveries": deliveries + spanned,
+            "dedupe": dedupe}
 
 
 def rotation_already(old: Member | None, new: Member | None, new_pubkey: str) -> bool:
@@ -230,8 +236,9 @@ class Store(FileStore, Protocol):
         """Move a member to a new key in one transaction (docs/broker.md, "Key rotation"):
         the new key's row, the old one rotated out, and its subscriptions, queue
         memberships, delivery cursor and deliveries (every one, acked or not, so its
-        sequence goes on gapless) and send dedupe rows moved to the new key. Returns
-        ``already`` and the counts of ``ROTATION_COUNTS``."""
+        sequence goes on gapless; topic log spans too, after what its topics logged is
+        handed to the old key) and send dedupe rows moved to the new key. Returns
+        ``already`` and ``rotation_counts``."""
         ...
 
     # destinations

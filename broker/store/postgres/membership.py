@@ -8,15 +8,16 @@ from typing import Any
 import asyncpg
 
 from tidemesh.broker.store.base import (
-    ROTATION_COUNTS,
     Member,
     Mesh,
     MeshLimits,
     invite_refused,
     rotation_already,
+    rotation_counts,
 )
 from tidemesh.broker.store.postgres.base import PostgresBase
 from tidemesh.broker.store.postgres.cluster import REVOKED_CHANNEL
+from tidemesh.broker.store.postgres.topiclog import hand_out_on
 from tidemesh.core.errors import Conflict, NotFound, UnknownDestination
 from tidemesh.core.ids import new_ulid
 
@@ -135,6 +136,9 @@ class Membership(PostgresBase):
             old = await _member(conn, mesh_id, old_pubkey, lock=True)
             if rotation_already(old, await _member(conn, mesh_id, new_pubkey), new_pubkey):
                 return {"already": True}
+            # As the SQLite store: the old key's topic logs handed to it first.
+            while await hand_out_on(conn, [(mesh_id, old_pubkey)], now_ms):
+                pass
             await conn.execute(
                 "INSERT INTO mesh.member (mesh_id, pubkey, display_name, invite_id, joined_at)"
                 " SELECT mesh_id, $1, display_name, invite_id, joined_at FROM mesh.member"
@@ -142,11 +146,12 @@ class Membership(PostgresBase):
             await conn.execute(
                 "UPDATE mesh.member SET revoked_at = $4, rotated_to = $1, rotated_at = $4"
                 " WHERE mesh_id = $2 AND pubkey = $3", new_pubkey, mesh_id, old_pubkey, now_ms)
+            spanned = await conn.fetchval(SPANNED_SQL, mesh_id, old_pubkey)
             counts = [_count(await conn.execute(sql, new_pubkey, mesh_id, old_pubkey))
                       for sql in ROTATE_SQL]
             await conn.execute("DELETE FROM mesh.member_session WHERE mesh_id = $1"
                                " AND pubkey = $2", mesh_id, old_pubkey)
-            return {"already": False, **dict(zip(ROTATION_COUNTS, counts[1:5], strict=True))}
+            return {"already": False, **rotation_counts(counts, int(spanned))}
 
     async def create_topic(self, mesh_id: str, name: str, by: str | None, now_ms: int) -> None:
         await self.pool.execute("INSERT INTO mesh.topic (mesh_id, name, created_by, created_at)"
@@ -201,6 +206,9 @@ MEMBER_SQL = ("SELECT mesh_id, pubkey, display_name, joined_at, revoked_at, rota
 MEMBER_LOCKED_SQL = ("SELECT mesh_id, pubkey, display_name, joined_at, revoked_at, rotated_to"
                      " FROM mesh.member WHERE mesh_id = $1 AND pubkey = $2 FOR UPDATE")
 
+SPANNED_SQL = ("SELECT COALESCE(SUM(seq_last - seq_first + 1), 0) FROM mesh.topic_delivery"
+               " WHERE mesh_id = $1 AND recipient_pubkey = $2")
+
 # As the SQLite store's ROTATE_SQL, each taking ($1 new, $2 mesh_id, $3 old).
 ROTATE_SQL = (
     "UPDATE mesh.member SET rotated_to = $1 WHERE mesh_id = $2 AND rotated_to = $3",
@@ -213,6 +221,8 @@ ROTATE_SQL = (
     "UPDATE mesh.client_message_dedupe SET sender_pubkey = $1 WHERE mesh_id = $2"
     " AND sender_pubkey = $3",
     "UPDATE mesh.recipient_cursor SET recipient_pubkey = $1 WHERE mesh_id = $2"
+    " AND recipient_pubkey = $3",
+    "UPDATE mesh.topic_delivery SET recipient_pubkey = $1 WHERE mesh_id = $2"
     " AND recipient_pubkey = $3",
 )
 

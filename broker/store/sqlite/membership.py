@@ -6,14 +6,15 @@ import sqlite3
 from typing import Any
 
 from tidemesh.broker.store.base import (
-    ROTATION_COUNTS,
     Member,
     Mesh,
     MeshLimits,
     invite_refused,
     rotation_already,
+    rotation_counts,
 )
 from tidemesh.broker.store.sqlite.base import SqliteBase
+from tidemesh.broker.store.sqlite.topiclog import hand_out_on
 from tidemesh.core.errors import Conflict, NotFound, UnknownDestination
 from tidemesh.core.ids import new_ulid
 
@@ -143,6 +144,10 @@ class Membership(SqliteBase):
             if rotation_already(_member(conn, mesh_id, old_pubkey),
                                 _member(conn, mesh_id, new_pubkey), new_pubkey):
                 return {"already": True}
+            # What the old key's topics logged is handed to it first, as to the old key:
+            # its own messages among them stay undelivered to it, and the rest moves below.
+            while hand_out_on(conn, [(mesh_id, old_pubkey)], now_ms):
+                pass
             conn.execute("INSERT INTO member (mesh_id, pubkey, display_name, invite_id,"
                          " joined_at) SELECT mesh_id, ?, display_name, invite_id, joined_at"
                          " FROM member WHERE mesh_id = ? AND pubkey = ?",
@@ -150,9 +155,10 @@ class Membership(SqliteBase):
             conn.execute("UPDATE member SET revoked_at = ?, rotated_to = ?, rotated_at = ?"
                          " WHERE mesh_id = ? AND pubkey = ?",
                          (now_ms, new_pubkey, now_ms, mesh_id, old_pubkey))
+            spanned = conn.execute(SPANNED_SQL, (mesh_id, old_pubkey)).fetchone()[0]
             counts = [conn.execute(sql, (new_pubkey, mesh_id, old_pubkey)).rowcount
                       for sql in ROTATE_SQL]
-            return {"already": False, **dict(zip(ROTATION_COUNTS, counts[1:5], strict=True))}
+            return {"already": False, **rotation_counts(counts, int(spanned))}
 
         return await self._write(fn)
 
@@ -198,8 +204,12 @@ def _member(conn: sqlite3.Connection, mesh_id: str, pubkey: str) -> Member | Non
     return Member(*row) if row else None
 
 
-# Each takes (new, mesh_id, old). The first keeps every older key of the member pointing at
-# the newest; then what ROTATION_COUNTS names, in its order; then the cursor. A queue
+SPANNED_SQL = ("SELECT COALESCE(SUM(seq_last - seq_first + 1), 0) FROM topic_delivery"
+               " WHERE mesh_id = ? AND recipient_pubkey = ?")
+
+# Each takes (new, mesh_id, old), in the order ``rotation_counts`` reads: older keys of the
+# member repointed at the newest, subscriptions (with their topic log positions), queue
+# memberships, deliveries, dedupe rows, the cursor, the topic log's delivery spans. A queue
 # delivery's lease moves with its row: the new key acks it as the old would have.
 ROTATE_SQL = (
     "UPDATE member SET rotated_to = ? WHERE mesh_id = ? AND rotated_to = ?",
@@ -210,6 +220,8 @@ ROTATE_SQL = (
     "UPDATE client_message_dedupe SET sender_pubkey = ? WHERE mesh_id = ?"
     " AND sender_pubkey = ?",
     "UPDATE recipient_cursor SET recipient_pubkey = ? WHERE mesh_id = ?"
+    " AND recipient_pubkey = ?",
+    "UPDATE topic_delivery SET recipient_pubkey = ? WHERE mesh_id = ?"
     " AND recipient_pubkey = ?",
 )
 
