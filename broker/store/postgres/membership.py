@@ -137,7 +137,7 @@ class Membership(PostgresBase):
             if rotation_already(old, await _member(conn, mesh_id, new_pubkey), new_pubkey):
                 return {"already": True}
             # As the SQLite store: the old key's topic logs handed to it first.
-            while await hand_out_on(conn, [(mesh_id, old_pubkey)], now_ms):
+            while (await hand_out_on(conn, [(mesh_id, old_pubkey)], now_ms)).more:
                 pass
             await conn.execute(
                 "INSERT INTO mesh.member (mesh_id, pubkey, display_name, invite_id, joined_at)"

@@ -146,7 +146,7 @@ class Membership(SqliteBase):
                 return {"already": True}
             # What the old key's topics logged is handed to it first, as to the old key:
             # its own messages among them stay undelivered to it, and the rest moves below.
-            while hand_out_on(conn, [(mesh_id, old_pubkey)], now_ms):
+            while hand_out_on(conn, [(mesh_id, old_pubkey)], now_ms).more:
                 pass
             conn.execute("INSERT INTO member (mesh_id, pubkey, display_name, invite_id,"
                          " joined_at) SELECT mesh_id, ?, display_name, invite_id, joined_at"
