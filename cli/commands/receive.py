@@ -62,8 +62,8 @@ def _short(text: str, width: int = 60) -> str:
 @json_option
 def events_cmd(mesh: str, since: int | None, idle_exit: float | None, as_json: bool) -> None:
     """Follow the daemon's event stream (message, peer_join, peer_leave, broker_status,
-    outbox_dead, hook_failed, clone_suspected, file_shared); one line per event. Reconnects
-    on its own across daemon restarts."""
+    outbox_dead, hook_failed, clone_suspected, file_shared, peer_key_rotated); one line per
+    event. Reconnects on its own across daemon restarts."""
     try:
         for ev in client_for(mesh).events(since, idle_timeout=idle_exit):
             ev_id = ev.id if isinstance(ev, Event) else None  # a Notice is not in the log
