@@ -30,12 +30,12 @@ from tidemesh.core.hooks import HookConfig, HookPlan, NetworkPolicy, ReplyScope
 from tidemesh.core.ids import new_ulid
 from tidemesh.core.paths import DaemonPaths
 from tidemesh.core.send import SendRequest
-from tidemesh.daemon.config import DaemonSettings
 from tidemesh.daemon.hooks import presend
 from tidemesh.daemon.hooks.capability import Capabilities
 from tidemesh.daemon.hooks.files import load_plan
 from tidemesh.daemon.hooks.launch import run_for_event
 from tidemesh.daemon.hooks.runner import RunResult, Sandbox
+from tidemesh.daemon.process.config import DaemonSettings
 from tidemesh.daemon.records import Event
 from tidemesh.daemon.service.events import EventBus
 from tidemesh.daemon.store import hooks as ledger

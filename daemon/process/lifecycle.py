@@ -22,9 +22,9 @@ from aiohttp import web
 from tidemesh.core.backoff import Backoff
 from tidemesh.core.ratelimit import Rate
 from tidemesh.core.settings import ConfigError
-from tidemesh.daemon import config as config_mod
-from tidemesh.daemon import log as log_mod
 from tidemesh.daemon.api.keys import IpcState
+from tidemesh.daemon.process import config as config_mod
+from tidemesh.daemon.process import log as log_mod
 from tidemesh.daemon.service.events import EventBus
 
 log = structlog.get_logger("tidemesh.daemon")

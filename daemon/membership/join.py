@@ -20,15 +20,15 @@ from tidemesh.core import invite as invites
 from tidemesh.core.errors import MemberRevoked, MeshNameBound
 from tidemesh.core.failover import BrokerRotation
 from tidemesh.core.paths import DaemonPaths
-from tidemesh.daemon import revocation
-from tidemesh.daemon.dial import dial_first
-from tidemesh.daemon.identity import (
+from tidemesh.daemon.link.dial import dial_first
+from tidemesh.daemon.link.websocket import HandshakeRejected
+from tidemesh.daemon.membership import revocation
+from tidemesh.daemon.membership.identity import (
     load_or_create_keypair,
     save_ephemeral,
     save_keypair,
     write_private,
 )
-from tidemesh.daemon.link import HandshakeRejected
 from tidemesh.storage.lock import InstanceLock
 
 
