@@ -33,8 +33,8 @@ from tidemesh.daemon.link.linkstate import resume_outcome
 from tidemesh.daemon.link.receive_order import Position, ReceiveOrder
 from tidemesh.daemon.link.websocket import BrokerLink, LinkError
 from tidemesh.daemon.membership.keyring import Keyring
+from tidemesh.daemon.records import Delivery, StoreResult, Void
 from tidemesh.daemon.service.inbox import InboxService
-from tidemesh.daemon.store.inbox import Delivery, StoreResult, Void
 
 log = structlog.get_logger(__name__)
 # Deliveries taken off the link's queue at once (whole frames): stored together, acked once.

@@ -28,9 +28,9 @@ from tidemesh.core.metrics import BATCH_BUCKETS, CollectorRegistry
 from tidemesh.core.outcome import Kind, Settlement, classify
 from tidemesh.daemon import race
 from tidemesh.daemon.link.websocket import BrokerLink, LinkError
+from tidemesh.daemon.records import Claimed
 from tidemesh.daemon.service.inbox import InboxService
 from tidemesh.daemon.service.outbox import OutboxService
-from tidemesh.daemon.store.outbox import Claimed
 
 log = structlog.get_logger(__name__)
 

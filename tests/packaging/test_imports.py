@@ -50,6 +50,14 @@ def test_every_contract_holds_on_the_tree() -> None:
      "core imports none of tidemesh's I/O packages"),
     ("daemon/link/relay.py", "from tidemesh.broker import accept as _a",
      "daemon and broker never import each other"),
+    ("daemon/store/search.py", "from tidemesh.daemon.service import events as _e",
+     "the daemon's layers: api above service above store"),
+    ("daemon/link/receiver.py", "from tidemesh.daemon.store import inbox as _i",
+     "the broker link reaches the daemon's databases only through services"),
+    ("daemon/service/presence.py", "import sqlite3 as _s",
+     "the daemon's services and broker link reach SQLite only through the store"),
+    ("broker/store/base.py", "from tidemesh.broker.service import send as _s",
+     "the broker's layers: server above service above store"),
 ])
 def test_a_forbidden_import_breaks_the_check(copy: Path, module: str, line: str,
                                              contract: str) -> None:
