@@ -102,7 +102,7 @@ async def join(invite_text: str, paths: DaemonPaths, local: str,
 
     ``remint`` is ``move_aside`` for the mesh the name is bound to: a cloned image's new
     member key. ``ephemeral`` (CI) makes a new key kept in the runtime folder
-    (daemon.ephemeral), never in the data folder."""
+    (membership/ephemeral.py), never in the data folder."""
     inv = invites.decode(invite_text)
     urls = broker_urls or inv.urls
     invites.check_broker_urls(urls, "broker_url")

@@ -1,6 +1,6 @@
 """A running daemon's lifecycle past start-up: SIGHUP reload and the shutdown drain deadline.
 
-Owns which settings a running daemon re-applies on SIGHUP (those ``daemon.config`` marks
+Owns which settings a running daemon re-applies on SIGHUP (those ``process/config.py`` marks
 ``reloadable``: log level, IPC limits, SSE timing, the grace period) and how shutdown waits
 for in-flight IPC requests before the server cuts them off. ``main`` wires both in; nothing
 here reads the environment or touches the broker link, so a reload never drops the WebSocket.
