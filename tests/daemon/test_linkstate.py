@@ -1,5 +1,5 @@
 """The daemon's side of the broker protocol, sans I/O: frames and ticks in, frames and events
-out, no socket and no clock (``daemon/linkstate.py``)."""
+out, no socket and no clock (``daemon/link/linkstate.py``)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from tidemesh.broker.session import Authenticate, Session
 from tidemesh.broker.session import Send as BrokerSend
 from tidemesh.core import features, handshake
 from tidemesh.core.wire import FrameType, encode, load_schema
-from tidemesh.daemon.linkstate import (
+from tidemesh.daemon.link.linkstate import (
     ROUTES,
     Answered,
     Close,
@@ -35,7 +35,7 @@ from tidemesh.daemon.linkstate import (
     refusal,
     resume_outcome,
 )
-from tidemesh.daemon.receive_order import ReceiveOrder
+from tidemesh.daemon.link.receive_order import ReceiveOrder
 
 MESH = "01J0000000000000000000000A"
 PUBKEY = "ab" * 32

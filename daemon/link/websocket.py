@@ -30,7 +30,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
 from tidemesh.core import features
 from tidemesh.core.wire import encode
-from tidemesh.daemon.linkstate import (
+from tidemesh.daemon.link.linkstate import (
     STALL_TIMEOUT_S,
     Answered,
     Close,

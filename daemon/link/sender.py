@@ -27,10 +27,10 @@ from tidemesh.core.backoff import Backoff
 from tidemesh.core.metrics import BATCH_BUCKETS, CollectorRegistry
 from tidemesh.core.outcome import Kind, Settlement, classify, unanswered
 from tidemesh.daemon import race
-from tidemesh.daemon.link import BrokerLink, LinkError
+from tidemesh.daemon.link.websocket import BrokerLink, LinkError
+from tidemesh.daemon.records import Claimed
 from tidemesh.daemon.service.inbox import InboxService
 from tidemesh.daemon.service.outbox import OutboxService
-from tidemesh.daemon.store.outbox import Claimed
 
 log = structlog.get_logger(__name__)
 
