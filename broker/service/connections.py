@@ -4,7 +4,12 @@ A member may hold several connections; the first announces a ``peer_join``, the 
 ``peer_leave``. Announcing walks nobody: the event joins the mesh's pending batch (the latest
 per member), and one flush per ``presence_window_s`` walks the registry once, queueing on each
 listener either one shared ``presence_batch`` frame (daemons that negotiated it) or the single
-events. A member learns who is there from one snapshot (``peers``), then from these batches.
+events. A daemon that negotiated ``presence_snapshot`` learns who is there from one
+``presence_snapshot`` frame after its negotiation, then from numbered batches (each flush has
+the next ``seq``; the snapshot names the last one it covers, so the daemon skips the batches
+it already holds), which also carry ``peer_update`` events (a present member's profile or
+number of connections changed) so that its ``peers`` needs no question; an older daemon asks
+``peers``.
 Presence metadata (profiles) lives in memory like presence itself: each daemon
 holds the authoritative copy and sends it again after every connect. Presence is best effort:
 it is queued on each listener's connection, coalesced per member, and never waited for.
@@ -99,6 +104,8 @@ class Conn:
     batch_deliveries: bool = False  # the daemon negotiated deliver_batch frames
     trace_context: bool = False     # the daemon negotiated traceparent in deliver frames
     presence_batch: bool = False    # the daemon negotiated presence_batch frames
+    # ... and presence_snapshot: numbered batches, which may hold peer_update events.
+    presence_snapshot: bool = False
     leaving: bool = False           # it asked for member_leave: its answer must go out first
     key_rotation: bool = False      # the daemon negotiated key_rotation (peer_key_rotated)
     # After a 429 the connection is not read again before this (ms): see service/send.py.
@@ -118,6 +125,8 @@ class Connections:
         # Presence not told yet: per mesh, the latest event per member, oldest first.
         self.pending: dict[str, dict[str, dict[str, Any]]] = {}
         self.presence_window_s = presence_window_s
+        # The last flush's number: a snapshot covers the flushes up to the one it names.
+        self.seq = 0
         self._flush: asyncio.TimerHandle | None = None
         # Counted by the service's metrics: announcements the other brokers did not get, and
         # connections closed for a revocation.
@@ -146,6 +155,8 @@ class Connections:
         self.count += 1
         log.info("broker_member_connected", mesh_id=mesh_id, pubkey=pubkey,
                  session_id=conn.session_id)
+        if len(conns) > 1:
+            self._tell_update((mesh_id, pubkey))
         return conn, len(conns) == 1
 
     def unregister(self, conn: Conn) -> bool:
@@ -164,6 +175,8 @@ class Connections:
             heir.wake.set()
         log.info("broker_member_disconnected", mesh_id=conn.mesh_id, pubkey=conn.pubkey,
                  session_id=conn.session_id)
+        if peers:
+            self._tell_update((conn.mesh_id, conn.pubkey))
         return not peers
 
     def wake(self, keys: Iterable[tuple[str, str]]) -> None:
@@ -217,7 +230,11 @@ class Connections:
                 frame["profile"] = dict(profile)
         await self.presence_events.offer((conn.mesh_id, conn.pubkey), frame)
 
-    async def _tell_everywhere(self, _key: Hashable, frame: dict[str, Any]) -> None:
+    async def _tell_everywhere(self, key: Hashable, frame: dict[str, Any]) -> None:
+        if frame["type"] == "peer_join" and key in self.conns:
+            # A join that waited for the member's budget says what the member is now.
+            assert isinstance(key, tuple)
+            frame = {**frame, **self._state(key, with_profile=bool(self.profiles.get(key)))}
         self.tell_local(frame)
         if self.elsewhere is not None:
             self.elsewhere.relay_presence(frame)
@@ -227,7 +244,12 @@ class Connections:
         kept for the next flush, in place of an older one about the same member. O(1): it
         walks nobody, and telling never waits on anyone's socket."""
         events = self.pending.setdefault(str(frame["mesh_id"]), {})
-        events.pop(str(frame["pubkey"]), None)   # the latest goes last, in order
+        before = events.pop(str(frame["pubkey"]), None)   # the latest goes last, in order
+        if frame["type"] == "peer_update" and before is not None:
+            # An update folds into what is pending: a join says the member's state with it;
+            # after a leave, the join still to come will.
+            frame = before if before["type"] == "peer_leave" else {**before, **frame,
+                                                                    "type": before["type"]}
         events[str(frame["pubkey"])] = frame
         if self._flush is None:
             window = min(PRESENCE_WINDOW_MAX_S, max(
@@ -235,24 +257,18 @@ class Connections:
             self._flush = asyncio.get_running_loop().call_later(window, self.flush)
 
     def flush(self) -> None:
-        """Tell what is pending: one walk of the registry, each mesh's batch encoded once."""
+        """Tell what is pending: one walk of the registry, each mesh's batch encoded once
+        (twice when some daemons take numbered batches with updates and some do not)."""
         self._flush = None
         pending, self.pending = self.pending, {}
-        texts: dict[str, list[str]] = {}
+        if not pending:
+            return
+        self.seq += 1
+        flush = Flush(pending, self.seq)
         for (mesh_id, pubkey), conns in self.conns.items():
-            events = pending.get(mesh_id)
-            if not events:
-                continue
-            for other in conns:
-                if other.presence_batch:
-                    if mesh_id not in texts:
-                        texts[mesh_id] = batch_texts(mesh_id, list(events.values()))
-                    for text in texts[mesh_id]:
-                        other.peer.tell_batch(text)
-                    continue
-                for subject, frame in events.items():
-                    if subject != pubkey:
-                        other.peer.tell(frame)
+            if mesh_id in pending:
+                for other in conns:
+                    flush.tell(other, pubkey)
 
     def tell_rotated(self, frame: dict[str, Any]) -> None:
         """A ``peer_key_rotated`` to the mesh's members connected here whose daemons asked
@@ -266,6 +282,20 @@ class Connections:
 
     async def peers(self, conn: Conn, frame: dict[str, Any]) -> dict[str, Any]:
         """Who is connected, with their profiles; hidden members only see themselves."""
+        return {"type": "peers", "id": frame["id"], "peers": await self.present(conn)}
+
+    async def snapshot(self, conn: Conn) -> dict[str, Any]:
+        """The ``presence_snapshot`` for ``conn``: the registry read at once with the last
+        flush's number (nothing awaited between), so that the batches after that number are
+        the changes it does not hold; the other brokers' members are read after, and their
+        changes meanwhile come in later batches."""
+        seq = self.seq
+        return {"type": "presence_snapshot", "mesh_id": conn.mesh_id, "seq": seq,
+                "peers": await self.present(conn)}
+
+    async def present(self, conn: Conn) -> list[dict[str, Any]]:
+        """The members of ``conn``'s mesh who are present, as ``peers`` lists them: this
+        broker's registry first, before anything is awaited, then the other brokers'."""
         peers = []
         for (mesh_id, pubkey), conns in sorted(self.conns.items()):
             if mesh_id != conn.mesh_id or not conns:
@@ -273,15 +303,34 @@ class Connections:
             profile = self.profiles.get((mesh_id, pubkey), {})
             if profile.get("visible") is False and pubkey != conn.pubkey:
                 continue
-            newest = max(conns, key=lambda c: c.connected_at)
-            peers.append({"pubkey": pubkey, "connections": len(conns),
+            peers.append({"pubkey": pubkey,
                           "connected_at": min(c.connected_at for c in conns),
-                          "display_name": newest.display_name, "profile": profile})
+                          **self._state((mesh_id, pubkey), with_profile=False),
+                          "profile": profile})
         if self.elsewhere is not None:
             peers += await self.elsewhere.remote_peers(conn.mesh_id,
                                                        {str(p["pubkey"]) for p in peers})
             peers.sort(key=lambda p: str(p["pubkey"]))
-        return {"type": "peers", "id": frame["id"], "peers": peers}
+        return peers
+
+    def _state(self, key: Key, *, with_profile: bool = True) -> dict[str, Any]:
+        """A connected member's connections and display name (the newest connection's), and
+        its profile unless told not to."""
+        conns = self.conns.get(key) or ()
+        newest = max(conns, key=lambda c: c.connected_at, default=None)
+        state: dict[str, Any] = {"connections": max(1, len(conns)),
+                                 "display_name": newest.display_name if newest else None}
+        if with_profile:
+            state["profile"] = dict(self.profiles.get(key, {}))
+        return state
+
+    def _tell_update(self, key: Key) -> None:
+        """A present member's state changed (its connections, its profile): a ``peer_update``
+        for the daemons that keep presence themselves; a hidden member's is told to nobody."""
+        if self.profiles.get(key, {}).get("visible") is False:
+            return
+        self.tell_local({"type": "peer_update", "mesh_id": key[0], "pubkey": key[1],
+                         "at": now_ms(), **self._state(key)})
 
     async def set_profile(self, conn: Conn, frame: dict[str, Any]) -> dict[str, Any]:
         """Replace the member's profile; becoming hidden or visible is announced as a
@@ -310,6 +359,7 @@ class Connections:
         (to nobody when the member has left meanwhile: its leave went out as it left)."""
         assert isinstance(key, tuple)
         was_hidden = self.profiles.get(key, {}).get("visible") is False
+        changed = self.profiles.get(key) != profile
         self.profiles[key] = profile
         hidden = profile.get("visible") is False
         if self.elsewhere is not None:
@@ -322,10 +372,64 @@ class Connections:
             await self.announce(conn, "peer_join")
         elif hidden and not was_hidden:
             await self.announce(conn, "peer_leave", hiding=True)
+        elif not hidden and changed:
+            # The profile is the update's whole news: the other brokers' listeners count
+            # this member's connections their own way (one session each).
+            frame = {"type": "peer_update", "mesh_id": key[0], "pubkey": key[1],
+                     "at": now_ms(), "display_name": conn.display_name,
+                     "profile": dict(profile)}
+            self.tell_local(frame)
+            if self.elsewhere is not None:
+                self.elsewhere.relay_presence(frame)
 
 
-def batch_texts(mesh_id: str, events: list[dict[str, Any]]) -> list[str]:
-    """A mesh's pending events as encoded ``presence_batch`` frames (within the count cap)."""
+class Flush:
+    """One flush's pending events, encoded once per mesh for each kind of listener."""
+
+    def __init__(self, pending: dict[str, dict[str, dict[str, Any]]], seq: int) -> None:
+        self.pending = pending
+        self.seq = seq
+        self.numbered: dict[str, list[str]] = {}
+        self.texts: dict[str, list[str]] = {}
+        self.plain: dict[str, dict[str, dict[str, Any]]] = {}
+
+    def tell(self, listener: Conn, pubkey: str) -> None:
+        """Queue the listener's mesh's events on it (``pubkey``: the listener's member)."""
+        mesh_id = listener.mesh_id
+        if listener.presence_snapshot:
+            if mesh_id not in self.numbered:
+                self.numbered[mesh_id] = batch_texts(
+                    mesh_id, list(self.pending[mesh_id].values()), self.seq)
+            for text in self.numbered[mesh_id]:
+                listener.peer.tell_batch(text)
+            return
+        if mesh_id not in self.plain:
+            self.plain[mesh_id] = older_events(self.pending[mesh_id])
+        if listener.presence_batch:
+            if mesh_id not in self.texts:
+                self.texts[mesh_id] = batch_texts(mesh_id, list(self.plain[mesh_id].values()))
+            for text in self.texts[mesh_id]:
+                listener.peer.tell_batch(text)
+            return
+        for subject, frame in self.plain[mesh_id].items():
+            if subject != pubkey:
+                listener.peer.tell(frame)
+
+
+def batch_texts(mesh_id: str, events: list[dict[str, Any]], seq: int | None = None
+                ) -> list[str]:
+    """A mesh's pending events as encoded ``presence_batch`` frames (within the count cap),
+    numbered ``seq`` (all of them) for the daemons that negotiated ``presence_snapshot``."""
     step = PRESENCE_BATCH_MAX_COUNT
-    return [encode({"type": "presence_batch", "mesh_id": mesh_id, "events": events[i:i + step]})
+    numbered = {} if seq is None else {"seq": seq}
+    return [encode({"type": "presence_batch", "mesh_id": mesh_id, **numbered,
+                    "events": events[i:i + step]})
             for i in range(0, len(events), step)]
+
+
+def older_events(events: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The pending events as a daemon without ``presence_snapshot`` takes them: no
+    ``peer_update`` (its schemas do not know it), and a join without ``connections``."""
+    return {pubkey: ({k: v for k, v in frame.items() if k != "connections"}
+                     if frame["type"] == "peer_join" else frame)
+            for pubkey, frame in events.items() if frame["type"] != "peer_update"}

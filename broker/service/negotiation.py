@@ -23,5 +23,7 @@ class Negotiation:
         conn.trace_context = features.TRACE_CONTEXT in asked
         conn.presence_batch = features.PRESENCE_BATCH in asked
         conn.key_rotation = features.KEY_ROTATION in asked
+        # Numbered batches with updates make sense only after a snapshot (server.py sends it).
+        conn.presence_snapshot = conn.presence_batch and features.PRESENCE_SNAPSHOT in asked
         return {"type": "feature_negotiation_response", "id": frame["id"],
                 "supported": self.supported, "missing_required": missing}
