@@ -311,7 +311,7 @@ class BrokerServer:
             log.warning("broker_session_release_failed", error=repr(exc))
             self.service.peering.release_later(conn)
             return
-        if gone:
+        if gone or (last and conn.rotated_out):
             await self.service.connections.announce(conn, "peer_leave")
 
     async def _failed(self, peer: WsPeer, exc: Exception) -> None:

@@ -363,6 +363,8 @@ class LinkState(Generic[W]):
         return [Delivered(frame["deliveries"])]
 
     def _presence(self, frame: Frame) -> list[Output[W]]:
+        if self.peerset is not None and frame["type"] == FrameType.PEER_KEY_ROTATED:
+            self.peerset.apply(frame)
         return [Presence(frame)]
 
     def _presence_batch(self, frame: Frame) -> list[Output[W]]:

@@ -58,6 +58,10 @@ class PeerSet:
     def apply(self, event: Frame) -> None:
         pubkey = str(event["pubkey"])
         kind = event["type"]
+        if kind == "peer_key_rotated":
+            # The old key is gone for good; the new one is present when it joins.
+            self.members.pop(str(event["old_pubkey"]), None)
+            return
         if kind == "peer_leave":
             # This member's own leave is its hiding: it still sees itself, as the broker's
             # peers answer does.

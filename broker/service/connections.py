@@ -108,6 +108,9 @@ class Conn:
     presence_snapshot: bool = False
     leaving: bool = False           # it asked for member_leave: its answer must go out first
     key_rotation: bool = False      # the daemon negotiated key_rotation (peer_key_rotated)
+    # Its key was rotated out: when it closes, its member has left for good, whether or not
+    # a session row is still its own (the rotation removed it).
+    rotated_out: bool = False
     # After a 429 the connection is not read again before this (ms): see service/send.py.
     hold_until_ms: int = 0
     host: str | None = None      # the hello's host_fingerprint (service/clone.py)

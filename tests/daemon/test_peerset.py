@@ -98,3 +98,11 @@ def test_a_second_snapshot_replaces_the_set() -> None:
     s.on_snapshot(snapshot(9, entry(ME), entry(BOB)))
     s.on_batch(batch(9, ("peer_join", CAT)))
     assert present(s) == [BOB, ME]
+
+
+def test_a_rotated_key_leaves_the_set() -> None:
+    s = PeerSet(ME)
+    s.on_snapshot(snapshot(1, entry(ME), entry(ANN)))
+    s.apply({"type": "peer_key_rotated", "mesh_id": MESH, "pubkey": BOB, "old_pubkey": ANN,
+             "display_name": None, "at": 5})
+    assert present(s) == [ME]
