@@ -15,6 +15,7 @@ from nacl.signing import SigningKey
 from websockets.asyncio.client import ClientConnection, connect
 
 from tests.broker.conftest import LIMITS, now_ms
+from tests.broker.test_member_storms import pub
 from tidemesh.broker.server import BrokerServer
 from tidemesh.broker.service import BrokerService
 from tidemesh.broker.store import open_cluster, open_store
@@ -24,10 +25,6 @@ from tidemesh.core.wire import decode, encode
 from tidemesh.daemon.link import BrokerLink
 
 MEMBERS = 50
-
-
-def pub(key: SigningKey) -> str:
-    return bytes(key.verify_key).hex()
 
 
 @dataclass
@@ -85,7 +82,7 @@ async def raw_member(url: str, mesh_id: str, key: SigningKey,
     assert decode(await ws.recv())["type"] == "hello_ack"
     await ws.send(encode({"type": "feature_negotiation_request", "id": "f",
                           "require": list(features.REQUIRED), "optional": list(optional)}))
-    while (frame := decode(await ws.recv()))["type"] != "feature_negotiation_response":
+    while decode(await ws.recv())["type"] != "feature_negotiation_response":
         pass   # presence before the answer: the daemon drops it
     return ws
 
