@@ -386,7 +386,8 @@ class BrokerServer:
             if frame["type"] == FrameType.FEATURE_REQUEST and conn.presence_snapshot:
                 # After the answer (the daemon drops presence until it has it), off the hello
                 # clock: who is present now; from here on only the batches it does not cover.
-                await conn.peer.send_frame(await self.service.connections.snapshot(conn))
+                for part in await self.service.connections.snapshot(conn):
+                    await conn.peer.send_frame(part)
             return
         # Each frame's accept is started here, one task per frame in arrival order, and
         # reaches the store's queue on its first step: so one connection's sends are accepted

@@ -39,6 +39,9 @@ PRESENCE_BATCH_MAX_COUNT = 4096
 # the daemon keeps the mesh's presence itself and answers ``peers`` without asking (issue
 # #30: a thousand members each asking the broker to walk its registry).
 PRESENCE_SNAPSHOT = "presence_snapshot"
+# A snapshot larger than this goes as several frames (``more: true`` on all but the last), so
+# that a mesh of large profiles never needs one frame past the link's size limit.
+PRESENCE_SNAPSHOT_MAX_BYTES = 256 << 10
 # Optional: the ``key_rotate`` frame (a member moves to a new key in one signed step) and the
 # ``peer_key_rotated`` events it causes. A broker from before it refuses the frame type, so
 # ``daemon rotate-keypair`` checks the advertisement first and names the missing feature; a

@@ -29,14 +29,21 @@ class PeerSet:
     since: int = 0                            # the snapshot's seq
     members: dict[str, Frame] = field(default_factory=dict)
     held: list[Frame] = field(default_factory=list)
+    incoming: dict[str, Frame] | None = None  # a snapshot whose last frame is still to come
     # This member's profile as it last sent it: the broker tells nobody of a hidden member's
     # changes, itself included, and its snapshot may predate the profile sent on connect.
     own_profile: Frame | None = None
 
     def on_snapshot(self, frame: Frame) -> None:
-        """The broker's snapshot: the set becomes it, then the held batches it does not
-        cover are applied in order."""
-        self.members = {str(p["pubkey"]): dict(p) for p in frame["peers"]}
+        """A frame of the broker's snapshot; at its last (``more`` absent), the set becomes
+        it, then the held batches it does not cover are applied in order."""
+        incoming = {} if self.incoming is None else self.incoming
+        incoming.update((str(p["pubkey"]), dict(p)) for p in frame["peers"])
+        if frame.get("more"):
+            self.incoming, self.synced = incoming, False
+            return
+        self.incoming = None
+        self.members = incoming
         self.since = int(frame["seq"])
         self.synced = True
         held, self.held = self.held, []

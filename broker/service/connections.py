@@ -28,7 +28,7 @@ from typing import Any, Protocol
 import structlog
 
 from tidemesh.broker.service.coalesce import Coalescer
-from tidemesh.core.features import PRESENCE_BATCH_MAX_COUNT
+from tidemesh.core.features import PRESENCE_BATCH_MAX_COUNT, PRESENCE_SNAPSHOT_MAX_BYTES
 from tidemesh.core.ids import new_ulid
 from tidemesh.core.ratelimit import Rate
 from tidemesh.core.wire import CloseCode, encode
@@ -287,14 +287,13 @@ class Connections:
         """Who is connected, with their profiles; hidden members only see themselves."""
         return {"type": "peers", "id": frame["id"], "peers": await self.present(conn)}
 
-    async def snapshot(self, conn: Conn) -> dict[str, Any]:
-        """The ``presence_snapshot`` for ``conn``: the registry read at once with the last
-        flush's number (nothing awaited between), so that the batches after that number are
-        the changes it does not hold; the other brokers' members are read after, and their
-        changes meanwhile come in later batches."""
+    async def snapshot(self, conn: Conn) -> list[dict[str, Any]]:
+        """The ``presence_snapshot`` frames for ``conn``: the registry read at once with the
+        last flush's number (nothing awaited between), so that the batches after that number
+        are the changes it does not hold; the other brokers' members are read after, and
+        their changes meanwhile come in later batches."""
         seq = self.seq
-        return {"type": "presence_snapshot", "mesh_id": conn.mesh_id, "seq": seq,
-                "peers": await self.present(conn)}
+        return snapshot_frames(conn.mesh_id, seq, await self.present(conn))
 
     async def present(self, conn: Conn) -> list[dict[str, Any]]:
         """The members of ``conn``'s mesh who are present, as ``peers`` lists them: this
@@ -428,6 +427,25 @@ def batch_texts(mesh_id: str, events: list[dict[str, Any]], seq: int | None = No
     return [encode({"type": "presence_batch", "mesh_id": mesh_id, **numbered,
                     "events": events[i:i + step]})
             for i in range(0, len(events), step)]
+
+
+def snapshot_frames(mesh_id: str, seq: int, peers: list[dict[str, Any]]
+                    ) -> list[dict[str, Any]]:
+    """One snapshot as frames of at most about ``PRESENCE_SNAPSHOT_MAX_BYTES`` encoded (a
+    member's entry never split), ``more: true`` on all but the last."""
+    frames: list[dict[str, Any]] = []
+    part: list[dict[str, Any]] = []
+    size = 0
+    for entry in peers:
+        entry_size = len(encode(entry)) + 1
+        if part and size + entry_size > PRESENCE_SNAPSHOT_MAX_BYTES:
+            frames.append({"type": "presence_snapshot", "mesh_id": mesh_id, "seq": seq,
+                           "more": True, "peers": part})
+            part, size = [], 0
+        part.append(entry)
+        size += entry_size
+    frames.append({"type": "presence_snapshot", "mesh_id": mesh_id, "seq": seq, "peers": part})
+    return frames
 
 
 def older_events(events: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:

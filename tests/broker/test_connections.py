@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tidemesh.broker.service.connections import Connections
+from tidemesh.broker.service.connections import Connections, snapshot_frames
+from tidemesh.core.features import PRESENCE_SNAPSHOT_MAX_BYTES
+from tidemesh.core.wire import check
 
 
 class Listener:
@@ -71,7 +73,7 @@ async def test_a_snapshot_names_the_last_flush_and_the_next_batches_come_numbere
     bob, _ = conns.register(Listener(), "m1", "bob")
     await conns.announce(bob, "peer_join")
     conns.flush()
-    taken = await conns.snapshot(keeper)
+    [taken] = await conns.snapshot(keeper)
     assert taken["seq"] == conns.seq == 1
     assert [p["pubkey"] for p in taken["peers"]] == ["bob", "carol", "dave", "erin"]
     # bob's profile changes, then a second connection of his opens: updates, not joins.
@@ -105,3 +107,18 @@ async def test_an_update_folds_into_a_pending_join_and_a_leave_swallows_it() -> 
     conns.register(Listener(), "m1", "bob")   # an update while the leave is pending
     conns.flush()
     assert [e["type"] for e in json.loads(plain.batches[1])["events"]] == ["peer_leave"]
+
+
+def test_a_large_snapshot_goes_as_several_frames_each_member_whole() -> None:
+    mesh = "01M8BQRTS5FD5WAAKSENZYEQ2J"
+    peers = [{"pubkey": f"{i:064x}", "connections": 1, "connected_at": i,
+              "display_name": None, "profile": {"bio": "b" * 4000}} for i in range(200)]
+    frames = snapshot_frames(mesh, 7, peers)
+    assert len(frames) > 1
+    assert [f.get("more", False) for f in frames] == [True] * (len(frames) - 1) + [False]
+    assert [p for f in frames for p in f["peers"]] == peers
+    for f in frames:
+        check(f)
+        assert f["seq"] == 7 and len(json.dumps(f)) < PRESENCE_SNAPSHOT_MAX_BYTES + 5000
+    [alone] = snapshot_frames(mesh, 0, [])
+    assert alone["peers"] == [] and "more" not in alone

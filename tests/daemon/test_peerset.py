@@ -106,3 +106,12 @@ def test_a_rotated_key_leaves_the_set() -> None:
     s.apply({"type": "peer_key_rotated", "mesh_id": MESH, "pubkey": BOB, "old_pubkey": ANN,
              "display_name": None, "at": 5})
     assert present(s) == [ME]
+
+
+def test_a_snapshot_in_several_frames_counts_at_its_last() -> None:
+    s = PeerSet(ME)
+    s.on_snapshot({**snapshot(4, entry(ME)), "more": True})
+    s.on_batch(batch(5, ("peer_join", CAT)))
+    assert not s.synced and s.peers() == []
+    s.on_snapshot(snapshot(4, entry(ANN)))
+    assert s.synced and present(s) == [ANN, CAT, ME]
