@@ -82,7 +82,10 @@ class WsPeer:
     async def send_frame(self, frame: dict[str, Any]) -> None:
         """Queue one of the connection's own frames, after waiting for room (at most until
         the writer cuts a reader off); dropped once the connection is closing."""
-        text = encode(frame)
+        await self.send_text(encode(frame))
+
+    async def send_text(self, text: str) -> None:
+        """``send_frame`` for a frame encoded already."""
         while not self.out.has_room():
             self._room.clear()
             await self._room.wait()
@@ -386,8 +389,8 @@ class BrokerServer:
             if frame["type"] == FrameType.FEATURE_REQUEST and conn.presence_snapshot:
                 # After the answer (the daemon drops presence until it has it), off the hello
                 # clock: who is present now; from here on only the batches it does not cover.
-                for part in await self.service.connections.snapshot(conn):
-                    await conn.peer.send_frame(part)
+                for text in await self.service.connections.snapshot(conn):
+                    await conn.peer.send_text(text)
             return
         # Each frame's accept is started here, one task per frame in arrival order, and
         # reaches the store's queue on its first step: so one connection's sends are accepted

@@ -74,6 +74,10 @@ class Peer(Protocol):
         connection's own queue."""
         ...
 
+    async def send_text(self, text: str) -> None:
+        """``send_frame`` for a frame encoded already."""
+        ...
+
     def tell(self, frame: dict[str, Any]) -> None:
         """A presence event about another member: queued, coalesced, never waited for."""
         ...
@@ -103,6 +107,9 @@ class Conn:
     pumping: bool = False
     batch_deliveries: bool = False  # the daemon negotiated deliver_batch frames
     trace_context: bool = False     # the daemon negotiated traceparent in deliver frames
+    # Its daemon negotiated: before that it drops presence (docs/broker.md, Presence
+    # snapshot), so none is queued for it (in a connect storm, most of the frames sent).
+    negotiated: bool = False
     presence_batch: bool = False    # the daemon negotiated presence_batch frames
     # ... and presence_snapshot: numbered batches, which may hold peer_update events.
     presence_snapshot: bool = False
@@ -137,6 +144,10 @@ class Connections:
         self.revoked_closed: Callable[[], None] = lambda: None
         # The profiles in effect: what ``peers`` shows and presence was told.
         self.profiles: dict[Key, dict[str, Any]] = {}
+        # Each connected member's ``peers`` entry and its encoding, made when first asked
+        # for and forgotten when it changes: a storm's snapshots re-encoded every member for
+        # each newcomer.
+        self._entries: dict[Key, tuple[dict[str, Any], str]] = {}
         # The other brokers on the same database; one broker alone has nobody to tell.
         self.elsewhere: Elsewhere | None = None
         # Each member's profile changes and presence events, within their budgets.
@@ -156,6 +167,7 @@ class Connections:
         conns = self.conns.setdefault((mesh_id, pubkey), set())
         conns.add(conn)
         self.count += 1
+        self._entries.pop((mesh_id, pubkey), None)
         log.info("broker_member_connected", mesh_id=mesh_id, pubkey=pubkey,
                  session_id=conn.session_id)
         if len(conns) > 1:
@@ -168,6 +180,7 @@ class Connections:
         if conn in peers:
             peers.discard(conn)
             self.count -= 1
+        self._entries.pop((conn.mesh_id, conn.pubkey), None)
         if not peers:
             self.conns.pop((conn.mesh_id, conn.pubkey), None)
         elif all(c.muted for c in peers):
@@ -287,33 +300,45 @@ class Connections:
         """Who is connected, with their profiles; hidden members only see themselves."""
         return {"type": "peers", "id": frame["id"], "peers": await self.present(conn)}
 
-    async def snapshot(self, conn: Conn) -> list[dict[str, Any]]:
-        """The ``presence_snapshot`` frames for ``conn``: the registry read at once with the
-        last flush's number (nothing awaited between), so that the batches after that number
-        are the changes it does not hold; the other brokers' members are read after, and
-        their changes meanwhile come in later batches."""
+    async def snapshot(self, conn: Conn) -> list[str]:
+        """The encoded ``presence_snapshot`` frames for ``conn``: the registry read at once
+        with the last flush's number (nothing awaited between), so that the batches after
+        that number are the changes it does not hold; the other brokers' members are read
+        after, and their changes meanwhile come in later batches."""
         seq = self.seq
-        return snapshot_frames(conn.mesh_id, seq, await self.present(conn))
+        entries = self._local(conn)
+        if self.elsewhere is not None:
+            entries += [(p, encode(p)) for p in await self.elsewhere.remote_peers(
+                conn.mesh_id, {str(p["pubkey"]) for p, _ in entries})]
+        entries.sort(key=lambda e: str(e[0]["pubkey"]))
+        return snapshot_texts(conn.mesh_id, seq, [text for _, text in entries])
 
     async def present(self, conn: Conn) -> list[dict[str, Any]]:
         """The members of ``conn``'s mesh who are present, as ``peers`` lists them: this
-        broker's registry first, before anything is awaited, then the other brokers'."""
-        peers = []
-        for (mesh_id, pubkey), conns in sorted(self.conns.items()):
-            if mesh_id != conn.mesh_id or not conns:
-                continue
-            profile = self.profiles.get((mesh_id, pubkey), {})
-            if profile.get("visible") is False and pubkey != conn.pubkey:
-                continue
-            peers.append({"pubkey": pubkey,
-                          "connected_at": min(c.connected_at for c in conns),
-                          **self._state((mesh_id, pubkey), with_profile=False),
-                          "profile": profile})
+        broker's registry first, then the other brokers'."""
+        peers = [entry for entry, _ in self._local(conn)]
         if self.elsewhere is not None:
             peers += await self.elsewhere.remote_peers(conn.mesh_id,
                                                        {str(p["pubkey"]) for p in peers})
-            peers.sort(key=lambda p: str(p["pubkey"]))
+        peers.sort(key=lambda p: str(p["pubkey"]))
         return peers
+
+    def _local(self, conn: Conn) -> list[tuple[dict[str, Any], str]]:
+        """The entries (and their encodings) of ``conn``'s mesh's members connected here;
+        hidden ones but ``conn``'s own member left out."""
+        out = []
+        for key, conns in self.conns.items():
+            if key[0] != conn.mesh_id or not conns:
+                continue
+            if key[1] != conn.pubkey and self.profiles.get(key, {}).get("visible") is False:
+                continue
+            cached = self._entries.get(key)
+            if cached is None:
+                entry = {"pubkey": key[1], "connected_at": min(c.connected_at for c in conns),
+                         **self._state(key)}
+                cached = self._entries[key] = (entry, encode(entry))
+            out.append(cached)
+        return out
 
     def _state(self, key: Key, *, with_profile: bool = True) -> dict[str, Any]:
         """A connected member's connections and display name (the newest connection's), and
@@ -363,6 +388,7 @@ class Connections:
         was_hidden = self.profiles.get(key, {}).get("visible") is False
         changed = self.profiles.get(key) != profile
         self.profiles[key] = profile
+        self._entries.pop(key, None)
         hidden = profile.get("visible") is False
         if self.elsewhere is not None:
             await self.elsewhere.save_profile(key[0], key[1], profile)
@@ -398,6 +424,8 @@ class Flush:
     def tell(self, listener: Conn, pubkey: str) -> None:
         """Queue the listener's mesh's events on it (``pubkey``: the listener's member)."""
         mesh_id = listener.mesh_id
+        if not listener.negotiated:
+            return
         if listener.presence_snapshot:
             if mesh_id not in self.numbered:
                 self.numbered[mesh_id] = batch_texts(
@@ -429,23 +457,22 @@ def batch_texts(mesh_id: str, events: list[dict[str, Any]], seq: int | None = No
             for i in range(0, len(events), step)]
 
 
-def snapshot_frames(mesh_id: str, seq: int, peers: list[dict[str, Any]]
-                    ) -> list[dict[str, Any]]:
-    """One snapshot as frames of at most about ``PRESENCE_SNAPSHOT_MAX_BYTES`` encoded (a
-    member's entry never split), ``more: true`` on all but the last."""
-    frames: list[dict[str, Any]] = []
-    part: list[dict[str, Any]] = []
+def snapshot_texts(mesh_id: str, seq: int, entries: list[str]) -> list[str]:
+    """One snapshot, from its members' encoded entries, as encoded frames of at most about
+    ``PRESENCE_SNAPSHOT_MAX_BYTES`` (a member's entry never split), ``more: true`` on all
+    but the last. Put together as text: each entry is encoded once, not once per frame."""
+    head = encode({"type": "presence_snapshot", "mesh_id": mesh_id, "seq": seq})[:-1]
+    texts: list[str] = []
+    part: list[str] = []
     size = 0
-    for entry in peers:
-        entry_size = len(encode(entry)) + 1
-        if part and size + entry_size > PRESENCE_SNAPSHOT_MAX_BYTES:
-            frames.append({"type": "presence_snapshot", "mesh_id": mesh_id, "seq": seq,
-                           "more": True, "peers": part})
+    for text in entries:
+        if part and size + len(text) + 1 > PRESENCE_SNAPSHOT_MAX_BYTES:
+            texts.append(f'{head},"more":true,"peers":[{",".join(part)}]}}')
             part, size = [], 0
-        part.append(entry)
-        size += entry_size
-    frames.append({"type": "presence_snapshot", "mesh_id": mesh_id, "seq": seq, "peers": part})
-    return frames
+        part.append(text)
+        size += len(text) + 1
+    texts.append(f'{head},"peers":[{",".join(part)}]}}')
+    return texts
 
 
 def older_events(events: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:

@@ -19,6 +19,7 @@ class Negotiation:
         missing = [f for f in frame["require"] if f not in self.supported]
         # Frames a daemon did not ask for would be invalid to it: batches only on request.
         asked = (*frame["require"], *frame.get("optional", ()))
+        conn.negotiated = True
         conn.batch_deliveries = features.DELIVER_BATCH in asked
         conn.trace_context = features.TRACE_CONTEXT in asked
         conn.presence_batch = features.PRESENCE_BATCH in asked
