@@ -99,10 +99,12 @@ class Deliveries:
                 failures = 0
 
     async def _send_due(self, conn: Conn) -> None:
+        # What the member's topics logged since it was last handed any takes its next seqs
+        # first (pumps woken together share the transaction); again once its pages have
+        # caught up, if the hand-out left some (more than it gives at once). What is logged
+        # meanwhile wakes the pump again: a burst costs a hand-out per wake-up, not per page.
+        more = await self.store.hand_out(conn.mesh_id, conn.pubkey, now_ms())
         while True:
-            # What the member's topics logged since the last call takes its next seqs
-            # first (pumps woken together share the transaction).
-            more = await self.store.hand_out(conn.mesh_id, conn.pubkey, now_ms())
             page = page_size(self.connections.count)
             rows = await self.store.deliveries_after(conn.mesh_id, conn.pubkey, conn.epoch,
                                                      conn.sent_seq, page)
@@ -116,8 +118,10 @@ class Deliveries:
                 conn.sent_seq = group[-1]["seq"]
                 self.metrics.delivered.inc(len(group))
                 self.metrics.deliver_batch.observe(len(group))
-            if len(rows) < page and not more:
-                return
+            if len(rows) < page:
+                if not more:
+                    return
+                more = await self.store.hand_out(conn.mesh_id, conn.pubkey, now_ms())
 
     async def reassign_lapsed(self, lease_s: float) -> int:
         """Queue leases (DESIGN §5.4): deliveries not acked within the lease go to another
