@@ -32,8 +32,9 @@ from tidemesh.core.features import DELIVER_BATCH_MAX_BYTES, DELIVER_BATCH_MAX_CO
 log = structlog.get_logger(__name__)
 PUMP_PAGE = DELIVER_BATCH_MAX_COUNT
 # Rows all pumps may read at once: pumps woken together share one page query, and a full
-# page for each of 1,000 members (a burst) was 256,000 rows decoded at once, 450 MB of the
-# broker's heap that it kept after the burst (issue #30). A page is smaller with many
+# page for each of 1,000 members (a burst) was 256,000 rows decoded at once; the broker's
+# RSS went from 110 to 566 MB and stayed there, its allocator keeping the pages it had
+# used (bench/members.py, issue #30; 193 MB with this budget). A page is smaller with many
 # connections; a member behind gets the rest on its next page.
 PUMP_ROWS = 32_768
 PUMP_PAGE_MIN = 32
