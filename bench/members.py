@@ -37,10 +37,12 @@ import os
 import resource
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -172,6 +174,7 @@ def _start_broker(store_url: str, home: Path, extra: list[str]) -> tuple[subproc
     port = _port()
     env = {**os.environ, "TIDEMESH_HOME": str(home), "TIDEMESH_LOG_LEVEL": "warning"}
     # BENCH_PROFILE=FILE: the broker runs under cProfile, its stats written to FILE at exit.
+    # BENCH_PYSPY=PREFIX: py-spy records it over the lone messages (``_pyspy``).
     prof = os.environ.get("BENCH_PROFILE")
     wrap = ["-m", "cProfile", "-o", prof] if prof else []
     proc = subprocess.Popen([sys.executable, *wrap, "-m", "tidemesh", "broker", "up", "--store",
@@ -261,8 +264,9 @@ async def run_tidemesh(store_kind: str, n: int, args: argparse.Namespace, root: 
             r = await sender.send(body, _payload(body))
             assert r.get("status") in (200, 201), r
 
-        with Meter(broker.pid, pg) as lone:
-            out.update(await _lone(tally, args.lone, publish))
+        async with _pyspy(broker.pid, n):
+            with Meter(broker.pid, pg) as lone:
+                out.update(await _lone(tally, args.lone, publish))
         out.update(lone=lone, lone_deliveries=n * (args.lone + 2))
 
         # Burst.
@@ -299,6 +303,26 @@ async def run_tidemesh(store_kind: str, n: int, args: argparse.Namespace, root: 
         if pg:
             await _pg(args.pg_dsn, f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
     return out
+
+
+@contextlib.asynccontextmanager
+async def _pyspy(pid: int, n: int) -> AsyncIterator[None]:
+    """BENCH_PYSPY=PREFIX: py-spy records the broker over the lone messages, its collapsed
+    stacks written to PREFIX-N.txt (feed them to flamegraph.pl or speedscope)."""
+    prefix = os.environ.get("BENCH_PYSPY")
+    if not prefix:
+        yield
+        return
+    exe = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    spy = subprocess.Popen([exe, "record", "-p", str(pid), "-r", "250", "--nonblocking",
+                            "--format", "raw", "-o", f"{prefix}-{n}.txt"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    await asyncio.sleep(1)   # attached before the first message
+    try:
+        yield
+    finally:
+        spy.send_signal(signal.SIGINT)   # py-spy writes its file on SIGINT
+        spy.wait(60)
 
 
 def _trimmed_rss(pid: int) -> float:

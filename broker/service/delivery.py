@@ -31,6 +31,13 @@ from tidemesh.core.features import DELIVER_BATCH_MAX_BYTES, DELIVER_BATCH_MAX_CO
 
 log = structlog.get_logger(__name__)
 PUMP_PAGE = DELIVER_BATCH_MAX_COUNT
+# Rows all pumps may read at once: pumps woken together share one page query, and a full
+# page for each of 1,000 members (a burst) was 256,000 rows decoded at once; the broker's
+# RSS went from 110 to 566 MB and stayed there, its allocator keeping the pages it had
+# used (bench/members.py, issue #30; 193 MB with this budget). A page is smaller with many
+# connections; a member behind gets the rest on its next page.
+PUMP_ROWS = 32_768
+PUMP_PAGE_MIN = 32
 PUMP_BACKOFF = Backoff(initial_s=0.5, maximum_s=10.0)
 # '{"type":"deliver_batch","deliveries":[' … ']}' around the items and their commas.
 BATCH_ENVELOPE_BYTES = len(b'{"type":"deliver_batch","deliveries":[]}')
@@ -93,12 +100,15 @@ class Deliveries:
                 failures = 0
 
     async def _send_due(self, conn: Conn) -> None:
+        # What the member's topics logged since it was last handed any takes its next seqs
+        # first (pumps woken together share the transaction); again once its pages have
+        # caught up, if the hand-out left some (more than it gives at once). What is logged
+        # meanwhile wakes the pump again: a burst costs a hand-out per wake-up, not per page.
+        more = await self.store.hand_out(conn.mesh_id, conn.pubkey, now_ms())
         while True:
-            # What the member's topics logged since the last call takes its next seqs
-            # first (pumps woken together share the transaction).
-            more = await self.store.hand_out(conn.mesh_id, conn.pubkey, now_ms())
+            page = page_size(self.connections.count)
             rows = await self.store.deliveries_after(conn.mesh_id, conn.pubkey, conn.epoch,
-                                                     conn.sent_seq, PUMP_PAGE)
+                                                     conn.sent_seq, page)
             items = [deliver_frame(row, conn.trace_context) for row in rows]
             groups = batch_frames(items) if conn.batch_deliveries else [[i] for i in items]
             for group in groups:
@@ -109,8 +119,10 @@ class Deliveries:
                 conn.sent_seq = group[-1]["seq"]
                 self.metrics.delivered.inc(len(group))
                 self.metrics.deliver_batch.observe(len(group))
-            if len(rows) < PUMP_PAGE and not more:
-                return
+            if len(rows) < page:
+                if not more:
+                    return
+                more = await self.store.hand_out(conn.mesh_id, conn.pubkey, now_ms())
 
     async def reassign_lapsed(self, lease_s: float) -> int:
         """Queue leases (DESIGN §5.4): deliveries not acked within the lease go to another
@@ -123,6 +135,11 @@ class Deliveries:
                      to_pubkey=m.to_pubkey)
         self.connections.wake({(m.mesh_id, m.to_pubkey) for m in moved})
         return len(moved)
+
+
+def page_size(connections: int) -> int:
+    """Rows one pump reads at once with ``connections`` open (``PUMP_ROWS``)."""
+    return max(PUMP_PAGE_MIN, min(PUMP_PAGE, PUMP_ROWS // max(1, connections)))
 
 
 @contextlib.contextmanager
@@ -149,6 +166,8 @@ def batch_frames(items: Sequence[dict[str, Any]], max_count: int = DELIVER_BATCH
     """Split ``deliver`` frames, kept in order, into groups that each fit one
     ``deliver_batch`` frame: at most ``max_count`` items and ``max_bytes`` encoded. An item
     larger than the byte cap on its own makes a group of one."""
+    if len(items) == 1:   # a lone delivery (the usual wake-up): no sizing, no extra encode
+        return [list(items)]
     groups: list[list[dict[str, Any]]] = []
     group: list[dict[str, Any]] = []
     size = BATCH_ENVELOPE_BYTES

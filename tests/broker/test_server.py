@@ -20,7 +20,13 @@ from tests.broker.conftest import LIMITS, now_ms
 from tidemesh.broker import admin
 from tidemesh.broker.server import BrokerServer
 from tidemesh.broker.service import UNLIMITED, BrokerService
-from tidemesh.broker.service.delivery import batch_frames
+from tidemesh.broker.service.delivery import (
+    PUMP_PAGE,
+    PUMP_PAGE_MIN,
+    PUMP_ROWS,
+    batch_frames,
+    page_size,
+)
 from tidemesh.broker.service.send import B1_SLICE
 from tidemesh.broker.store import open_store
 from tidemesh.broker.store.base import Store
@@ -316,6 +322,13 @@ async def test_a_daemon_that_did_not_negotiate_batches_gets_one_deliver_frame_ea
         frames = [await asyncio.wait_for(bob.deliveries.get(), 5) for _ in range(20)]
     assert [len(f) for f in frames] == [1] * 20
     assert [f[0]["seq"] for f in frames] == list(range(1, 21))
+
+
+def test_a_pump_page_shrinks_with_the_connections_open_within_its_bounds() -> None:
+    assert page_size(1) == PUMP_PAGE
+    assert page_size(1000) == 32
+    assert page_size(1_000_000) == PUMP_PAGE_MIN
+    assert all(page_size(n) * n <= PUMP_ROWS for n in range(1, PUMP_ROWS // PUMP_PAGE_MIN + 1))
 
 
 def test_batch_frames_keep_order_within_the_count_and_byte_caps() -> None:

@@ -70,3 +70,28 @@ async def test_a_waiter_cancelled_before_its_batch_ran_is_not_run() -> None:
     runs.release.set()
     assert await first == "A" and await kept == "KEPT"
     assert runs.batches == [["a"], ["kept"]]
+
+
+async def test_callers_made_ready_together_share_one_batch() -> None:
+    # N pumps woken by one message: the first leads, the others go in its batch, not the next.
+    runs = Runs()
+    runs.release.set()
+    group: GroupCommit[str, str] = GroupCommit(runs)
+    assert await asyncio.gather(*(group.submit(x) for x in "abc")) == ["A", "B", "C"]
+    assert runs.batches == [["a", "b", "c"]]
+
+
+async def test_a_waiter_cancelled_as_the_batch_ends_leaves_the_lead_to_the_next() -> None:
+    runs = Runs()
+    group: GroupCommit[str, str] = GroupCommit(runs)
+    first = asyncio.create_task(group.submit("a"))
+    await started(runs, 1)
+    gone = asyncio.create_task(group.submit("gone"))
+    kept = asyncio.create_task(group.submit("kept"))
+    await asyncio.sleep(0)
+    runs.release.set()
+    gone.cancel()   # the first waiter, the one the ending batch would ask to lead
+    async with asyncio.timeout(5):   # not left waiting for a leader that is gone
+        assert await first == "A" and await kept == "KEPT"
+    assert gone.cancelled()
+    assert runs.batches == [["a"], ["kept"]]

@@ -85,11 +85,9 @@ async def hand_out_on(conn: Any, keys: Sequence[Key], now_ms: int, *,
         given.seqs.update({((m, p), bm): (epoch, seq) for bm, seq in out.own})
         if out.more:
             given.more.add((m, p))
-    if spans:
-        await conn.execute(SPANS_SQL, *(_column(spans, i) for i in range(8)))
-    if moved:
-        await conn.execute(MOVE_SQL, *(_column(moved, i) for i in range(4)))
-    await conn.execute(BUMP_SQL, *(_column(bumped, i) for i in range(4)), now_ms)
+    await conn.execute(WRITE_SQL, *(_column(spans, i) for i in range(8)),
+                       *(_column(moved, i) for i in range(4)),
+                       *(_column(bumped, i) for i in range(4)), now_ms)
     return given
 
 
@@ -137,24 +135,23 @@ JOIN mesh.topic_message t ON t.mesh_id = w.m AND t.topic = w.n
 ORDER BY t.mesh_id, t.topic, t.log_pos
 """
 
-SPANS_SQL = """
-INSERT INTO mesh.topic_delivery (mesh_id, recipient_pubkey, epoch, seq_last, seq_first, topic,
-    pos_first, created_at)
-SELECT * FROM unnest($1::text::text[], $2::text::text[], $3::text::bigint[],
-                     $4::text::bigint[], $5::text::bigint[], $6::text::text[],
-                     $7::text::bigint[], $8::text::bigint[])
-"""
-
-MOVE_SQL = """
-UPDATE mesh.topic_subscription s SET log_pos = u.pos
-FROM unnest($1::text::text[], $2::text::text[], $3::text::text[], $4::text::bigint[])
-     AS u(m, n, p, pos)
-WHERE s.mesh_id = u.m AND s.topic = u.n AND s.member_pubkey = u.p
-"""
-
-BUMP_SQL = """
-UPDATE mesh.recipient_cursor c SET last_seq = u.l, compacted_seq = u.c, updated_at = $5
-FROM unnest($1::text::text[], $2::text::text[], $3::text::bigint[], $4::text::bigint[])
+# The spans, the subscriptions' positions and the cursors' seqs in one statement (one round
+# trip: with 1,000 members' pumps and acks on the event loop, each costs a turn of it).
+WRITE_SQL = """
+WITH spans AS (
+  INSERT INTO mesh.topic_delivery (mesh_id, recipient_pubkey, epoch, seq_last, seq_first,
+      topic, pos_first, created_at)
+  SELECT * FROM unnest($1::text::text[], $2::text::text[], $3::text::bigint[],
+                       $4::text::bigint[], $5::text::bigint[], $6::text::text[],
+                       $7::text::bigint[], $8::text::bigint[])
+), moved AS (
+  UPDATE mesh.topic_subscription s SET log_pos = u.pos
+  FROM unnest($9::text::text[], $10::text::text[], $11::text::text[], $12::text::bigint[])
+       AS u(m, n, p, pos)
+  WHERE s.mesh_id = u.m AND s.topic = u.n AND s.member_pubkey = u.p
+)
+UPDATE mesh.recipient_cursor c SET last_seq = u.l, compacted_seq = u.c, updated_at = $17
+FROM unnest($13::text::text[], $14::text::text[], $15::text::bigint[], $16::text::bigint[])
      AS u(m, p, l, c)
 WHERE c.mesh_id = u.m AND c.recipient_pubkey = u.p
 """
