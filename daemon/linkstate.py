@@ -342,13 +342,12 @@ class LinkState(Generic[W]):
         self.pending[request_id] = pending
 
     def _send_item(self, cmid: str, payload: Frame | bytes, rid: str) -> Frame | bytes:
-        if isinstance(payload, bytes):
-            if features.TRACE_CONTEXT in self.supported:
-                spliced = _spliced(payload, cmid, rid)
-                if spliced is not None:
-                    return spliced
-            payload = orjson.loads(payload)
-        item = {k: v for k, v in payload.items() if v is not None or k in ("meta", "reply_to")}
+        if isinstance(payload, bytes) and features.TRACE_CONTEXT in self.supported:
+            spliced = _spliced(payload, cmid, rid)
+            if spliced is not None:
+                return spliced
+        fields: Frame = orjson.loads(payload) if isinstance(payload, bytes) else payload
+        item = {k: v for k, v in fields.items() if v is not None or k in ("meta", "reply_to")}
         if features.TRACE_CONTEXT not in self.supported:
             # A broker from before trace context refuses a send frame that carries one.
             item.pop("traceparent", None)
