@@ -2,9 +2,10 @@
 durable consumers beside it in the same run.
 
 Each member is a real joined member with its own key, speaking the daemon's protocol through
-the daemon's own client of it (``daemon/link.py``): join once (a multi-use invite), then in the
-storm hello, profile, resume, topic_subscribe, and cumulative acks of what it receives. The
-broker is a real ``tidemesh broker up`` process on PostgreSQL (or ``--store sqlite``).
+the daemon's own client of it (``daemon/link/websocket.py``): join once (a multi-use
+invite), then in the storm hello, profile, resume, topic_subscribe, and cumulative acks of
+what it receives. The broker is a real ``tidemesh broker up`` process on PostgreSQL (or
+``--store sqlite``).
 
 Phases, for each N:
 
@@ -53,7 +54,7 @@ from proc_cpu import cpu_seconds, postgres_cpu_seconds
 
 from tidemesh.broker.store import open_store
 from tidemesh.core.invite import new_token, token_hash
-from tidemesh.daemon.link import BrokerLink, LinkError
+from tidemesh.daemon.link.websocket import BrokerLink, LinkError
 
 TOPIC = "all"
 PROFILE = {"status": "idle", "summary": "bench member"}

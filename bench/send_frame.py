@@ -25,7 +25,7 @@ from tidemesh.core import features
 from tidemesh.core.send import Destination, Priority, SendRequest
 from tidemesh.core.trace import new_traceparent
 from tidemesh.core.wire import encode
-from tidemesh.daemon.linkstate import LinkState, Phase, Send
+from tidemesh.daemon.link.linkstate import LinkState, Phase, Send
 
 
 def _machine() -> LinkState[None]:

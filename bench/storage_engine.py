@@ -38,8 +38,8 @@ from typing import Any
 import aiosqlite
 import uvloop
 
+from tidemesh.daemon.process.stores import _setup_outbox, open_outbox
 from tidemesh.daemon.store import outbox
-from tidemesh.daemon.stores import _setup_outbox, open_outbox
 from tidemesh.storage import sqlite as engine_mod
 
 PAYLOAD = b'{"to":"topic:bench","body":"' + b"x" * 200 + b'","body_encoding":"utf8"}'

@@ -82,7 +82,10 @@ class WsPeer:
     async def send_frame(self, frame: dict[str, Any]) -> None:
         """Queue one of the connection's own frames, after waiting for room (at most until
         the writer cuts a reader off); dropped once the connection is closing."""
-        text = encode(frame)
+        await self.send_text(encode(frame))
+
+    async def send_text(self, text: str) -> None:
+        """``send_frame`` for a frame encoded already."""
         while not self.out.has_room():
             self._room.clear()
             await self._room.wait()
@@ -311,7 +314,7 @@ class BrokerServer:
             log.warning("broker_session_release_failed", error=repr(exc))
             self.service.peering.release_later(conn)
             return
-        if gone:
+        if gone or (last and conn.rotated_out):
             await self.service.connections.announce(conn, "peer_leave")
 
     async def _failed(self, peer: WsPeer, exc: Exception) -> None:
@@ -383,6 +386,11 @@ class BrokerServer:
             answer = await routes.handle(route, conn, frame)
             if answer is not None:
                 await conn.peer.send_frame(answer)
+            if frame["type"] == FrameType.FEATURE_REQUEST and conn.presence_snapshot:
+                # After the answer (the daemon drops presence until it has it), off the hello
+                # clock: who is present now; from here on only the batches it does not cover.
+                for text in await self.service.connections.snapshot(conn):
+                    await conn.peer.send_text(text)
             return
         # Each frame's accept is started here, one task per frame in arrival order, and
         # reaches the store's queue on its first step: so one connection's sends are accepted

@@ -33,12 +33,22 @@ TRACE_CONTEXT = "trace_context"
 # N members was N² frames).
 PRESENCE_BATCH = "presence_batch"
 PRESENCE_BATCH_MAX_COUNT = 4096
+# Optional, with ``presence_batch``: after the negotiation the broker sends one
+# ``presence_snapshot`` (who is present now), then numbered batches (``seq``) that may also
+# hold ``peer_update`` events (a present member's profile or connections changed), so that
+# the daemon keeps the mesh's presence itself and answers ``peers`` without asking (issue
+# #30: a thousand members each asking the broker to walk its registry).
+PRESENCE_SNAPSHOT = "presence_snapshot"
+# A snapshot larger than this goes as several frames (``more: true`` on all but the last), so
+# that a mesh of large profiles never needs one frame past the link's size limit.
+PRESENCE_SNAPSHOT_MAX_BYTES = 256 << 10
 # Optional: the ``key_rotate`` frame (a member moves to a new key in one signed step) and the
 # ``peer_key_rotated`` events it causes. A broker from before it refuses the frame type, so
 # ``daemon rotate-keypair`` checks the advertisement first and names the missing feature; a
 # broker tells the event only to daemons that asked for it.
 KEY_ROTATION = "key_rotation"
-OPTIONAL: tuple[str, ...] = (DELIVER_BATCH, TRACE_CONTEXT, PRESENCE_BATCH, KEY_ROTATION)
+OPTIONAL: tuple[str, ...] = (DELIVER_BATCH, TRACE_CONTEXT, PRESENCE_BATCH, KEY_ROTATION,
+                             PRESENCE_SNAPSHOT)
 MODES = ("retention_scoped", "permanent")
 
 
@@ -66,6 +76,7 @@ def advertise(mode: str, retention_days: int, inline_bytes: int) -> dict[str, An
         TRACE_CONTEXT: {"params": {"version": 1}},
         PRESENCE_BATCH: {"params": {"version": 1, "max_count": PRESENCE_BATCH_MAX_COUNT}},
         KEY_ROTATION: {"params": {"version": 1}},
+        PRESENCE_SNAPSHOT: {"params": {"version": 1}},
     }
 
 
@@ -124,6 +135,15 @@ def deliver_batch_count(supported: dict[str, Any]) -> int | None:
         return None
     count = params.get("max_count")
     return count if isinstance(count, int) and not isinstance(count, bool) and count > 0 else None
+
+
+def presence_snapshot(supported: dict[str, Any], asked: tuple[str, ...]) -> bool:
+    """Whether the broker sends this link a presence snapshot and numbered batches: it
+    advertises both features and the daemon asked for both."""
+    wanted = (PRESENCE_BATCH, PRESENCE_SNAPSHOT)
+    return all(f in asked for f in wanted) and all(
+        isinstance(supported.get(f), dict) and (supported[f].get("params") or {}).get("version")
+        == 1 for f in wanted)
 
 
 def dedupe_retention_days(supported: dict[str, Any]) -> int | None:

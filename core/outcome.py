@@ -7,7 +7,10 @@
     429 rate_limited                → pending in its place; nothing is claimed before
                                       retry_after_ms plus up to 25 % (``hold_until``)
     other 4xx                       → dead
-    5xx, timeout, lost connection   → retry with backoff
+    5xx, a frame refused as a whole → retry with backoff
+    timeout, lost connection        → pending in its place; nothing is claimed before the
+                                      backoff's delay (``unanswered``); from the 4th
+                                      attempt on, retry with backoff
     older than the max age          → dead (max_age_exceeded)
 """
 
@@ -20,6 +23,9 @@ from typing import Any
 
 from tidemesh.core.backoff import Backoff
 from tidemesh.core.record import record
+
+# Unanswered this many times, a row stops keeping its place (``unanswered``).
+KEEP_PLACE_ATTEMPTS = 3
 
 
 class Kind(StrEnum):
@@ -70,6 +76,23 @@ def _retry(row_id: str, attempts: int, error: str, now_ms: int, backoff: Backoff
     delay_ms = int(backoff.delay(max(1, attempts), rng) * 1000)
     return Settlement(row_id, Kind.RETRY, now_ms, last_error=error,
                       next_attempt_at=now_ms + delay_ms)
+
+
+def unanswered(row_id: str, attempts: int, error: str, now_ms: int, backoff: Backoff,
+               rng: random.Random) -> Settlement:
+    """A frame that got no answer (no answer in time, or the link closed first): the broker
+    may have read none, some or all of it. Its rows keep their next_attempt_at and the wait
+    is the sender's (``hold_until``), so they go out again in the order they were first
+    claimed, before anything queued after them. A backoff per row would draw a jitter per
+    row and send a member's rows again in another order.
+
+    A row whose frames went unanswered ``KEEP_PLACE_ATTEMPTS`` times may be what breaks the
+    link (or stalls the broker): from then on it backs off on its own, behind newer rows,
+    so it cannot hold every later send back."""
+    if attempts > KEEP_PLACE_ATTEMPTS:
+        return _retry(row_id, attempts, error, now_ms, backoff, rng)
+    delay_ms = int(backoff.delay(max(1, attempts), rng) * 1000)
+    return Settlement(row_id, Kind.RETRY, now_ms, last_error=error, hold_until=now_ms + delay_ms)
 
 
 def _rate_limited(row_id: str, attempts: int, answer: dict[str, Any], error: str, now_ms: int,

@@ -53,6 +53,8 @@ class FrameType(StrEnum):
     PEER_JOIN = "peer_join"
     PEER_LEAVE = "peer_leave"
     PRESENCE_BATCH = "presence_batch"
+    PRESENCE_SNAPSHOT = "presence_snapshot"
+    PEER_UPDATE = "peer_update"
     CLONE_SUSPECTED = "clone_suspected"
     KEY_ROTATE = "key_rotate"
     KEY_ROTATED = "key_rotated"

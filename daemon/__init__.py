@@ -1,6 +1,8 @@
-"""The per-host daemon: IPC server, SQLite outbox, identity, and (later) the broker link.
+"""The per-host daemon: the IPC server, the SQLite outbox and inbox, and the broker link.
 
-Layers: ``main`` (composition root) → ``server`` → ``api`` → ``service`` → ``store``.
-``api`` never touches ``store``; ``service`` never imports aiohttp. Imports ``core``;
-never ``broker``, ``cli`` or ``spark``.
+Layers: ``api`` → ``service`` → ``store`` (import contracts in pyproject.toml); ``api``
+never touches ``store``, ``service`` never imports aiohttp. Beside them ``link/`` (the
+broker link), ``process/`` (the running process around ``main``, the composition root),
+``membership/`` (this member's keys and joins) and ``offline/`` (tools on a stopped daemon,
+reached through ``admin``). Imports ``core``; never ``broker``, ``cli`` or ``spark``.
 """

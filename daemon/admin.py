@@ -12,51 +12,49 @@ from typing import TYPE_CHECKING, Any
 from tidemesh.storage.lock import AlreadyRunning, holder_pid, is_held
 
 if TYPE_CHECKING:
-    from tidemesh.daemon import (
-        backup,
-        coldpath,
+    from tidemesh.daemon.hooks.dryrun import dry_run as dry_run_hook
+    from tidemesh.daemon.hooks.files import describe as describe_hooks
+    from tidemesh.daemon.link.websocket import LinkError
+    from tidemesh.daemon.membership import (
         departure,
         ephemeral,
-        fleet,
         key_rotation,
         keyarchive,
-        offline,
-        recovery,
         revocation,
         token_rotation,
     )
-    from tidemesh.daemon import config as settings
-    from tidemesh.daemon.hooks.dryrun import dry_run as dry_run_hook
-    from tidemesh.daemon.hooks.files import describe as describe_hooks
-    from tidemesh.daemon.identity import accept_host, current_host_fingerprint
-    from tidemesh.daemon.join import join
-    from tidemesh.daemon.link import LinkError
-    from tidemesh.daemon.log import configure as configure_logging
-    from tidemesh.daemon.log import under_service_manager
+    from tidemesh.daemon.membership.identity import accept_host, current_host_fingerprint
+    from tidemesh.daemon.membership.join import join
+    from tidemesh.daemon.offline import backup, coldpath, recovery
+    from tidemesh.daemon.offline import outbox as offline
+    from tidemesh.daemon.process import config as settings
+    from tidemesh.daemon.process import fleet
+    from tidemesh.daemon.process.log import configure as configure_logging
+    from tidemesh.daemon.process.log import under_service_manager
 
 # Loaded on first use: a command that only checks the lock (status, ps, down) should not
 # import the WebSocket link, the cold path and the stores (about 0.4 s) to do it.
 _LAZY = {
-    "backup": ("tidemesh.daemon.backup", None),
-    "fleet": ("tidemesh.daemon.fleet", None),
-    "departure": ("tidemesh.daemon.departure", None),
-    "ephemeral": ("tidemesh.daemon.ephemeral", None),
-    "recovery": ("tidemesh.daemon.recovery", None),
-    "key_rotation": ("tidemesh.daemon.key_rotation", None),
-    "keyarchive": ("tidemesh.daemon.keyarchive", None),
-    "token_rotation": ("tidemesh.daemon.token_rotation", None),
-    "coldpath": ("tidemesh.daemon.coldpath", None),
-    "offline": ("tidemesh.daemon.offline", None),
-    "revocation": ("tidemesh.daemon.revocation", None),
-    "settings": ("tidemesh.daemon.config", None),
+    "backup": ("tidemesh.daemon.offline.backup", None),
+    "fleet": ("tidemesh.daemon.process.fleet", None),
+    "departure": ("tidemesh.daemon.membership.departure", None),
+    "ephemeral": ("tidemesh.daemon.membership.ephemeral", None),
+    "recovery": ("tidemesh.daemon.offline.recovery", None),
+    "key_rotation": ("tidemesh.daemon.membership.key_rotation", None),
+    "keyarchive": ("tidemesh.daemon.membership.keyarchive", None),
+    "token_rotation": ("tidemesh.daemon.membership.token_rotation", None),
+    "coldpath": ("tidemesh.daemon.offline.coldpath", None),
+    "offline": ("tidemesh.daemon.offline.outbox", None),
+    "revocation": ("tidemesh.daemon.membership.revocation", None),
+    "settings": ("tidemesh.daemon.process.config", None),
     "dry_run_hook": ("tidemesh.daemon.hooks.dryrun", "dry_run"),
     "describe_hooks": ("tidemesh.daemon.hooks.files", "describe"),
-    "accept_host": ("tidemesh.daemon.identity", "accept_host"),
-    "current_host_fingerprint": ("tidemesh.daemon.identity", "current_host_fingerprint"),
-    "join": ("tidemesh.daemon.join", "join"),
-    "LinkError": ("tidemesh.daemon.link", "LinkError"),
-    "configure_logging": ("tidemesh.daemon.log", "configure"),
-    "under_service_manager": ("tidemesh.daemon.log", "under_service_manager"),
+    "accept_host": ("tidemesh.daemon.membership.identity", "accept_host"),
+    "current_host_fingerprint": ("tidemesh.daemon.membership.identity", "current_host_fingerprint"),
+    "join": ("tidemesh.daemon.membership.join", "join"),
+    "LinkError": ("tidemesh.daemon.link.websocket", "LinkError"),
+    "configure_logging": ("tidemesh.daemon.process.log", "configure"),
+    "under_service_manager": ("tidemesh.daemon.process.log", "under_service_manager"),
 }
 
 

@@ -32,11 +32,6 @@ from tidemesh.core.retention import DAY_MS, HOUR_MS, InboxPolicy
 from tidemesh.core.sealing import seal_request
 from tidemesh.core.settings import ConfigError
 from tidemesh.core.watchdog import LoopWatchdog, StallPolicy
-from tidemesh.daemon import config as config_mod
-from tidemesh.daemon import environment as environment_mod
-from tidemesh.daemon import ephemeral, identity, key_rotation, revocation, storage_gauges
-from tidemesh.daemon import fleet as fleet_mod
-from tidemesh.daemon import log as log_mod
 from tidemesh.daemon.api.connections import ConnectionLimits
 from tidemesh.daemon.api.keys import (
     BACKUP,
@@ -55,13 +50,21 @@ from tidemesh.daemon.api.keys import (
     IpcState,
 )
 from tidemesh.daemon.hooks.service import HookService, load_plan
-from tidemesh.daemon.join import MeshConfig
-from tidemesh.daemon.keyring import Keyring
-from tidemesh.daemon.lifecycle import Drain, Reloader, StopBudget, finish, kept_running
-from tidemesh.daemon.live_link import not_joined
-from tidemesh.daemon.private import ensure_dirs, ensure_token
-from tidemesh.daemon.relay import Relay, RelayFatal, RelayMetrics, RelaySettings
-from tidemesh.daemon.server import IpcServer, build_app
+from tidemesh.daemon.link.live_link import not_joined
+from tidemesh.daemon.link.relay import Relay, RelayFatal, RelayMetrics, RelaySettings
+from tidemesh.daemon.membership import ephemeral, identity, key_rotation, revocation
+from tidemesh.daemon.membership.join import MeshConfig
+from tidemesh.daemon.membership.keyring import Keyring
+from tidemesh.daemon.process import config as config_mod
+from tidemesh.daemon.process import environment as environment_mod
+from tidemesh.daemon.process import fleet as fleet_mod
+from tidemesh.daemon.process import log as log_mod
+from tidemesh.daemon.process import storage_gauges
+from tidemesh.daemon.process.lifecycle import Drain, Reloader, StopBudget, finish, kept_running
+from tidemesh.daemon.process.private import ensure_dirs, ensure_token
+from tidemesh.daemon.process.server import IpcServer, build_app
+from tidemesh.daemon.process.socket_watch import SocketWatch
+from tidemesh.daemon.process.stores import open_inbox, open_outbox
 from tidemesh.daemon.service.backup import BackupService
 from tidemesh.daemon.service.disk import DiskMonitor
 from tidemesh.daemon.service.events import EventBus
@@ -71,9 +74,7 @@ from tidemesh.daemon.service.membership import MembershipService
 from tidemesh.daemon.service.outbox import OutboxService
 from tidemesh.daemon.service.presence import PresenceService
 from tidemesh.daemon.service.retention import RetentionService, RetentionSettings
-from tidemesh.daemon.socket_watch import SocketWatch
 from tidemesh.daemon.store.db import OUTBOX_MIGRATIONS, Database, SchemaTooNew, StoreDamaged
-from tidemesh.daemon.stores import open_inbox, open_outbox
 from tidemesh.storage.lock import AlreadyRunning, InstanceLock
 from tidemesh.storage.sqlite import share_gil_with_writers
 

@@ -1,6 +1,6 @@
 """Values the daemon's layers pass each other: read out of the stores by the services and
-handed to the HTTP layer, which never imports the stores (the import contract in
-pyproject.toml)."""
+handed to the HTTP layer and the broker link, neither of which imports the stores (the
+import contracts in pyproject.toml)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,82 @@ class Event:
     type: str
     data: dict[str, Any]
     created_at: int
+
+
+@record
+class Delivery:
+    """One message the broker delivered to this member, already decrypted."""
+
+    id: str
+    mesh: str
+    sender_pubkey: str
+    sender_name: str | None
+    client_message_id: str
+    broker_message_id: str
+    dest_kind: str
+    dest_ref: str
+    body: bytes
+    body_encoding: str
+    priority: str
+    meta: dict[str, Any] | None
+    reply_to: str | None
+    epoch: int
+    seq: int
+    sent_at: int
+    received_at: int
+    hooks: tuple[str, ...] = ()  # the hooks its event fires, recorded with it
+    traceparent: str | None = None  # W3C trace context the send carried
+
+
+@record
+class Void:
+    """A delivery that is not stored (a lapsed queue lease that went to another consumer):
+    only the receive cursor moves past it, so the stream stays gapless."""
+
+    epoch: int
+    seq: int
+    at: int
+
+
+@record
+class StoreResult:
+    inbox_seq: int | None        # None: a redelivery of something already stored
+    event: Event | None
+    extra: tuple[Event, ...] = ()  # events after the message's (a shared file's file_shared)
+
+
+@record
+class Claimed:
+    """A row the sender took (now inflight) to put on the wire."""
+
+    id: str
+    client_message_id: str
+    payload: bytes
+    attempts: int
+
+
+@record
+class OutboxRow:
+    """One row of the outbox as the store reads it (times in ms since the epoch)."""
+
+    id: str
+    client_message_id: str
+    request_fingerprint: bytes
+    payload: bytes
+    dest_kind: str
+    dest_ref: str
+    enqueued_at: int
+    attempts: int
+    next_attempt_at: int
+    status: str
+    last_error: str | None
+    delivered_at: int | None
+    broker_message_id: str | None
+    history_id: str | None
+    aborted_at: int | None
+    aborted_by: str | None
+    superseded_by: str | None
+    supersedes: str | None
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from tidemesh.broker.accept import Limits
 from tidemesh.broker.service.auth import Auth, AuthOutcome
 from tidemesh.broker.service.clone import ClonePolicy, Clones
-from tidemesh.broker.service.cluster import Cluster, Peering, SingleBroker
+from tidemesh.broker.service.cluster import Peering
 from tidemesh.broker.service.connections import PROFILE_RATE, Conn, Connections, Peer, now_ms
 from tidemesh.broker.service.delivery import Deliveries, deliver_frame
 from tidemesh.broker.service.destinations import Destinations
@@ -28,6 +28,7 @@ from tidemesh.broker.service.rotation import Rotations
 from tidemesh.broker.service.routes import Route, route_table
 from tidemesh.broker.service.send import Sends
 from tidemesh.broker.store.base import Store
+from tidemesh.broker.store.cluster import Cluster, SingleBroker
 from tidemesh.broker.store.files import FileLimits
 from tidemesh.core.ratelimit import Rate
 from tidemesh.core.wire import FrameType

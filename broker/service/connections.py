@@ -4,7 +4,12 @@ A member may hold several connections; the first announces a ``peer_join``, the 
 ``peer_leave``. Announcing walks nobody: the event joins the mesh's pending batch (the latest
 per member), and one flush per ``presence_window_s`` walks the registry once, queueing on each
 listener either one shared ``presence_batch`` frame (daemons that negotiated it) or the single
-events. A member learns who is there from one snapshot (``peers``), then from these batches.
+events. A daemon that negotiated ``presence_snapshot`` learns who is there from one
+``presence_snapshot`` frame after its negotiation, then from numbered batches (each flush has
+the next ``seq``; the snapshot names the last one it covers, so the daemon skips the batches
+it already holds), which also carry ``peer_update`` events (a present member's profile or
+number of connections changed) so that its ``peers`` needs no question; an older daemon asks
+``peers``.
 Presence metadata (profiles) lives in memory like presence itself: each daemon
 holds the authoritative copy and sends it again after every connect. Presence is best effort:
 it is queued on each listener's connection, coalesced per member, and never waited for.
@@ -23,7 +28,7 @@ from typing import Any, Protocol
 import structlog
 
 from tidemesh.broker.service.coalesce import Coalescer
-from tidemesh.core.features import PRESENCE_BATCH_MAX_COUNT
+from tidemesh.core.features import PRESENCE_BATCH_MAX_COUNT, PRESENCE_SNAPSHOT_MAX_BYTES
 from tidemesh.core.ids import new_ulid
 from tidemesh.core.ratelimit import Rate
 from tidemesh.core.wire import CloseCode, encode
@@ -69,6 +74,10 @@ class Peer(Protocol):
         connection's own queue."""
         ...
 
+    async def send_text(self, text: str) -> None:
+        """``send_frame`` for a frame encoded already."""
+        ...
+
     def tell(self, frame: dict[str, Any]) -> None:
         """A presence event about another member: queued, coalesced, never waited for."""
         ...
@@ -98,9 +107,17 @@ class Conn:
     pumping: bool = False
     batch_deliveries: bool = False  # the daemon negotiated deliver_batch frames
     trace_context: bool = False     # the daemon negotiated traceparent in deliver frames
+    # Its daemon negotiated: before that it drops presence (docs/broker.md, Presence
+    # snapshot), so none is queued for it (in a connect storm, most of the frames sent).
+    negotiated: bool = False
     presence_batch: bool = False    # the daemon negotiated presence_batch frames
+    # ... and presence_snapshot: numbered batches, which may hold peer_update events.
+    presence_snapshot: bool = False
     leaving: bool = False           # it asked for member_leave: its answer must go out first
     key_rotation: bool = False      # the daemon negotiated key_rotation (peer_key_rotated)
+    # Its key was rotated out: when it closes, its member has left for good, whether or not
+    # a session row is still its own (the rotation removed it).
+    rotated_out: bool = False
     # After a 429 the connection is not read again before this (ms): see service/send.py.
     hold_until_ms: int = 0
     host: str | None = None      # the hello's host_fingerprint (service/clone.py)
@@ -118,6 +135,8 @@ class Connections:
         # Presence not told yet: per mesh, the latest event per member, oldest first.
         self.pending: dict[str, dict[str, dict[str, Any]]] = {}
         self.presence_window_s = presence_window_s
+        # The last flush's number: a snapshot covers the flushes up to the one it names.
+        self.seq = 0
         self._flush: asyncio.TimerHandle | None = None
         # Counted by the service's metrics: announcements the other brokers did not get, and
         # connections closed for a revocation.
@@ -125,6 +144,10 @@ class Connections:
         self.revoked_closed: Callable[[], None] = lambda: None
         # The profiles in effect: what ``peers`` shows and presence was told.
         self.profiles: dict[Key, dict[str, Any]] = {}
+        # Each connected member's ``peers`` entry and its encoding, made when first asked
+        # for and forgotten when it changes: a storm's snapshots re-encoded every member for
+        # each newcomer.
+        self._entries: dict[Key, tuple[dict[str, Any], str]] = {}
         # The other brokers on the same database; one broker alone has nobody to tell.
         self.elsewhere: Elsewhere | None = None
         # Each member's profile changes and presence events, within their budgets.
@@ -144,8 +167,11 @@ class Connections:
         conns = self.conns.setdefault((mesh_id, pubkey), set())
         conns.add(conn)
         self.count += 1
+        self._entries.pop((mesh_id, pubkey), None)
         log.info("broker_member_connected", mesh_id=mesh_id, pubkey=pubkey,
                  session_id=conn.session_id)
+        if len(conns) > 1:
+            self._tell_update((mesh_id, pubkey))
         return conn, len(conns) == 1
 
     def unregister(self, conn: Conn) -> bool:
@@ -154,6 +180,7 @@ class Connections:
         if conn in peers:
             peers.discard(conn)
             self.count -= 1
+        self._entries.pop((conn.mesh_id, conn.pubkey), None)
         if not peers:
             self.conns.pop((conn.mesh_id, conn.pubkey), None)
         elif all(c.muted for c in peers):
@@ -164,6 +191,8 @@ class Connections:
             heir.wake.set()
         log.info("broker_member_disconnected", mesh_id=conn.mesh_id, pubkey=conn.pubkey,
                  session_id=conn.session_id)
+        if peers:
+            self._tell_update((conn.mesh_id, conn.pubkey))
         return not peers
 
     def wake(self, keys: Iterable[tuple[str, str]]) -> None:
@@ -217,7 +246,11 @@ class Connections:
                 frame["profile"] = dict(profile)
         await self.presence_events.offer((conn.mesh_id, conn.pubkey), frame)
 
-    async def _tell_everywhere(self, _key: Hashable, frame: dict[str, Any]) -> None:
+    async def _tell_everywhere(self, key: Hashable, frame: dict[str, Any]) -> None:
+        if frame["type"] == "peer_join" and key in self.conns:
+            # A join that waited for the member's budget says what the member is now.
+            assert isinstance(key, tuple)
+            frame = {**frame, **self._state(key, with_profile=bool(self.profiles.get(key)))}
         self.tell_local(frame)
         if self.elsewhere is not None:
             self.elsewhere.relay_presence(frame)
@@ -227,7 +260,12 @@ class Connections:
         kept for the next flush, in place of an older one about the same member. O(1): it
         walks nobody, and telling never waits on anyone's socket."""
         events = self.pending.setdefault(str(frame["mesh_id"]), {})
-        events.pop(str(frame["pubkey"]), None)   # the latest goes last, in order
+        before = events.pop(str(frame["pubkey"]), None)   # the latest goes last, in order
+        if frame["type"] == "peer_update" and before is not None:
+            # An update folds into what is pending: a join says the member's state with it;
+            # after a leave, the join still to come will.
+            frame = before if before["type"] == "peer_leave" else {**before, **frame,
+                                                                    "type": before["type"]}
         events[str(frame["pubkey"])] = frame
         if self._flush is None:
             window = min(PRESENCE_WINDOW_MAX_S, max(
@@ -235,24 +273,18 @@ class Connections:
             self._flush = asyncio.get_running_loop().call_later(window, self.flush)
 
     def flush(self) -> None:
-        """Tell what is pending: one walk of the registry, each mesh's batch encoded once."""
+        """Tell what is pending: one walk of the registry, each mesh's batch encoded once
+        (twice when some daemons take numbered batches with updates and some do not)."""
         self._flush = None
         pending, self.pending = self.pending, {}
-        texts: dict[str, list[str]] = {}
+        if not pending:
+            return
+        self.seq += 1
+        flush = Flush(pending, self.seq)
         for (mesh_id, pubkey), conns in self.conns.items():
-            events = pending.get(mesh_id)
-            if not events:
-                continue
-            for other in conns:
-                if other.presence_batch:
-                    if mesh_id not in texts:
-                        texts[mesh_id] = batch_texts(mesh_id, list(events.values()))
-                    for text in texts[mesh_id]:
-                        other.peer.tell_batch(text)
-                    continue
-                for subject, frame in events.items():
-                    if subject != pubkey:
-                        other.peer.tell(frame)
+            if mesh_id in pending:
+                for other in conns:
+                    flush.tell(other, pubkey)
 
     def tell_rotated(self, frame: dict[str, Any]) -> None:
         """A ``peer_key_rotated`` to the mesh's members connected here whose daemons asked
@@ -266,22 +298,66 @@ class Connections:
 
     async def peers(self, conn: Conn, frame: dict[str, Any]) -> dict[str, Any]:
         """Who is connected, with their profiles; hidden members only see themselves."""
-        peers = []
-        for (mesh_id, pubkey), conns in sorted(self.conns.items()):
-            if mesh_id != conn.mesh_id or not conns:
-                continue
-            profile = self.profiles.get((mesh_id, pubkey), {})
-            if profile.get("visible") is False and pubkey != conn.pubkey:
-                continue
-            newest = max(conns, key=lambda c: c.connected_at)
-            peers.append({"pubkey": pubkey, "connections": len(conns),
-                          "connected_at": min(c.connected_at for c in conns),
-                          "display_name": newest.display_name, "profile": profile})
+        return {"type": "peers", "id": frame["id"], "peers": await self.present(conn)}
+
+    async def snapshot(self, conn: Conn) -> list[str]:
+        """The encoded ``presence_snapshot`` frames for ``conn``: the registry read at once
+        with the last flush's number (nothing awaited between), so that the batches after
+        that number are the changes it does not hold; the other brokers' members are read
+        after, and their changes meanwhile come in later batches."""
+        seq = self.seq
+        entries = self._local(conn)
+        if self.elsewhere is not None:
+            entries += [(p, encode(p)) for p in await self.elsewhere.remote_peers(
+                conn.mesh_id, {str(p["pubkey"]) for p, _ in entries})]
+        entries.sort(key=lambda e: str(e[0]["pubkey"]))
+        return snapshot_texts(conn.mesh_id, seq, [text for _, text in entries])
+
+    async def present(self, conn: Conn) -> list[dict[str, Any]]:
+        """The members of ``conn``'s mesh who are present, as ``peers`` lists them: this
+        broker's registry first, then the other brokers'."""
+        peers = [entry for entry, _ in self._local(conn)]
         if self.elsewhere is not None:
             peers += await self.elsewhere.remote_peers(conn.mesh_id,
                                                        {str(p["pubkey"]) for p in peers})
-            peers.sort(key=lambda p: str(p["pubkey"]))
-        return {"type": "peers", "id": frame["id"], "peers": peers}
+        peers.sort(key=lambda p: str(p["pubkey"]))
+        return peers
+
+    def _local(self, conn: Conn) -> list[tuple[dict[str, Any], str]]:
+        """The entries (and their encodings) of ``conn``'s mesh's members connected here;
+        hidden ones but ``conn``'s own member left out."""
+        out = []
+        for key, conns in self.conns.items():
+            if key[0] != conn.mesh_id or not conns:
+                continue
+            if key[1] != conn.pubkey and self.profiles.get(key, {}).get("visible") is False:
+                continue
+            cached = self._entries.get(key)
+            if cached is None:
+                entry = {"pubkey": key[1], "connected_at": min(c.connected_at for c in conns),
+                         **self._state(key)}
+                cached = self._entries[key] = (entry, encode(entry))
+            out.append(cached)
+        return out
+
+    def _state(self, key: Key, *, with_profile: bool = True) -> dict[str, Any]:
+        """A connected member's connections and display name (the newest connection's), and
+        its profile unless told not to."""
+        conns = self.conns.get(key) or ()
+        newest = max(conns, key=lambda c: c.connected_at, default=None)
+        state: dict[str, Any] = {"connections": max(1, len(conns)),
+                                 "display_name": newest.display_name if newest else None}
+        if with_profile:
+            state["profile"] = dict(self.profiles.get(key, {}))
+        return state
+
+    def _tell_update(self, key: Key) -> None:
+        """A present member's state changed (its connections, its profile): a ``peer_update``
+        for the daemons that keep presence themselves; a hidden member's is told to nobody."""
+        if self.profiles.get(key, {}).get("visible") is False:
+            return
+        self.tell_local({"type": "peer_update", "mesh_id": key[0], "pubkey": key[1],
+                         "at": now_ms(), **self._state(key)})
 
     async def set_profile(self, conn: Conn, frame: dict[str, Any]) -> dict[str, Any]:
         """Replace the member's profile; becoming hidden or visible is announced as a
@@ -310,7 +386,9 @@ class Connections:
         (to nobody when the member has left meanwhile: its leave went out as it left)."""
         assert isinstance(key, tuple)
         was_hidden = self.profiles.get(key, {}).get("visible") is False
+        changed = self.profiles.get(key) != profile
         self.profiles[key] = profile
+        self._entries.pop(key, None)
         hidden = profile.get("visible") is False
         if self.elsewhere is not None:
             await self.elsewhere.save_profile(key[0], key[1], profile)
@@ -322,10 +400,84 @@ class Connections:
             await self.announce(conn, "peer_join")
         elif hidden and not was_hidden:
             await self.announce(conn, "peer_leave", hiding=True)
+        elif not hidden and changed:
+            # The profile is the update's whole news: the other brokers' listeners count
+            # this member's connections their own way (one session each).
+            frame = {"type": "peer_update", "mesh_id": key[0], "pubkey": key[1],
+                     "at": now_ms(), "display_name": conn.display_name,
+                     "profile": dict(profile)}
+            self.tell_local(frame)
+            if self.elsewhere is not None:
+                self.elsewhere.relay_presence(frame)
 
 
-def batch_texts(mesh_id: str, events: list[dict[str, Any]]) -> list[str]:
-    """A mesh's pending events as encoded ``presence_batch`` frames (within the count cap)."""
+class Flush:
+    """One flush's pending events, encoded once per mesh for each kind of listener."""
+
+    def __init__(self, pending: dict[str, dict[str, dict[str, Any]]], seq: int) -> None:
+        self.pending = pending
+        self.seq = seq
+        self.numbered: dict[str, list[str]] = {}
+        self.texts: dict[str, list[str]] = {}
+        self.plain: dict[str, dict[str, dict[str, Any]]] = {}
+
+    def tell(self, listener: Conn, pubkey: str) -> None:
+        """Queue the listener's mesh's events on it (``pubkey``: the listener's member)."""
+        mesh_id = listener.mesh_id
+        if not listener.negotiated:
+            return
+        if listener.presence_snapshot:
+            if mesh_id not in self.numbered:
+                self.numbered[mesh_id] = batch_texts(
+                    mesh_id, list(self.pending[mesh_id].values()), self.seq)
+            for text in self.numbered[mesh_id]:
+                listener.peer.tell_batch(text)
+            return
+        if mesh_id not in self.plain:
+            self.plain[mesh_id] = older_events(self.pending[mesh_id])
+        if listener.presence_batch:
+            if mesh_id not in self.texts:
+                self.texts[mesh_id] = batch_texts(mesh_id, list(self.plain[mesh_id].values()))
+            for text in self.texts[mesh_id]:
+                listener.peer.tell_batch(text)
+            return
+        for subject, frame in self.plain[mesh_id].items():
+            if subject != pubkey:
+                listener.peer.tell(frame)
+
+
+def batch_texts(mesh_id: str, events: list[dict[str, Any]], seq: int | None = None
+                ) -> list[str]:
+    """A mesh's pending events as encoded ``presence_batch`` frames (within the count cap),
+    numbered ``seq`` (all of them) for the daemons that negotiated ``presence_snapshot``."""
     step = PRESENCE_BATCH_MAX_COUNT
-    return [encode({"type": "presence_batch", "mesh_id": mesh_id, "events": events[i:i + step]})
+    numbered = {} if seq is None else {"seq": seq}
+    return [encode({"type": "presence_batch", "mesh_id": mesh_id, **numbered,
+                    "events": events[i:i + step]})
             for i in range(0, len(events), step)]
+
+
+def snapshot_texts(mesh_id: str, seq: int, entries: list[str]) -> list[str]:
+    """One snapshot, from its members' encoded entries, as encoded frames of at most about
+    ``PRESENCE_SNAPSHOT_MAX_BYTES`` (a member's entry never split), ``more: true`` on all
+    but the last. Put together as text: each entry is encoded once, not once per frame."""
+    head = encode({"type": "presence_snapshot", "mesh_id": mesh_id, "seq": seq})[:-1]
+    texts: list[str] = []
+    part: list[str] = []
+    size = 0
+    for text in entries:
+        if part and size + len(text) + 1 > PRESENCE_SNAPSHOT_MAX_BYTES:
+            texts.append(f'{head},"more":true,"peers":[{",".join(part)}]}}')
+            part, size = [], 0
+        part.append(text)
+        size += len(text) + 1
+    texts.append(f'{head},"peers":[{",".join(part)}]}}')
+    return texts
+
+
+def older_events(events: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The pending events as a daemon without ``presence_snapshot`` takes them: no
+    ``peer_update`` (its schemas do not know it), and a join without ``connections``."""
+    return {pubkey: ({k: v for k, v in frame.items() if k != "connections"}
+                     if frame["type"] == "peer_join" else frame)
+            for pubkey, frame in events.items() if frame["type"] != "peer_update"}

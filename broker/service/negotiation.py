@@ -19,9 +19,12 @@ class Negotiation:
         missing = [f for f in frame["require"] if f not in self.supported]
         # Frames a daemon did not ask for would be invalid to it: batches only on request.
         asked = (*frame["require"], *frame.get("optional", ()))
+        conn.negotiated = True
         conn.batch_deliveries = features.DELIVER_BATCH in asked
         conn.trace_context = features.TRACE_CONTEXT in asked
         conn.presence_batch = features.PRESENCE_BATCH in asked
         conn.key_rotation = features.KEY_ROTATION in asked
+        # Numbered batches with updates make sense only after a snapshot (server.py sends it).
+        conn.presence_snapshot = conn.presence_batch and features.PRESENCE_SNAPSHOT in asked
         return {"type": "feature_negotiation_response", "id": frame["id"],
                 "supported": self.supported, "missing_required": missing}

@@ -40,6 +40,8 @@ class Rotations:
                                  field="new_signature")
         now = now_ms()
         moved = await self.store.rotate_member(conn.mesh_id, old, new, now)
+        for c in self.connections.conns.get((conn.mesh_id, old), ()):
+            c.rotated_out = True
         log.info("broker_member_key_rotated", mesh_id=conn.mesh_id, old_pubkey=old,
                  new_pubkey=new, **moved)
         if not moved["already"]:

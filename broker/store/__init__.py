@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tidemesh.broker.service.cluster import Cluster, SingleBroker
 from tidemesh.broker.store.base import Store
+from tidemesh.broker.store.cluster import Cluster, SingleBroker
 from tidemesh.core.errors import InvalidRequest
 
 

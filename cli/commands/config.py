@@ -2,7 +2,7 @@
 
 Owns printing the resolved settings of the daemon (per mesh) or the broker, with secrets
 redacted, and generating the reference tables of ``docs/configuration.md`` from the one
-declaration of each setting (``daemon.config.SETTINGS``, ``broker.config.SETTINGS``).
+declaration of each setting (``daemon.process.config.SETTINGS``, ``broker.config.SETTINGS``).
 """
 
 from __future__ import annotations

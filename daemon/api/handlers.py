@@ -19,7 +19,6 @@ from aiohttp import web
 from tidemesh.core import compat, metrics, numbers, tracing
 from tidemesh.core.errors import InvalidRequest
 from tidemesh.core.send import Destination, SendRequest, parse_send_request
-from tidemesh.daemon import token_rotation
 from tidemesh.daemon.api.exchange import Answer, Parsed, json_answer
 from tidemesh.daemon.api.keys import (
     BACKUP,
@@ -35,6 +34,7 @@ from tidemesh.daemon.api.keys import (
 )
 from tidemesh.daemon.api.responses import batch_item, scoped_outcome, send_response
 from tidemesh.daemon.api.validation import checked, parse_json
+from tidemesh.daemon.membership import token_rotation
 from tidemesh.daemon.records import BatchItem, Page, SendKind, SendOutcome
 from tidemesh.daemon.service.outbox import OutboxService
 

@@ -113,7 +113,7 @@ class IpcState:
     link: LinkState = field(default_factory=LinkState)
     outbox: OutboxGauges = field(default_factory=OutboxGauges)
     # After `rotate-token`: the token before it, honoured until ``previous_until``
-    # (monotonic) so programs holding it can re-read the file (daemon/token_rotation.py).
+    # (monotonic) so programs holding it can re-read the file (daemon/membership/token_rotation.py).
     token_file: Path | None = None
     token_grace_s: float = 60.0
     previous_token: str | None = None

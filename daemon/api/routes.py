@@ -139,7 +139,8 @@ TABLE: tuple[Route, ...] = (
     Route("GET", "/v1/queues", handlers.get_memberships, "Queues this member consumes",
           responses={200: "membership_list.schema.json"}),
     Route("GET", "/v1/peers", handlers.get_peers,
-          "Members connected to the broker now, with their profiles (passed through)",
+          "Members connected to the broker now, with their profiles (kept from the "
+          "broker's presence snapshot and changes, else asked of it)",
           responses={200: "peers_response.schema.json", 409: ERROR, 503: ERROR}),
     Route("GET", "/v1/profile", handlers.get_profile, "This member's profile",
           responses={200: "profile_response.schema.json"}),

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,17 +29,17 @@ from tidemesh.core.hooks import HookConfig, HookPlan, NetworkPolicy, ReplyScope
 from tidemesh.core.ids import new_ulid
 from tidemesh.core.paths import DaemonPaths
 from tidemesh.core.send import SendRequest
-from tidemesh.daemon.config import DaemonSettings
 from tidemesh.daemon.hooks import presend
 from tidemesh.daemon.hooks.capability import Capabilities
 from tidemesh.daemon.hooks.files import load_plan
 from tidemesh.daemon.hooks.launch import run_for_event
 from tidemesh.daemon.hooks.runner import RunResult, Sandbox
+from tidemesh.daemon.process.config import DaemonSettings
 from tidemesh.daemon.records import Event
 from tidemesh.daemon.service.events import EventBus
 from tidemesh.daemon.store import hooks as ledger
 from tidemesh.daemon.store import inbox
-from tidemesh.daemon.store.db import Database
+from tidemesh.daemon.store.db import Connection, Database
 
 __all__ = ["HookMetrics", "HookService", "HookSite", "load_plan"]
 
@@ -222,7 +221,7 @@ class HookService:
             "attempts": run.failures + 1, "error": result.describe()}, now,
             dedupe_key=f"hook_failed:{run.event_id}:{run.hook}")
 
-        def give_up(conn: sqlite3.Connection) -> Event | None:
+        def give_up(conn: Connection) -> Event | None:
             ledger.finish(conn, run, "failed", now, result.exit_code, result.describe())
             return inbox.add_event(conn, event)
 

@@ -7,7 +7,7 @@ import asyncio
 from typing import Any
 
 from tidemesh.core.paths import DaemonPaths
-from tidemesh.daemon import backup
+from tidemesh.daemon.offline import backup
 
 
 class BackupService:

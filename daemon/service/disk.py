@@ -47,7 +47,7 @@ def _size(path: Path) -> int:
 
 
 class Budget(Protocol):
-    """A second gate on sends: the user's fleet disk budget (daemon.fleet.FleetDisk)."""
+    """A second gate on sends: the user's fleet disk budget (process/fleet.FleetDisk)."""
 
     @property
     def over(self) -> bool: ...

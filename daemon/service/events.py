@@ -11,7 +11,7 @@ import asyncio
 from dataclasses import dataclass, field
 
 from tidemesh.core.errors import Busy
-from tidemesh.daemon.store.inbox import Event
+from tidemesh.daemon.records import Event
 
 
 @dataclass(eq=False, slots=True)

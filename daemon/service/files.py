@@ -44,7 +44,7 @@ from tidemesh.core.errors import (
 )
 from tidemesh.core.files import FileIntegrityError, FileMeta
 from tidemesh.core.send import Destination, DestinationKind, SendRequest, parse_send_request
-from tidemesh.daemon.live_link import LiveLink, file_answer
+from tidemesh.daemon.link.live_link import LiveLink, file_answer
 from tidemesh.daemon.records import SendOutcome
 from tidemesh.daemon.service.disk import DiskMonitor
 from tidemesh.daemon.service.outbox import OutboxService

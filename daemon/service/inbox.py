@@ -4,7 +4,6 @@ and the durable event log that SSE streams replay."""
 from __future__ import annotations
 
 import dataclasses
-import sqlite3
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -14,7 +13,7 @@ from tidemesh.core.errors import InvalidRequest
 from tidemesh.core.hooks import HookPlan
 from tidemesh.daemon.service.events import EventBus
 from tidemesh.daemon.store import files, inbox, retention, search
-from tidemesh.daemon.store.db import Database
+from tidemesh.daemon.store.db import Connection, Database
 
 Clock = Callable[[], float]
 
@@ -77,7 +76,7 @@ class InboxService:
         return {"items": items, "next_after": items[-1]["seq"] if items else (p.after or 0)}
 
     async def consumer_read(self, name: str, p: inbox.Page) -> dict[str, Any]:
-        def _read(conn: sqlite3.Connection) -> dict[str, Any]:
+        def _read(conn: Connection) -> dict[str, Any]:
             cursor = inbox.consumer_cursor(conn, name)
             items = inbox.page(conn, inbox.Page(cursor, p.limit, p.topic, p.sender))
             out: dict[str, Any] = {"consumer": name, "cursor": cursor, "items": items}
@@ -105,7 +104,7 @@ class InboxService:
     async def event_bounds(self) -> tuple[int, int]:
         """(highest event id retention removed, newest event id given): a stream may resume
         after any id between them."""
-        def _read(conn: sqlite3.Connection) -> tuple[int, int]:
+        def _read(conn: Connection) -> tuple[int, int]:
             return retention.events_pruned_through(conn), inbox.last_event_id(conn)
 
         return await self.db.read(_read)

@@ -8,7 +8,6 @@ imports aiohttp or websockets.
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
@@ -22,9 +21,16 @@ from tidemesh.core.fingerprint import prefix, request_fingerprint
 from tidemesh.core.ids import client_message_id_problem, new_ulid, ordered_ulid, ordered_ulids
 from tidemesh.core.outcome import Settlement
 from tidemesh.core.send import DestinationKind, SendRequest
-from tidemesh.daemon.records import BatchItem, BoundRow, SendKind, SendOutcome
+from tidemesh.daemon.records import (
+    BatchItem,
+    BoundRow,
+    Claimed,
+    OutboxRow,
+    SendKind,
+    SendOutcome,
+)
 from tidemesh.daemon.store import outbox
-from tidemesh.daemon.store.db import Database
+from tidemesh.daemon.store.db import Connection, Database
 
 Clock = Callable[[], float]
 # (recipient ed25519 pubkey hex, body, body_encoding) -> sealed bytes
@@ -66,26 +72,26 @@ def _iso(ms: int | None) -> str | None:
     return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")
 
 
-def row_view(row: sqlite3.Row, chain: list[str] | None = None) -> dict[str, Any]:
+def row_view(row: OutboxRow, chain: list[str] | None = None) -> dict[str, Any]:
     """An outbox row as operators see it (times ISO-8601 UTC, fingerprint as a prefix)."""
     view: dict[str, Any] = {
-        "id": row["id"],
-        "client_message_id": row["client_message_id"],
-        "status": row["status"],
-        "attempts": row["attempts"],
-        "enqueued_at": _iso(row["enqueued_at"]),
-        "next_attempt_at": _iso(row["next_attempt_at"]),
-        "delivered_at": _iso(row["delivered_at"]),
-        "last_error": row["last_error"],
-        "broker_message_id": row["broker_message_id"],
-        "history_id": row["history_id"],
-        "aborted_at": _iso(row["aborted_at"]),
-        "aborted_by": row["aborted_by"],
-        "superseded_by": row["superseded_by"],
-        "supersedes": row["supersedes"],
-        "to": {"kind": row["dest_kind"], "ref": row["dest_ref"]},
-        "request_fingerprint_prefix": prefix(row["request_fingerprint"]),
-        "payload_bytes": len(row["payload"]),
+        "id": row.id,
+        "client_message_id": row.client_message_id,
+        "status": row.status,
+        "attempts": row.attempts,
+        "enqueued_at": _iso(row.enqueued_at),
+        "next_attempt_at": _iso(row.next_attempt_at),
+        "delivered_at": _iso(row.delivered_at),
+        "last_error": row.last_error,
+        "broker_message_id": row.broker_message_id,
+        "history_id": row.history_id,
+        "aborted_at": _iso(row.aborted_at),
+        "aborted_by": row.aborted_by,
+        "superseded_by": row.superseded_by,
+        "supersedes": row.supersedes,
+        "to": {"kind": row.dest_kind, "ref": row.dest_ref},
+        "request_fingerprint_prefix": prefix(row.request_fingerprint),
+        "payload_bytes": len(row.payload),
     }
     if chain is not None:
         view["chain"] = chain
@@ -191,7 +197,7 @@ class OutboxService:
     async def list_rows(
         self, status: str | None = None, limit: int = 50, before: str | None = None
     ) -> dict[str, Any]:
-        def _read(conn: sqlite3.Connection) -> dict[str, Any]:
+        def _read(conn: Connection) -> dict[str, Any]:
             rows = outbox.list_rows(conn, status, limit, before)
             return {"items": [row_view(r) for r in rows], "counts": outbox.counts(conn)}
 
@@ -199,7 +205,7 @@ class OutboxService:
 
     async def snapshot(self) -> tuple[dict[str, int], int]:
         """Counts by status and the lag: how long the oldest unsent row has waited (ms)."""
-        def _read(conn: sqlite3.Connection) -> tuple[dict[str, int], int | None]:
+        def _read(conn: Connection) -> tuple[dict[str, int], int | None]:
             return outbox.counts(conn), outbox.oldest_unsent(conn)
 
         counts, oldest = await self.db.read(_read)
@@ -207,10 +213,10 @@ class OutboxService:
 
     async def inspect(self, row_id: str) -> dict[str, Any]:
         """One row, its requeue chain, and the request it sends (the stored payload)."""
-        def _read(conn: sqlite3.Connection) -> dict[str, Any]:
+        def _read(conn: Connection) -> dict[str, Any]:
             row = outbox.get(conn, row_id)
             return {**row_view(row, outbox.chain(conn, row_id)),
-                    "request": orjson.loads(row["payload"])}
+                    "request": orjson.loads(row.payload)}
 
         return await self.db.read(_read)
 
@@ -225,15 +231,15 @@ class OutboxService:
             raise InvalidRequest(f"new_client_message_id {problem}", field="new_client_message_id")
         now = self._now_ms()
 
-        def _requeue(conn: sqlite3.Connection) -> str:
+        def _requeue(conn: Connection) -> str:
             old = outbox.get(conn, row_id)
             if patch is not None:
                 new = self._new_row(patch, cmid, supersedes=row_id)
             else:
                 new = outbox.NewRow(
                     id=ordered_ulid(now), client_message_id=cmid,
-                    fingerprint=old["request_fingerprint"], payload=old["payload"],
-                    dest_kind=old["dest_kind"], dest_ref=old["dest_ref"], now_ms=now,
+                    fingerprint=old.request_fingerprint, payload=old.payload,
+                    dest_kind=old.dest_kind, dest_ref=old.dest_ref, now_ms=now,
                     supersedes=row_id,
                 )
             outbox.requeue(conn, row_id, new, aborted_by)
@@ -251,7 +257,7 @@ class OutboxService:
         await self.db.write(lambda conn: outbox.set_meta(conn, outbox.MAX_AGE_MS, max_age_ms, now))
 
     async def claim(self, limit: int, max_age_ms: int
-                    ) -> tuple[list[outbox.Claimed], list[Settlement]]:
+                    ) -> tuple[list[Claimed], list[Settlement]]:
         now = self._now_ms()
         # Not durable: a claim a power cut undoes leaves the rows pending, sent again, and
         # the broker answers the resend; no sync of its own on the path of a message.

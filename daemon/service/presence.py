@@ -1,4 +1,5 @@
-"""Presence: who is connected (the broker's list, passed through) and this member's profile.
+"""Presence: who is connected (the link's own set, kept from the broker's presence snapshot
+and changes, or the broker's list asked for) and this member's profile.
 
 The profile lives in inbox.db and is authoritative here: it is sent to the broker on every
 connect and on every change, so the broker's in-memory copy can always be rebuilt.

@@ -7,7 +7,6 @@ The policy is core.retention; the SQL is store.retention; this module runs them 
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,7 +19,7 @@ from prometheus_client import Counter
 from tidemesh.core.errors import InsufficientStorage, Unavailable
 from tidemesh.core.retention import DAY_MS, HOUR_MS, InboxPolicy, OutboxPolicy
 from tidemesh.daemon.store import files, outbox, retention
-from tidemesh.daemon.store.db import Database
+from tidemesh.daemon.store.db import Connection, Database
 
 log = structlog.get_logger(__name__)
 Clock = Callable[[], float]
@@ -115,7 +114,7 @@ class RetentionService:
                 "before_ms": policy.cutoff(now), "held_until_ms": policy.hold_cutoff(now),
                 "events_before_ms": policy.events_cutoff(now)}
 
-    async def _step(self, db: Database, step: Callable[[sqlite3.Connection], T],
+    async def _step(self, db: Database, step: Callable[[Connection], T],
                     dry_run: bool) -> T:
         """One batch; then rest as long as it took, so that a long sweep takes at most about
         half of the writer's time and accepts queued behind it wait one batch at most."""

@@ -11,8 +11,12 @@ from tidemesh.storage.engine import BatchOp
 from tidemesh.storage.migrate import Migrations, SchemaTooNew
 from tidemesh.storage.sqlite import Database, connect, storage_error
 
-__all__ = ["INBOX_MIGRATIONS", "OUTBOX_MIGRATIONS", "BatchOp", "Database", "SchemaTooNew",
-           "StoreDamaged", "check_integrity", "connect", "storage_error"]
+__all__ = ["INBOX_MIGRATIONS", "OUTBOX_MIGRATIONS", "BatchOp", "Connection", "Database",
+           "SchemaTooNew", "StoreDamaged", "check_integrity", "connect", "storage_error"]
+
+# What the stores' functions take. A service that reads or writes several of them in one
+# transaction passes it through; it never executes SQL on it.
+Connection = sqlite3.Connection
 
 OUTBOX_MIGRATIONS = Migrations("daemon/outbox", "the outbox database",
                                too_new="upgrade tidemesh or restore a backup")

@@ -14,8 +14,11 @@ from tidemesh.core import jsonbounds, search_query
 from tidemesh.core.errors import InvalidRequest
 from tidemesh.core.jsonbounds import META_DEPTH
 from tidemesh.core.record import record
+from tidemesh.daemon.records import Delivery as Delivery
 from tidemesh.daemon.records import Event as Event
 from tidemesh.daemon.records import Page as Page
+from tidemesh.daemon.records import StoreResult as StoreResult
+from tidemesh.daemon.records import Void as Void
 from tidemesh.daemon.store import hooks as hook_runs
 from tidemesh.storage.engine import BatchOp
 from tidemesh.storage.multirow import insert_rows
@@ -28,54 +31,12 @@ INBOX_COLUMNS = (
 
 
 @record
-class Delivery:
-    """One message the broker delivered to this member, already decrypted."""
-
-    id: str
-    mesh: str
-    sender_pubkey: str
-    sender_name: str | None
-    client_message_id: str
-    broker_message_id: str
-    dest_kind: str
-    dest_ref: str
-    body: bytes
-    body_encoding: str
-    priority: str
-    meta: dict[str, Any] | None
-    reply_to: str | None
-    epoch: int
-    seq: int
-    sent_at: int
-    received_at: int
-    hooks: tuple[str, ...] = ()  # the hooks its event fires, recorded with it
-    traceparent: str | None = None  # W3C trace context the send carried
-
-
-@record
-class Void:
-    """A delivery that is not stored (a lapsed queue lease that went to another consumer):
-    only the receive cursor moves past it, so the stream stays gapless."""
-
-    epoch: int
-    seq: int
-    at: int
-
-
-@record
 class NewEvent:
     type: str
     data: dict[str, Any]
     created_at: int
     dedupe_key: str | None = None
     hooks: tuple[str, ...] = ()
-
-
-@record
-class StoreResult:
-    inbox_seq: int | None        # None: a redelivery of something already stored
-    event: Event | None
-    extra: tuple[Event, ...] = ()  # events after the message's (a shared file's file_shared)
 
 
 def entry_view(row: Sequence[Any]) -> dict[str, Any]:

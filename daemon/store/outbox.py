@@ -11,6 +11,8 @@ from tidemesh.core.accept import Action, OutboxStatus, Outcome, Prior, decide
 from tidemesh.core.errors import Conflict, NotFound
 from tidemesh.core.outcome import Kind, Settlement, expired
 from tidemesh.core.record import record
+from tidemesh.daemon.records import Claimed as Claimed
+from tidemesh.daemon.records import OutboxRow
 from tidemesh.storage.engine import BatchOp
 from tidemesh.storage.multirow import insert_rows
 
@@ -111,11 +113,11 @@ def _insert(conn: sqlite3.Connection, new: NewRow) -> None:
     conn.execute(_INSERT, _insert_args(new))
 
 
-def get(conn: sqlite3.Connection, row_id: str) -> sqlite3.Row:
-    row: sqlite3.Row | None = conn.execute(_SELECT_BY_ID, (row_id,)).fetchone()
+def get(conn: sqlite3.Connection, row_id: str) -> OutboxRow:
+    row = conn.execute(_SELECT_BY_ID, (row_id,)).fetchone()
     if row is None:
         raise NotFound(f"no outbox row with id {row_id}", id=row_id)
-    return row
+    return OutboxRow(*row)
 
 
 def chain(conn: sqlite3.Connection, row_id: str) -> list[str]:
@@ -138,7 +140,7 @@ def chain(conn: sqlite3.Connection, row_id: str) -> list[str]:
 
 def list_rows(
     conn: sqlite3.Connection, status: str | None, limit: int, before: str | None = None
-) -> list[sqlite3.Row]:
+) -> list[OutboxRow]:
     """Newest first; ``before`` pages by row id (ULIDs sort by time)."""
     where, args = [], []
     if status is not None:
@@ -151,7 +153,7 @@ def list_rows(
     if where:
         sql += " WHERE " + " AND ".join(where)
     sql += " ORDER BY id DESC LIMIT ?"
-    return conn.execute(sql, (*args, limit)).fetchall()
+    return [OutboxRow(*r) for r in conn.execute(sql, (*args, limit))]
 
 
 def counts(conn: sqlite3.Connection) -> dict[str, int]:
@@ -174,15 +176,15 @@ REQUEUEABLE = (OutboxStatus.PENDING.value, OutboxStatus.DEAD.value)
 def requeue(conn: sqlite3.Connection, old_id: str, new: NewRow, aborted_by: str) -> None:
     """Spec §4.5.3 in one transaction: retire the old row, insert its successor, link them."""
     old = get(conn, old_id)
-    if old["status"] not in REQUEUEABLE:
+    if old.status not in REQUEUEABLE:
         hint = (
             " (it may be on the wire right now; wait for it to settle)"
-            if old["status"] == OutboxStatus.INFLIGHT.value else ""
+            if old.status == OutboxStatus.INFLIGHT.value else ""
         )
         raise Conflict(
-            f"outbox row {old_id} is {old['status']}; only pending or dead rows can be "
+            f"outbox row {old_id} is {old.status}; only pending or dead rows can be "
             f"requeued{hint}",
-            id=old_id, status=old["status"],
+            id=old_id, status=old.status,
         )
     taken = conn.execute(_SELECT_BY_CMID, (new.client_message_id,)).fetchone()
     if taken is not None:
@@ -225,16 +227,6 @@ def get_meta(conn: sqlite3.Connection, key: str) -> int | None:
 
 def row_dict(row: sqlite3.Row) -> dict[str, Any]:
     return {k: row[k] for k in row.keys()}  # noqa: SIM118 - sqlite3.Row is not a Mapping
-
-
-@record
-class Claimed:
-    """A row the sender took (now inflight) to put on the wire."""
-
-    id: str
-    client_message_id: str
-    payload: bytes
-    attempts: int
 
 
 def claim_due(
@@ -296,10 +288,10 @@ def settle_many(
 
 
 
-def dead_unnotified(conn: sqlite3.Connection, limit: int = 500) -> list[sqlite3.Row]:
-    return conn.execute(
+def dead_unnotified(conn: sqlite3.Connection, limit: int = 500) -> list[OutboxRow]:
+    return [OutboxRow(*r) for r in conn.execute(
         f"SELECT {COLUMNS} FROM outbox WHERE status = 'dead' AND dead_notified_at IS NULL"  # noqa: S608
-        " ORDER BY id LIMIT ?", (limit,)).fetchall()
+        " ORDER BY id LIMIT ?", (limit,))]
 
 
 def mark_notified(conn: sqlite3.Connection, row_ids: Sequence[str], now_ms: int) -> None:

@@ -43,7 +43,9 @@ class _Peer:
         return None
 
 
-def test_when_the_session_with_the_deliveries_ends_the_newest_muted_one_takes_them() -> None:
+async def test_when_the_session_with_the_deliveries_ends_the_newest_muted_one_takes_them(
+) -> None:
+    # In a loop, as in the server: a member's second connection is a presence update.
     reg = Connections()
     old, _ = reg.register(_Peer(), "m", "k", host="h1")
     new, _ = reg.register(_Peer(), "m", "k", host="h2")

@@ -208,7 +208,7 @@ async def test_sessions_claimed_taken_over_released_and_expired(
 
     # y dies (no more heartbeats): x expires bob's session and tells its members.
     dave = Recording()
-    x.connections.register(dave, "m1", "dave")
+    x.connections.register(dave, "m1", "dave")[0].negotiated = True   # its daemon listens
     x.peering.expiry_ms = 0
     await asyncio.sleep(0.01)
     await x.peering.heartbeat()

@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tidemesh.broker.service.connections import Connections
+from tidemesh.broker.service.connections import Connections, snapshot_texts
+from tidemesh.core.features import PRESENCE_SNAPSHOT_MAX_BYTES
+from tidemesh.core.wire import check, encode
 
 
 class Listener:
@@ -16,6 +18,9 @@ class Listener:
         self.batches: list[str] = []
 
     async def send_frame(self, frame: dict[str, Any]) -> None:
+        return None
+
+    async def send_text(self, text: str) -> None:
         return None
 
     def tell(self, frame: dict[str, Any]) -> None:
@@ -33,8 +38,8 @@ async def test_a_window_of_changes_is_one_shared_frame_or_single_events_after_on
     conns = Connections(presence_window_s=3600)   # flushed by hand below
     new, old = Listener(), Listener()
     batched, _ = conns.register(new, "m1", "carol")
-    batched.presence_batch = True
-    conns.register(old, "m1", "dave")
+    batched.negotiated = batched.presence_batch = True
+    conns.register(old, "m1", "dave")[0].negotiated = True
     elsewhere = Listener()
     conns.register(elsewhere, "m2", "erin")
     bob, _ = conns.register(Listener(), "m1", "bob")
@@ -55,3 +60,74 @@ async def test_a_window_of_changes_is_one_shared_frame_or_single_events_after_on
     assert elsewhere.told == [] and elsewhere.batches == []
     conns.flush()
     assert len(new.batches) == 1 and len(old.told) == 2
+    # A connection whose daemon has not negotiated yet drops presence: none is queued.
+    unready = Listener()
+    conns.register(unready, "m1", "fred")
+    await conns.announce(bob, "peer_join")
+    conns.flush()
+    assert unready.told == [] and unready.batches == []
+
+
+async def test_a_snapshot_names_the_last_flush_and_the_next_batches_come_numbered() -> None:
+    """A daemon with presence_snapshot: the snapshot covers the flushes up to its seq, and
+    only it gets numbered batches with peer_update events (a profile, a second connection);
+    the others get the events they always had."""
+    conns = Connections(presence_window_s=3600)
+    snap, plain, single = Listener(), Listener(), Listener()
+    keeper, _ = conns.register(snap, "m1", "carol")
+    keeper.negotiated = keeper.presence_batch = keeper.presence_snapshot = True
+    batched, _ = conns.register(plain, "m1", "dave")
+    batched.negotiated = batched.presence_batch = True
+    conns.register(single, "m1", "erin")[0].negotiated = True
+    bob, _ = conns.register(Listener(), "m1", "bob")
+    await conns.announce(bob, "peer_join")
+    conns.flush()
+    [taken] = [json.loads(t) for t in await conns.snapshot(keeper)]
+    assert taken["seq"] == conns.seq == 1
+    assert [p["pubkey"] for p in taken["peers"]] == ["bob", "carol", "dave", "erin"]
+    # bob's profile changes, then a second connection of his opens: updates, not joins.
+    await conns.set_profile(bob, {"id": "r1", "profile": {"status": "dnd"}})
+    conns.register(Listener(), "m1", "bob")
+    conns.flush()
+    [numbered] = [json.loads(t) for t in snap.batches[1:]]
+    assert numbered["seq"] == 2
+    assert [(e["type"], e["pubkey"], e.get("connections"), e["profile"])
+            for e in numbered["events"]] == [("peer_update", "bob", 2, {"status": "dnd"})]
+    assert len(plain.batches) == 1 and "seq" not in json.loads(plain.batches[0])
+    assert [e["type"] for e in single.told] == ["peer_join"]
+    assert "connections" not in single.told[0]
+
+
+async def test_an_update_folds_into_a_pending_join_and_a_leave_swallows_it() -> None:
+    conns = Connections(presence_window_s=3600)
+    plain = Listener()
+    batched, _ = conns.register(plain, "m1", "dave")
+    batched.negotiated = batched.presence_batch = True
+    bob, _ = conns.register(Listener(), "m1", "bob")
+    await conns.announce(bob, "peer_join")
+    second, _ = conns.register(Listener(), "m1", "bob")
+    conns.flush()
+    [join] = json.loads(plain.batches[0])["events"]
+    assert join["type"] == "peer_join" and "connections" not in join   # the older daemon's
+    conns.unregister(second)
+    conns.unregister(bob)
+    await conns.announce(bob, "peer_leave")
+    conns.register(Listener(), "m1", "bob")
+    conns.register(Listener(), "m1", "bob")   # an update while the leave is pending
+    conns.flush()
+    assert [e["type"] for e in json.loads(plain.batches[1])["events"]] == ["peer_leave"]
+
+
+def test_a_large_snapshot_goes_as_several_frames_each_member_whole() -> None:
+    mesh = "01M8BQRTS5FD5WAAKSENZYEQ2J"
+    peers = [{"pubkey": f"{i:064x}", "connections": 1, "connected_at": i,
+              "display_name": None, "profile": {"bio": "b" * 4000}} for i in range(200)]
+    frames = [json.loads(t) for t in snapshot_texts(mesh, 7, [encode(p) for p in peers])]
+    assert len(frames) > 1
+    assert [f.get("more", False) for f in frames] == [True] * (len(frames) - 1) + [False]
+    assert [p for f in frames for p in f["peers"]] == peers
+    for f in frames:
+        check(f)
+        assert f["seq"] == 7 and len(json.dumps(f)) < PRESENCE_SNAPSHOT_MAX_BYTES + 5000
+    [alone] = [json.loads(t) for t in snapshot_texts(mesh, 0, [])]
+    assert alone["peers"] == [] and "more" not in alone

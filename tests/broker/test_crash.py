@@ -19,7 +19,7 @@ from nacl.signing import SigningKey
 
 from tests.broker.conftest import now_ms
 from tidemesh.broker.store import open_store
-from tidemesh.daemon.link import BrokerLink, LinkError
+from tidemesh.daemon.link.websocket import BrokerLink, LinkError
 
 ORPHAN_QUERIES = {
     "dedupe_without_message": """

@@ -21,7 +21,7 @@ from tidemesh.broker.service import BrokerService
 from tidemesh.broker.store import open_cluster, open_store
 from tidemesh.core import handshake
 from tidemesh.core.wire import decode, encode
-from tidemesh.daemon.link import BrokerLink
+from tidemesh.daemon.link.websocket import BrokerLink
 
 STAYERS = 20        # connected through every round
 STORM = 200         # connect at once each round, then leave

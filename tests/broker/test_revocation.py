@@ -13,7 +13,7 @@ from tests.broker.conftest import LIMITS, now_ms
 from tidemesh.broker.server import BrokerServer
 from tidemesh.broker.service import BrokerService
 from tidemesh.broker.store import open_cluster, open_store
-from tidemesh.daemon.link import BrokerLink
+from tidemesh.daemon.link.websocket import BrokerLink
 
 
 def pub(key: SigningKey) -> str:

@@ -29,8 +29,8 @@ from tidemesh.core.metrics import render
 from tidemesh.core.paths import daemon_paths
 from tidemesh.core.ratelimit import Rate
 from tidemesh.core.wire import decode, encode
-from tidemesh.daemon.join import MeshConfig, join
-from tidemesh.daemon.link import BrokerLink, FeatureUnavailable, HandshakeRejected
+from tidemesh.daemon.link.websocket import BrokerLink, FeatureUnavailable, HandshakeRejected
+from tidemesh.daemon.membership.join import MeshConfig, join
 
 
 def pub(key: SigningKey) -> str:
@@ -357,7 +357,7 @@ async def test_join_registers_the_key_and_saves_mesh_config(
     assert config.mesh_id == broker.mesh_id and config.broker_url == broker.url
     member = await broker.store.get_member(broker.mesh_id, config.member_pubkey)
     assert member is not None and member.display_name == "laptop"
-    from tidemesh.daemon.identity import load_or_create_keypair
+    from tidemesh.daemon.membership.identity import load_or_create_keypair
 
     key, created = load_or_create_keypair(paths.keypair)
     assert not created

@@ -27,7 +27,7 @@ from tidemesh.broker.store import open_store
 from tidemesh.broker.store.base import Store
 from tidemesh.core import handshake
 from tidemesh.core.wire import CloseCode, decode, encode
-from tidemesh.daemon.link import BrokerLink
+from tidemesh.daemon.link.websocket import BrokerLink
 
 HELLO_TIMEOUT_S = 2.0
 

@@ -22,7 +22,7 @@ from tidemesh.broker.store import open_cluster, open_store
 from tidemesh.broker.store.base import Store
 from tidemesh.core import handshake
 from tidemesh.core.wire import decode, encode
-from tidemesh.daemon.link import BrokerLink
+from tidemesh.daemon.link.websocket import BrokerLink
 
 pytestmark = pytest.mark.postgres
 HELLO_TIMEOUT_S = 0.5

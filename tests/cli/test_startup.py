@@ -12,7 +12,7 @@ import pytest
 # The write engines, not the storage package: its instance lock (fcntl only) is what tells
 # status whether a daemon runs.
 HEAVY = ("aiohttp", "asyncpg", "websockets", "aiosqlite", "tidemesh.daemon.main",
-         "tidemesh.broker", "tidemesh.daemon.link", "tidemesh.daemon.coldpath",
+         "tidemesh.broker", "tidemesh.daemon.link.websocket", "tidemesh.daemon.offline.coldpath",
          "tidemesh.storage.sqlite", "tidemesh.storage.postgres")
 
 PROBE = "HEAVY = " + repr(HEAVY) + """

@@ -8,7 +8,14 @@ from typing import Any
 import pytest
 
 from tidemesh.core.backoff import Backoff
-from tidemesh.core.outcome import Kind, Settlement, classify, expired
+from tidemesh.core.outcome import (
+    KEEP_PLACE_ATTEMPTS,
+    Kind,
+    Settlement,
+    classify,
+    expired,
+    unanswered,
+)
 
 NOW = 1_700_000_000_000
 NO_JITTER = Backoff(jitter=0.0)
@@ -115,3 +122,21 @@ def test_classify_429_jitter_only_lengthens_the_wait() -> None:
 def test_classify_429_without_retry_after_waits_the_backoff() -> None:
     st = settle({"status": 429, "error": {"code": "rate_limited", "message": ""}}, attempts=2)
     assert (st.kind, st.next_attempt_at, st.hold_until) == (Kind.RETRY, None, NOW + 1000)
+
+
+@pytest.mark.parametrize(("attempts", "delay_ms"), [(1, 500), (2, 1000), (3, 2000)])
+def test_unanswered_keeps_its_place_and_holds_the_sender(attempts: int, delay_ms: int) -> None:
+    """A lost link's rows go out again in the order first claimed: none jumps ahead of
+    another by a jitter of its own."""
+    st = unanswered("r1", attempts, "LinkClosed: gone", NOW, Backoff(jitter=0.0),
+                    random.Random(1))
+    assert st == Settlement("r1", Kind.RETRY, NOW, last_error="LinkClosed: gone",
+                            hold_until=NOW + delay_ms)
+
+
+def test_unanswered_too_often_backs_off_behind_newer_rows() -> None:
+    """A row whose frames keep going unanswered may be what breaks the link: it stops
+    holding every later send back."""
+    st = unanswered("r1", KEEP_PLACE_ATTEMPTS + 1, "TimeoutError: no answer", NOW,
+                    Backoff(jitter=0.0), random.Random(1))
+    assert (st.next_attempt_at, st.hold_until) == (NOW + 4000, None)

@@ -23,12 +23,12 @@ from tidemesh.daemon.api.keys import (
     IpcMetrics,
     IpcState,
 )
-from tidemesh.daemon.server import IpcServer, build_app
+from tidemesh.daemon.process.server import IpcServer, build_app
+from tidemesh.daemon.process.stores import open_inbox, open_outbox
 from tidemesh.daemon.service.events import EventBus
 from tidemesh.daemon.service.inbox import InboxService
 from tidemesh.daemon.service.outbox import OutboxService
 from tidemesh.daemon.store.inbox import Delivery
-from tidemesh.daemon.stores import open_inbox, open_outbox
 
 SENDER = "ab" * 32
 

@@ -77,7 +77,7 @@ def rig(kind: str) -> None:
     elif kind == "ipc_v2":
         compat.IPC_API = "v2"
     elif kind.startswith("rotate_kill:"):
-        from tidemesh.daemon import key_rotation
+        from tidemesh.daemon.membership import key_rotation
 
         step = kind.split(":", 1)[1]
         reached = key_rotation.reached

@@ -10,7 +10,7 @@ import json
 import nacl.pwhash
 import pytest
 
-from tidemesh.daemon import backup
+from tidemesh.daemon.offline import backup
 
 FAST = {"ops": nacl.pwhash.argon2id.OPSLIMIT_MIN, "mem": nacl.pwhash.argon2id.MEMLIMIT_MIN}
 CONTENTS = {"schema_version": backup.SCHEMA_VERSION, "mesh": "m", "member_pubkey": "ab"}

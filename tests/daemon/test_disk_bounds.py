@@ -15,10 +15,10 @@ import pytest
 from tests.daemon.harness import RunningDaemon, run_cli, start_daemon
 from tidemesh.client import Client
 from tidemesh.core.retention import DAY_MS, HOUR_MS, InboxPolicy
+from tidemesh.daemon.process.stores import open_inbox, open_outbox
 from tidemesh.daemon.service.events import EventBus
 from tidemesh.daemon.service.inbox import InboxService
 from tidemesh.daemon.service.retention import RetentionService, RetentionSettings
-from tidemesh.daemon.stores import open_inbox, open_outbox
 
 OLD = 1_600_000_000_000           # far past every retention cutoff
 

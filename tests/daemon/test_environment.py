@@ -13,7 +13,7 @@ from tests.daemon.harness import RunningDaemon, run_cli, start_daemon, tcp_liste
 from tests.daemon.test_hooks import PRE_SEND, hooks_folder
 from tidemesh.core.environment import CI_VARIABLES, KUBERNETES_VARIABLE
 from tidemesh.core.paths import daemon_paths
-from tidemesh.daemon.environment import marker_reader
+from tidemesh.daemon.process.environment import marker_reader
 
 # Nothing of the machine the suite runs on decides: no CI variable, no container marker
 # except those a test puts under its own root.

@@ -38,13 +38,13 @@ from tidemesh.daemon.hooks.capability import Capabilities
 from tidemesh.daemon.hooks.files import load_plan
 from tidemesh.daemon.hooks.runner import RunResult, Sandbox, hook_env, run_hook
 from tidemesh.daemon.hooks.service import HookMetrics, HookService, HookSite
-from tidemesh.daemon.server import IpcServer, build_app
+from tidemesh.daemon.process.server import IpcServer, build_app
+from tidemesh.daemon.process.stores import open_inbox, open_outbox
 from tidemesh.daemon.service.events import EventBus
 from tidemesh.daemon.service.inbox import InboxService
 from tidemesh.daemon.service.outbox import OutboxService
 from tidemesh.daemon.store import inbox as inbox_store
 from tidemesh.daemon.store.db import INBOX_MIGRATIONS
-from tidemesh.daemon.stores import open_inbox, open_outbox
 
 
 def script(folder: Path, name: str, body: str) -> Path:

@@ -1,11 +1,11 @@
-"""The rotation's state machine (``daemon/key_rotation.py``), without sockets: every state a
-crash can leave, and what each kind of run does next."""
+"""The rotation's state machine (``daemon/membership/key_rotation.py``), without sockets:
+every state a crash can leave, and what each kind of run does next."""
 
 from __future__ import annotations
 
 import pytest
 
-from tidemesh.daemon.key_rotation import Action, Knows, State, next_action
+from tidemesh.daemon.membership.key_rotation import Action, Knows, State, next_action
 
 OLD, NEW = "a" * 64, "b" * 64
 

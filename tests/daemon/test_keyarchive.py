@@ -11,8 +11,8 @@ import pytest
 from nacl.signing import SigningKey
 
 from tidemesh.core.sealing import UnsealError, seal
-from tidemesh.daemon import keyarchive
-from tidemesh.daemon.keyarchive import DAY_MS, MAX_KEYS, Archive, ArchivedKey, StaleKey
+from tidemesh.daemon.membership import keyarchive
+from tidemesh.daemon.membership.keyarchive import DAY_MS, MAX_KEYS, Archive, ArchivedKey, StaleKey
 
 NOW = 1_800_000_000_000
 

@@ -1,5 +1,5 @@
 """The daemon's side of the broker protocol, sans I/O: frames and ticks in, frames and events
-out, no socket and no clock (``daemon/linkstate.py``)."""
+out, no socket and no clock (``daemon/link/linkstate.py``)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from tidemesh.broker.session import Send as BrokerSend
 from tidemesh.core import features, handshake
 from tidemesh.core.send import Destination, Priority, SendRequest
 from tidemesh.core.wire import FrameType, encode, load_schema
-from tidemesh.daemon.linkstate import (
+from tidemesh.daemon.link.linkstate import (
     ROUTES,
     Answered,
     Close,
@@ -37,7 +37,7 @@ from tidemesh.daemon.linkstate import (
     refusal,
     resume_outcome,
 )
-from tidemesh.daemon.receive_order import ReceiveOrder
+from tidemesh.daemon.link.receive_order import ReceiveOrder
 
 MESH = "01J0000000000000000000000A"
 PUBKEY = "ab" * 32
@@ -390,3 +390,23 @@ def test_resume_answers() -> None:
     with pytest.raises(LinkError, match="refused the resume: busy"):
         resume_outcome({"type": "error", "id": "r1", "error": {"code": "busy",
                                                               "message": "later"}}, (2, 3))
+
+
+def test_the_presence_snapshot_feeds_the_peer_set_and_an_update_is_no_event() -> None:
+    m = _ready()
+    assert m.peerset is not None and not m.peerset.synced
+    me = m.hello_ack["pubkey"]
+    entry = {"pubkey": PUBKEY, "connections": 1, "connected_at": 1, "display_name": None,
+             "profile": {}}
+    assert m.on_frame(encode({"type": "presence_snapshot", "mesh_id": MESH, "seq": 3,
+                              "peers": [entry]}), 101) == []
+    update = {"type": "peer_update", "mesh_id": MESH, "pubkey": PUBKEY, "at": 2,
+              "profile": {"status": "dnd"}}
+    join = {"type": "peer_join", "mesh_id": MESH, "pubkey": me, "at": 2, "connections": 1}
+    assert m.on_frame(encode({"type": "presence_batch", "mesh_id": MESH, "seq": 4,
+                              "events": [update, join]}), 102) == []
+    assert {p["pubkey"]: p["profile"] for p in m.peerset.peers()} == {
+        PUBKEY: {"status": "dnd"}, me: {}}
+    # Without the feature on either side: no set, and peers asks the broker.
+    older = tuple(f for f in features.OPTIONAL if f != features.PRESENCE_SNAPSHOT)
+    assert _ready(optional=older).peerset is None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tidemesh.core.errors import Unavailable
-from tidemesh.daemon.live_link import LiveLink
+from tidemesh.daemon.link.live_link import LiveLink
 
 
 def test_if_open_is_none_while_no_link_is_open() -> None:

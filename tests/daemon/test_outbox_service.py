@@ -11,9 +11,9 @@ import pytest
 from tidemesh.core.errors import InsufficientStorage, InvalidRequest, SendVetoed
 from tidemesh.core.outcome import Kind, Settlement
 from tidemesh.core.send import SendRequest, parse_send_request
+from tidemesh.daemon.process.stores import open_outbox
 from tidemesh.daemon.records import SendKind, SendOutcome
 from tidemesh.daemon.service.outbox import OutboxService
-from tidemesh.daemon.stores import open_outbox
 
 
 @pytest.fixture

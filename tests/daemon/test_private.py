@@ -1,4 +1,4 @@
-"""The daemon's folders and token (daemon/private.py) on a real file system."""
+"""The daemon's folders and token (daemon/process/private.py) on a real file system."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from tidemesh.core.ownership import NotPrivate
 from tidemesh.core.paths import daemon_paths
-from tidemesh.daemon.private import ensure_dirs, ensure_token
+from tidemesh.daemon.process.private import ensure_dirs, ensure_token
 
 
 def _mode(p: Path) -> int:

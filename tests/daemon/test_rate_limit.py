@@ -28,11 +28,11 @@ from tidemesh.daemon.api.keys import (
     IpcState,
 )
 from tidemesh.daemon.hooks.capability import Capabilities
-from tidemesh.daemon.server import IpcServer, build_app
+from tidemesh.daemon.process.server import IpcServer, build_app
+from tidemesh.daemon.process.stores import open_inbox, open_outbox
 from tidemesh.daemon.service.events import EventBus
 from tidemesh.daemon.service.inbox import InboxService
 from tidemesh.daemon.service.outbox import OutboxService
-from tidemesh.daemon.stores import open_inbox, open_outbox
 
 BODY = {"to": "topic:ops", "body": "x"}
 BURST = 5
@@ -127,8 +127,8 @@ async def test_a_hook_reply_token_has_a_budget_of_its_own(short_tmp: Path) -> No
 
 def test_the_budget_is_reloadable_and_checked() -> None:
     from tidemesh.core.settings import ConfigError
-    from tidemesh.daemon import config
-    from tidemesh.daemon.lifecycle import apply
+    from tidemesh.daemon.process import config
+    from tidemesh.daemon.process.lifecycle import apply
 
     settings, _ = config.load({"ipc": {"rate_per_s": 5.0, "rate_burst": 7}}, {}, {})
     registry = CollectorRegistry()

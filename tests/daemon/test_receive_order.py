@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tidemesh.daemon.receive_order import Placement, Position, ReceiveOrder
+from tidemesh.daemon.link.receive_order import Placement, Position, ReceiveOrder
 
 NEXT, STORED, STALE, GAP = Placement.NEXT, Placement.STORED, Placement.STALE, Placement.GAP
 

@@ -9,7 +9,7 @@ from typing import Any
 from nacl.signing import SigningKey
 
 from tidemesh.core.sealing import seal
-from tidemesh.daemon.receiver import delivery_of
+from tidemesh.daemon.link.receiver import delivery_of
 
 ME, PEER = SigningKey.generate(), SigningKey.generate()
 NOW = 1_700_000_000_000

@@ -16,6 +16,7 @@ from tidemesh.core.files import FileMeta
 from tidemesh.core.outcome import Kind, Settlement
 from tidemesh.core.retention import DAY_MS, HOUR_MS, InboxPolicy
 from tidemesh.core.send import parse_send_request
+from tidemesh.daemon.process.stores import open_inbox, open_outbox
 from tidemesh.daemon.records import SendKind
 from tidemesh.daemon.service.events import EventBus
 from tidemesh.daemon.service.inbox import InboxService
@@ -23,7 +24,6 @@ from tidemesh.daemon.service.outbox import OutboxService
 from tidemesh.daemon.service.retention import RetentionService, RetentionSettings
 from tidemesh.daemon.store import inbox
 from tidemesh.daemon.store.db import INBOX_MIGRATIONS, Database
-from tidemesh.daemon.stores import open_inbox, open_outbox
 from tidemesh.storage.sqlite import connect
 
 MAX_AGE = 72 * HOUR_MS

@@ -17,7 +17,7 @@ import pytest
 
 from tests.daemon.harness import RunningDaemon, run_cli, start_daemon
 from tests.e2e.harness import Broker, Mesh, connected, inbox, pubkey, wait_for
-from tidemesh.daemon import identity
+from tidemesh.daemon.membership import identity
 
 pytestmark = pytest.mark.slow
 

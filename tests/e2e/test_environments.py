@@ -18,7 +18,7 @@ from tests.daemon.harness import RunningDaemon, run_cli, start_daemon
 from tests.daemon.test_environment import CI, health, logged
 from tests.e2e.harness import Broker, Mesh, connected, inbox, pubkey, wait_for
 from tidemesh.core.paths import daemon_paths
-from tidemesh.daemon import identity
+from tidemesh.daemon.membership import identity
 
 pytestmark = pytest.mark.slow
 

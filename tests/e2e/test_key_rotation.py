@@ -17,8 +17,8 @@ from tests.e2e.harness import Mesh, connected, inbox, pubkey, two_on_topic, wait
 from tests.e2e.test_backup import SECRET, _backup, _restore
 from tidemesh.client import Client
 from tidemesh.core.wire import CloseCode
-from tidemesh.daemon.join import MeshConfig
-from tidemesh.daemon.link import BrokerLink, HandshakeRejected
+from tidemesh.daemon.link.websocket import BrokerLink, HandshakeRejected
+from tidemesh.daemon.membership.join import MeshConfig
 
 pytestmark = pytest.mark.slow
 

@@ -17,8 +17,8 @@ from tests.daemon.harness import RunningDaemon, daemon_env, run_cli
 from tests.e2e.harness import Mesh, connected, pubkey, two_on_topic, wait_for
 from tests.e2e.test_key_rotation import _bodies_sync, _sent
 from tidemesh.core.wire import CloseCode
-from tidemesh.daemon.join import MeshConfig
-from tidemesh.daemon.link import BrokerLink, HandshakeRejected
+from tidemesh.daemon.link.websocket import BrokerLink, HandshakeRejected
+from tidemesh.daemon.membership.join import MeshConfig
 
 pytestmark = pytest.mark.slow
 RIGGED_DAEMON = Path(__file__).parents[1] / "daemon" / "rigged_daemon.py"

@@ -56,3 +56,18 @@ async def test_profiles_peers_and_presence_events(mesh: Mesh, short_tmp: Path) -
     await wait_for(lambda: pubkey(a) not in {p["pubkey"] for p in _peers(b)})
     human = run_cli(b.home, "peers", "--mesh", "m")
     assert "(this host)" in human.stdout
+
+
+async def test_a_newcomer_sees_who_is_there_at_once_and_who_leaves(
+        mesh: Mesh, short_tmp: Path) -> None:
+    """B connects after A: its first peers answer already holds A (the broker's snapshot,
+    not a join to wait for), and A's leave takes A out of it."""
+    a = mesh.add("a", short_tmp)
+    await wait_for(lambda: connected(a))
+    b = mesh.add("b", short_tmp)
+    await wait_for(lambda: connected(b))
+    assert {pubkey(a), pubkey(b)} <= {p["pubkey"] for p in _peers(b)}
+    assert a.stop() == 0
+    await wait_for(lambda: pubkey(a) not in {p["pubkey"] for p in _peers(b)})
+    [me] = _peers(b)
+    assert me["pubkey"] == pubkey(b) and me["self"] is True and me["display_name"] == "b"

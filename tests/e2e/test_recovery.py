@@ -16,9 +16,9 @@ from tests.daemon.harness import RunningDaemon, run_cli
 from tests.e2e.harness import Broker, Mesh, connected, inbox, pubkey, wait_for
 from tidemesh.client import Client
 from tidemesh.core.sealing import UnsealError, unseal
-from tidemesh.daemon.identity import load_or_create_keypair
-from tidemesh.daemon.join import MeshConfig
-from tidemesh.daemon.link import BrokerLink
+from tidemesh.daemon.link.websocket import BrokerLink
+from tidemesh.daemon.membership.identity import load_or_create_keypair
+from tidemesh.daemon.membership.join import MeshConfig
 
 pytestmark = pytest.mark.slow
 

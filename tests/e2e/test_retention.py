@@ -15,8 +15,8 @@ from tests.daemon.harness import RunningDaemon, start_daemon
 from tests.e2e.harness import Mesh, connected, inbox, wait_for
 from tidemesh.client import Client
 from tidemesh.core.retention import HOUR_MS
+from tidemesh.daemon.process.stores import open_outbox
 from tidemesh.daemon.service.retention import RetentionService, RetentionSettings
-from tidemesh.daemon.stores import open_outbox
 
 pytestmark = pytest.mark.slow
 

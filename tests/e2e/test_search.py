@@ -27,9 +27,9 @@ from tests.e2e.harness import (
 from tidemesh.client import AsyncClient, Client
 from tidemesh.core.errors import InvalidRequest
 from tidemesh.core.retention import DAY_MS
+from tidemesh.daemon.process.stores import open_outbox
 from tidemesh.daemon.service.retention import RetentionService, RetentionSettings
 from tidemesh.daemon.store.db import INBOX_MIGRATIONS, Database
-from tidemesh.daemon.stores import open_outbox
 
 pytestmark = pytest.mark.slow
 

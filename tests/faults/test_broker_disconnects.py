@@ -19,7 +19,7 @@ from tests.broker.test_server import Broker, _start, payload, pub
 from tests.conftest import unavailable
 from tests.faults.pgcluster import PgCluster, unavailable_reason
 from tidemesh.core.wire import CloseCode
-from tidemesh.daemon.link import HandshakeRejected
+from tidemesh.daemon.link.websocket import HandshakeRejected
 
 broker = server_tests.broker  # the in-process broker fixture of tests/broker
 

@@ -17,7 +17,7 @@ import pytest
 from nacl.signing import SigningKey
 
 from tidemesh.core.wire import CloseCode
-from tidemesh.daemon.link import BrokerLink, HandshakeRejected, LinkError
+from tidemesh.daemon.link.websocket import BrokerLink, HandshakeRejected, LinkError
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 

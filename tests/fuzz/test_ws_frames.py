@@ -30,9 +30,9 @@ from tests.e2e.harness import Broker
 from tidemesh.core import features, handshake
 from tidemesh.core.paths import daemon_paths
 from tidemesh.core.wire import FrameType
-from tidemesh.daemon.identity import load_or_create_keypair
-from tidemesh.daemon.join import MeshConfig
-from tidemesh.daemon.link import BrokerLink
+from tidemesh.daemon.link.websocket import BrokerLink
+from tidemesh.daemon.membership.identity import load_or_create_keypair
+from tidemesh.daemon.membership.join import MeshConfig
 
 
 @dataclass

@@ -10,7 +10,7 @@ from tests.ops.conftest import Host
 from tidemesh.broker.config import SETTINGS as BROKER_SETTINGS
 from tidemesh.cli.commands.config import render_docs
 from tidemesh.core.settings import REDACTED, Setting, redact
-from tidemesh.daemon.config import SETTINGS as DAEMON_SETTINGS
+from tidemesh.daemon.process.config import SETTINGS as DAEMON_SETTINGS
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 

@@ -62,7 +62,7 @@ def _expected(suffixes: tuple[str, ...]) -> set[str]:
 
 def test_wheel_has_every_module_of_every_package(wheel: list[str]) -> None:
     modules = _expected((".py",))
-    assert {"tidemesh/core/accept.py", "tidemesh/daemon/relay.py", "tidemesh/broker/server.py",
+    assert {"tidemesh/core/accept.py", "tidemesh/daemon/link/relay.py", "tidemesh/broker/server.py",
             "tidemesh/cli/main.py", "tidemesh/spark/jobs/orphan_audit.py"} <= modules
     assert modules - set(wheel) == set()
 

@@ -24,8 +24,8 @@ from tidemesh.broker.service.delivery import deliver_frame
 from tidemesh.broker.store.base import DeliveryRow
 from tidemesh.core import handshake, hooks, wire
 from tidemesh.core.paths import daemon_paths
-from tidemesh.daemon.identity import load_or_create_keypair
-from tidemesh.daemon.join import MeshConfig
+from tidemesh.daemon.membership.identity import load_or_create_keypair
+from tidemesh.daemon.membership.join import MeshConfig
 
 DEEP = 1000
 # What one refused request may add to a log: a line or two, never a traceback per level.

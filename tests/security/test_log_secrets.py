@@ -19,7 +19,7 @@ import structlog
 from tests.daemon.harness import start_daemon
 from tidemesh.broker import log as broker_log
 from tidemesh.core import logfilters
-from tidemesh.daemon import log as daemon_log
+from tidemesh.daemon.process import log as daemon_log
 
 TOKEN = "tok-9f8e7d6c5b4a39281706"
 

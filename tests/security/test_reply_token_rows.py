@@ -31,11 +31,11 @@ from tidemesh.daemon.api.keys import (
     IpcState,
 )
 from tidemesh.daemon.hooks.capability import Capabilities
-from tidemesh.daemon.server import IpcServer, build_app
+from tidemesh.daemon.process.server import IpcServer, build_app
+from tidemesh.daemon.process.stores import open_inbox, open_outbox
 from tidemesh.daemon.service.events import EventBus
 from tidemesh.daemon.service.inbox import InboxService
 from tidemesh.daemon.service.outbox import OutboxService
-from tidemesh.daemon.stores import open_inbox, open_outbox
 
 PEER = SigningKey(b"\x01" * 32).verify_key.encode().hex()
 LOCAL = "local-token-0123"

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import asyncpg
 import structlog
 
-from tidemesh.broker.service.cluster import ClusterEvents, Key, SessionRow
+from tidemesh.broker.store.cluster import ClusterEvents, Key, SessionRow
 from tidemesh.core.backoff import Backoff
 from tidemesh.storage.postgres import DB_ERRORS
 

@@ -12,7 +12,7 @@ import secrets
 from pathlib import Path
 
 from tidemesh.daemon.api.keys import IpcState
-from tidemesh.daemon.private import write_atomically
+from tidemesh.daemon.process.private import write_atomically
 
 
 def write_token(path: Path, token: str) -> None:

@@ -25,8 +25,8 @@ from typing import Any
 from nacl.signing import SigningKey
 
 from tidemesh.core.paths import DaemonPaths
-from tidemesh.daemon import identity
-from tidemesh.daemon.departure import aside_dir
+from tidemesh.daemon.membership import identity
+from tidemesh.daemon.membership.departure import aside_dir
 from tidemesh.daemon.store.db import OUTBOX_MIGRATIONS
 
 ARCHIVE = "keypair-archive.json"

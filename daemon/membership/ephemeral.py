@@ -23,9 +23,10 @@ from nacl.signing import SigningKey
 from tidemesh.core.environment import Effective
 from tidemesh.core.errors import Unavailable
 from tidemesh.core.paths import DaemonPaths
-from tidemesh.daemon import config, environment, identity
-from tidemesh.daemon.departure import leave_broker
-from tidemesh.daemon.join import MeshConfig, bound_to
+from tidemesh.daemon.membership import identity
+from tidemesh.daemon.membership.departure import leave_broker
+from tidemesh.daemon.membership.join import MeshConfig, bound_to
+from tidemesh.daemon.process import config, environment
 
 log = structlog.get_logger("tidemesh.daemon")
 

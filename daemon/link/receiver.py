@@ -29,12 +29,12 @@ from tidemesh.core.ids import new_ulid, new_ulids
 from tidemesh.core.metrics import BATCH_BUCKETS, CollectorRegistry
 from tidemesh.core.sealing import UnsealError, unseal
 from tidemesh.daemon import race
-from tidemesh.daemon.keyring import Keyring
-from tidemesh.daemon.link import BrokerLink, LinkError
-from tidemesh.daemon.linkstate import resume_outcome
-from tidemesh.daemon.receive_order import Position, ReceiveOrder
+from tidemesh.daemon.link.linkstate import resume_outcome
+from tidemesh.daemon.link.receive_order import Position, ReceiveOrder
+from tidemesh.daemon.link.websocket import BrokerLink, LinkError
+from tidemesh.daemon.membership.keyring import Keyring
+from tidemesh.daemon.records import Delivery, StoreResult, Void
 from tidemesh.daemon.service.inbox import InboxService
-from tidemesh.daemon.store.inbox import Delivery, StoreResult, Void
 
 log = structlog.get_logger(__name__)
 # Deliveries taken off the link's queue at once (whole frames): stored together, acked once.

@@ -30,7 +30,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
 from tidemesh.core import features
 from tidemesh.core.wire import encode
-from tidemesh.daemon.linkstate import (
+from tidemesh.daemon.link.linkstate import (
     STALL_TIMEOUT_S,
     Answered,
     Close,
@@ -182,9 +182,20 @@ class BrokerLink:
         return await self._call({"type": "resume", "epoch": epoch, "last_seq": last_seq})
 
     async def peers(self) -> list[dict[str, Any]]:
-        """The members connected to the broker now: pubkey, connections, connected_at."""
+        """The members connected to the broker now: pubkey, connections, connected_at.
+        Kept here from the broker's snapshot and changes when it sends them (nothing to
+        ask); else, or before the snapshot came, asked of the broker."""
+        known = self.known_peers()
+        if known is not None:
+            return known
         answer = await self._call({"type": "peers"})
         return list(answer.get("peers", []))
+
+    def known_peers(self) -> list[dict[str, Any]] | None:
+        """The present members as this link keeps them; None when it keeps none (a broker
+        without ``presence_snapshot``, or its snapshot not come yet)."""
+        peerset = self.state.peerset
+        return peerset.peers() if peerset is not None and peerset.synced else None
 
     async def rotate_key(self, signed: dict[str, str]) -> dict[str, Any]:
         """``key_rotate`` (``handshake.sign_rotation``'s fields); the ``key_rotated`` answer
@@ -196,6 +207,8 @@ class BrokerLink:
         refused = refusal(await self._call({"type": "profile", "profile": profile}))
         if refused is not None:
             raise LinkError(f"the broker refused the profile: {refused}")
+        if self.state.peerset is not None:
+            self.state.peerset.own_profile = dict(profile)
 
     async def ack(self, epoch: int, seq: int) -> None:
         """Cumulative ack, sent only after the inbox commit (no answer comes back)."""

@@ -20,15 +20,15 @@ from tidemesh.core import invite as invites
 from tidemesh.core.errors import MemberRevoked, MeshNameBound
 from tidemesh.core.failover import BrokerRotation
 from tidemesh.core.paths import DaemonPaths
-from tidemesh.daemon import revocation
-from tidemesh.daemon.dial import dial_first
-from tidemesh.daemon.identity import (
+from tidemesh.daemon.link.dial import dial_first
+from tidemesh.daemon.link.websocket import HandshakeRejected
+from tidemesh.daemon.membership import revocation
+from tidemesh.daemon.membership.identity import (
     load_or_create_keypair,
     save_ephemeral,
     save_keypair,
     write_private,
 )
-from tidemesh.daemon.link import HandshakeRejected
 from tidemesh.storage.lock import InstanceLock
 
 
@@ -102,7 +102,7 @@ async def join(invite_text: str, paths: DaemonPaths, local: str,
 
     ``remint`` is ``move_aside`` for the mesh the name is bound to: a cloned image's new
     member key. ``ephemeral`` (CI) makes a new key kept in the runtime folder
-    (daemon.ephemeral), never in the data folder."""
+    (membership/ephemeral.py), never in the data folder."""
     inv = invites.decode(invite_text)
     urls = broker_urls or inv.urls
     invites.check_broker_urls(urls, "broker_url")

@@ -39,8 +39,8 @@ from tidemesh.core.errors import (
     WrongPassphrase,
 )
 from tidemesh.core.paths import DaemonPaths
-from tidemesh.daemon import identity
-from tidemesh.daemon.private import write_atomically
+from tidemesh.daemon.membership import identity
+from tidemesh.daemon.process.private import write_atomically
 from tidemesh.daemon.store import inbox as inbox_sql
 from tidemesh.daemon.store.db import INBOX_MIGRATIONS
 

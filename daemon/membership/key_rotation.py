@@ -38,10 +38,10 @@ from tidemesh.core import features, handshake
 from tidemesh.core.errors import Conflict, NotJoined, TidemeshError, Unavailable
 from tidemesh.core.failover import BrokerRotation
 from tidemesh.core.paths import DaemonPaths
-from tidemesh.daemon import identity, keyarchive
-from tidemesh.daemon.dial import dial_first
-from tidemesh.daemon.join import MeshConfig
-from tidemesh.daemon.link import BrokerLink, HandshakeRejected, LinkError
+from tidemesh.daemon.link.dial import dial_first
+from tidemesh.daemon.link.websocket import BrokerLink, HandshakeRejected, LinkError
+from tidemesh.daemon.membership import identity, keyarchive
+from tidemesh.daemon.membership.join import MeshConfig
 from tidemesh.storage.lock import AlreadyRunning, InstanceLock
 
 log = structlog.get_logger(__name__)

@@ -1,6 +1,6 @@
 """A running daemon's lifecycle past start-up: SIGHUP reload and the shutdown drain deadline.
 
-Owns which settings a running daemon re-applies on SIGHUP (those ``daemon.config`` marks
+Owns which settings a running daemon re-applies on SIGHUP (those ``process/config.py`` marks
 ``reloadable``: log level, IPC limits, SSE timing, the grace period) and how shutdown waits
 for in-flight IPC requests before the server cuts them off. ``main`` wires both in; nothing
 here reads the environment or touches the broker link, so a reload never drops the WebSocket.
@@ -22,9 +22,9 @@ from aiohttp import web
 from tidemesh.core.backoff import Backoff
 from tidemesh.core.ratelimit import Rate
 from tidemesh.core.settings import ConfigError
-from tidemesh.daemon import config as config_mod
-from tidemesh.daemon import log as log_mod
 from tidemesh.daemon.api.keys import IpcState
+from tidemesh.daemon.process import config as config_mod
+from tidemesh.daemon.process import log as log_mod
 from tidemesh.daemon.service.events import EventBus
 
 log = structlog.get_logger("tidemesh.daemon")

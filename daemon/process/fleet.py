@@ -14,7 +14,7 @@ from typing import Any
 from tidemesh.core import fleet
 from tidemesh.core.paths import fleet_config_file, meshes_dir, runtimes_dir
 from tidemesh.core.settings import ConfigError
-from tidemesh.daemon import config as config_mod
+from tidemesh.daemon.process import config as config_mod
 from tidemesh.storage.lock import is_held
 
 # What counts toward the disk budget: the databases and their journals (logs are the

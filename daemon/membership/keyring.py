@@ -14,8 +14,8 @@ from prometheus_client import Counter
 
 from tidemesh.core.metrics import CollectorRegistry
 from tidemesh.core.sealing import Opened
-from tidemesh.daemon import keyarchive
-from tidemesh.daemon.keyarchive import Archive, StaleKey
+from tidemesh.daemon.membership import keyarchive
+from tidemesh.daemon.membership.keyarchive import Archive, StaleKey
 
 SWEEP_INTERVAL_S = 86_400.0
 

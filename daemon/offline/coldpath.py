@@ -25,13 +25,14 @@ from tidemesh.core.ids import new_ulid
 from tidemesh.core.paths import DaemonPaths, daemon_paths
 from tidemesh.core.sealing import seal_request
 from tidemesh.core.send import DestinationKind, parse_send_request
-from tidemesh.daemon import config, environment, revocation
 from tidemesh.daemon.api.validation import checked
-from tidemesh.daemon.dial import dial_first
 from tidemesh.daemon.hooks.presend import gate_without_daemon
-from tidemesh.daemon.identity import load_or_create_keypair
-from tidemesh.daemon.join import MeshConfig
-from tidemesh.daemon.link import HandshakeRejected, LinkError
+from tidemesh.daemon.link.dial import dial_first
+from tidemesh.daemon.link.websocket import HandshakeRejected, LinkError
+from tidemesh.daemon.membership import revocation
+from tidemesh.daemon.membership.identity import load_or_create_keypair
+from tidemesh.daemon.membership.join import MeshConfig
+from tidemesh.daemon.process import config, environment
 from tidemesh.storage.lock import InstanceLock
 
 HOLDER = "a daemon (or a cold-path send) for this mesh"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import structlog
 
-from tidemesh.daemon.server import IpcServer
+from tidemesh.daemon.process.server import IpcServer
 
 log = structlog.get_logger(__name__)
 

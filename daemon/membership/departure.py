@@ -23,11 +23,11 @@ from nacl.signing import SigningKey
 from tidemesh.core.errors import NotJoined, Unavailable
 from tidemesh.core.failover import BrokerRotation
 from tidemesh.core.paths import DaemonPaths, meshes_dir
-from tidemesh.daemon import revocation
-from tidemesh.daemon.dial import dial_first
-from tidemesh.daemon.identity import load_ephemeral, load_or_create_keypair
-from tidemesh.daemon.join import MeshConfig
-from tidemesh.daemon.link import HandshakeRejected, LinkError
+from tidemesh.daemon.link.dial import dial_first
+from tidemesh.daemon.link.websocket import HandshakeRejected, LinkError
+from tidemesh.daemon.membership import revocation
+from tidemesh.daemon.membership.identity import load_ephemeral, load_or_create_keypair
+from tidemesh.daemon.membership.join import MeshConfig
 
 # The files that make a host a member of a mesh; reset moves them aside, config stays.
 DATA_FILES = ("keypair.json", "keypair-archive.json", "keypair-pending.json",

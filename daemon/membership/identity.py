@@ -18,7 +18,7 @@ from pathlib import Path
 
 from nacl.signing import SigningKey
 
-from tidemesh.daemon.private import write_atomically
+from tidemesh.daemon.process.private import write_atomically
 
 _VIRTUAL_IF = re.compile(
     r"^(lo|docker|br-|veth|tap|tun|tailscale|wg|utun|ppp|vboxnet|vmnet|awdl|llw|virbr|cni|flannel)",

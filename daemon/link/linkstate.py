@@ -8,7 +8,8 @@ side of the same protocol is ``broker/session.py``.
     AWAIT_HELLO_ACK --hello_ack--> feature request          AWAIT_FEATURES
     AWAIT_FEATURES  --response, required features usable--> READY (``Ready``)
                     --a required feature unusable--> close 4010 (``Failed``)
-    READY: requests matched to answers by id; deliveries and presence routed (``ROUTES``)
+    READY: requests matched to answers by id; deliveries and presence routed (``ROUTES``);
+           with ``presence_snapshot`` negotiated, the present set kept in ``peerset``
 
 Every request waits as one pending entry, whatever it holds: a claimed batch of sends is one
 ``send_batch`` frame (a ``send`` frame for one row) and its answers come back together, as
@@ -34,6 +35,7 @@ from tidemesh.core import features, handshake
 from tidemesh.core.features import CloseReason
 from tidemesh.core.invite import explain_refusal
 from tidemesh.core.wire import CloseCode, FrameType, InvalidFrame, decode
+from tidemesh.daemon.link.peerset import PeerSet
 
 Frame = dict[str, Any]
 Position = tuple[int, int]   # (epoch, seq)
@@ -231,6 +233,9 @@ class LinkState(Generic[W]):
     held: bool = False                           # our own deliveries queue is full
     quiet_since: float = 0.0                     # the last frame, or when waiting began
     deadline: float = 0.0                        # the handshake's
+    # Who is present, from the broker's snapshot and batches (``presence_snapshot``
+    # negotiated); None with a broker that sends none.
+    peerset: PeerSet | None = None
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     def __post_init__(self) -> None:
@@ -379,12 +384,24 @@ class LinkState(Generic[W]):
         return [Delivered(frame["deliveries"])]
 
     def _presence(self, frame: Frame) -> list[Output[W]]:
+        if self.peerset is not None and frame["type"] == FrameType.PEER_KEY_ROTATED:
+            self.peerset.apply(frame)
         return [Presence(frame)]
 
     def _presence_batch(self, frame: Frame) -> list[Output[W]]:
         me = self.hello_ack.get("pubkey")
-        # The mesh's one frame names us too.
-        return [Presence(event) for event in frame["events"] if event["pubkey"] != me]
+        if self.peerset is not None:
+            self.peerset.on_batch(frame)
+        # The mesh's one frame names us too. An update is no event (the peer set holds it),
+        # and a join's event has the fields it had before the snapshot feature.
+        return [Presence({k: v for k, v in event.items() if k != "connections"})
+                for event in frame["events"]
+                if event["pubkey"] != me and event["type"] != FrameType.PEER_UPDATE]
+
+    def _presence_snapshot(self, frame: Frame) -> list[Output[W]]:
+        if self.peerset is not None:
+            self.peerset.on_snapshot(frame)
+        return []
 
     # -- the handshake -------------------------------------------------------------------
 
@@ -442,6 +459,8 @@ class LinkState(Generic[W]):
             return [Close(CloseCode.FEATURE, features.close_reason_text(reason)),
                     Failed(FeatureUnavailable(reason, supported, answer))]
         self.supported = dict(supported)
+        if features.presence_snapshot(self.supported, (*self.require, *self.optional)):
+            self.peerset = PeerSet(str(self.hello_ack["pubkey"]))
         self.phase = Phase.READY
         self.quiet_since = self.now
         return [Ready(self.hello_ack, self.supported, self.broker_version)]
@@ -474,6 +493,7 @@ ROUTES: dict[str, Callable[[LinkState[Any], Frame], list[Any]]] = {
     FrameType.DELIVER_BATCH: LinkState._deliver_batch,
     **dict.fromkeys(PRESENCE_FRAMES, LinkState._presence),
     FrameType.PRESENCE_BATCH: LinkState._presence_batch,
+    FrameType.PRESENCE_SNAPSHOT: LinkState._presence_snapshot,
 }
 
 

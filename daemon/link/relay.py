@@ -29,25 +29,25 @@ from tidemesh.core.failover import BrokerRotation
 from tidemesh.core.features import DEDUPE
 from tidemesh.core.maxage import DedupeWindow, MaxAgeError, max_age_hours
 from tidemesh.core.metrics import CollectorRegistry
-from tidemesh.daemon import revocation
-from tidemesh.daemon.join import MeshConfig
-from tidemesh.daemon.keyring import Keyring
-from tidemesh.daemon.link import (
-    STALL_TIMEOUT_S,
-    BrokerLink,
-    FeatureUnavailable,
-    HandshakeRejected,
-    LinkError,
-)
-from tidemesh.daemon.live_link import LiveLink
-from tidemesh.daemon.receiver import Receiver, ReceiverMetrics, forward_presence
-from tidemesh.daemon.sender import (
+from tidemesh.daemon.link.live_link import LiveLink
+from tidemesh.daemon.link.receiver import Receiver, ReceiverMetrics, forward_presence
+from tidemesh.daemon.link.sender import (
     DeadLetters,
     Sender,
     SenderMetrics,
     SenderSettings,
     SendHold,
 )
+from tidemesh.daemon.link.websocket import (
+    STALL_TIMEOUT_S,
+    BrokerLink,
+    FeatureUnavailable,
+    HandshakeRejected,
+    LinkError,
+)
+from tidemesh.daemon.membership import revocation
+from tidemesh.daemon.membership.join import MeshConfig
+from tidemesh.daemon.membership.keyring import Keyring
 from tidemesh.daemon.service.inbox import InboxService
 from tidemesh.daemon.service.outbox import OutboxService
 

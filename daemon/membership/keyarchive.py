@@ -27,7 +27,7 @@ from nacl.public import PrivateKey
 from nacl.signing import SigningKey
 
 from tidemesh.core.sealing import Opened, UnsealError, unseal, unseal_with
-from tidemesh.daemon.private import write_atomically
+from tidemesh.daemon.process.private import write_atomically
 
 log = structlog.get_logger(__name__)
 SCHEMA_VERSION = 1

@@ -12,7 +12,7 @@ from typing import Any
 from nacl.signing import SigningKey
 
 from tidemesh.core.failover import BrokerRotation
-from tidemesh.daemon.link import BrokerLink, LinkError
+from tidemesh.daemon.link.websocket import BrokerLink, LinkError
 
 
 async def dial_first(rotation: BrokerRotation, mesh_id: str, key: SigningKey,

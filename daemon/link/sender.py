@@ -25,12 +25,12 @@ from prometheus_client import Counter, Histogram
 from tidemesh.core import tracing
 from tidemesh.core.backoff import Backoff
 from tidemesh.core.metrics import BATCH_BUCKETS, CollectorRegistry
-from tidemesh.core.outcome import Kind, Settlement, classify
+from tidemesh.core.outcome import Kind, Settlement, classify, unanswered
 from tidemesh.daemon import race
-from tidemesh.daemon.link import BrokerLink, LinkError
+from tidemesh.daemon.link.websocket import BrokerLink, LinkError
+from tidemesh.daemon.records import Claimed
 from tidemesh.daemon.service.inbox import InboxService
 from tidemesh.daemon.service.outbox import OutboxService
-from tidemesh.daemon.store.outbox import Claimed
 
 log = structlog.get_logger(__name__)
 
@@ -72,13 +72,21 @@ class SenderMetrics:
 @dataclass(slots=True)
 class SendHold:
     """No claims before ``until_ms`` (the broker asked this member to slow down). One per
-    mesh, kept across links."""
+    mesh, kept across links.
+
+    ``draining``: rows were sent back to pending in their places, and frames still on the
+    wire may send back more (a 429 for each). No claim is made until those are answered, so
+    the next claim takes them all in place order: claimed while an earlier row's frame was
+    still unanswered, a later row could reach the broker first and, being owed too, go
+    through ahead of it."""
 
     until_ms: int = 0
+    draining: bool = False
 
     def extend(self, until_ms: int | None) -> None:
         if until_ms is not None:
             self.until_ms = max(self.until_ms, until_ms)
+            self.draining = True
 
 
 class DeadLetters:
@@ -132,6 +140,13 @@ class Sender:
                 if held_s > 0:
                     await race.first(self.link.wait_closed(), within=held_s)
                     continue
+                if self.hold.draining:
+                    self.slot_freed.clear()
+                    if self.inflight:
+                        await race.first(self.link.wait_closed(), self.slot_freed.wait(),
+                                         within=s.idle_poll_s)
+                        continue
+                    self.hold.draining = False
                 free = s.window - self.inflight
                 want = min(free, s.claim_batch)
                 if want > 0:
@@ -180,9 +195,14 @@ class Sender:
                  else f"LinkError: {refused}" if refused is not None
                  else f"TimeoutError: no answer within {limit:.0f} s")
         now = int(self.clock() * 1000)
-        settled = [classify(r.id, r.attempts, a, None if a else error, now,
-                            self.backoff, self.rng)
-                   for r, a in zip(rows, answers, strict=True)]
+        if refused is None and all(a is None for a in answers):
+            # No answer at all: the rows keep their places (``core.outcome.unanswered``).
+            settled = [unanswered(r.id, r.attempts, error, now, self.backoff, self.rng)
+                       for r in rows]
+        else:
+            settled = [classify(r.id, r.attempts, a, None if a else error, now,
+                                self.backoff, self.rng)
+                       for r, a in zip(rows, answers, strict=True)]
         # Before the rows are pending again, so the claim loop cannot take them early.
         for st in settled:
             self.hold.extend(st.hold_until)

@@ -13,10 +13,10 @@ from typing import Any, TypeVar
 from tidemesh.core.errors import NotFound
 from tidemesh.core.send import parse_send_request
 from tidemesh.daemon.api.validation import checked
+from tidemesh.daemon.process.stores import open_outbox
 from tidemesh.daemon.service.outbox import OutboxService
 from tidemesh.daemon.service.retention import RetentionService, RetentionSettings
 from tidemesh.daemon.store.db import INBOX_MIGRATIONS, Database
-from tidemesh.daemon.stores import open_outbox
 
 T = TypeVar("T")
 

@@ -12,7 +12,7 @@ import asyncio
 from typing import Any
 
 from tidemesh.core.errors import InvalidRequest, NotJoined, TidemeshError, Unavailable, from_body
-from tidemesh.daemon.link import BrokerLink, LinkError
+from tidemesh.daemon.link.websocket import BrokerLink, LinkError
 
 
 def _disconnected() -> Unavailable:

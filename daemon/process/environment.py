@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from tidemesh.core.environment import Effective, detect, settle
-from tidemesh.daemon.config import DaemonSettings
+from tidemesh.daemon.process.config import DaemonSettings
 
 # A marker file is small; a bigger one is read no further than this.
 _MARKER_MAX = 65536

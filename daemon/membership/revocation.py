@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tidemesh.core.errors import MemberRevoked
-from tidemesh.daemon.identity import write_private
+from tidemesh.daemon.membership.identity import write_private
 
 # The broker's close reason for a revoked member (broker/service/auth.py).
 REASON = "member_revoked"
