@@ -16,7 +16,7 @@ from tidemesh.core.errors import InvalidRequest, PayloadTooLarge, RateLimited, T
 from tidemesh.core.fingerprint import prefix, request_fingerprint
 from tidemesh.core.ids import new_ulid
 from tidemesh.core.record import record
-from tidemesh.core.send import parse_send_request
+from tidemesh.core.send import frame_content
 
 DAY_MS = 86_400_000
 
@@ -145,28 +145,30 @@ def prepare(
     ids: tuple[str, str] | None = None,
 ) -> AcceptInput:
     """Phase B1 on a schema-valid ``send`` frame; raises (4xx, no side effects). ``ids``
-    (broker_message_id, history_id) are minted here unless the caller minted them in bulk."""
-    req = parse_send_request(frame)
-    cmid = req.client_message_id
-    if cmid is None:  # the send schema requires it; parse_send_request allows its absence
+    (broker_message_id, history_id) are minted here unless the caller minted them in bulk.
+    The frame is read as it is (``core/send.frame_content``): the rules its schema cannot
+    say, then its own strings kept, with no ``SendRequest`` built and turned back into them."""
+    body, meta, cmid, meta_jcs, traceparent = frame_content(frame)
+    if cmid is None:  # the send schema requires it; frame_content allows its absence
         raise InvalidRequest("client_message_id is required", field="client_message_id")
-    if len(req.body) > limits.inline_bytes:
+    if len(body) > limits.inline_bytes:
         raise PayloadTooLarge(
-            f"body is {len(req.body)} bytes, over max_payload.inline_bytes={limits.inline_bytes}",
+            f"body is {len(body)} bytes, over max_payload.inline_bytes={limits.inline_bytes}",
             field="body",
         )
-    kind, ref, priority = req.to.kind.value, req.to.ref, req.priority.value
+    to, priority = frame["to"], frame["priority"]
+    kind, ref, reply_to = to["kind"], to["ref"], frame.get("reply_to") or None
     expires = (None if limits.dedupe_mode == "permanent"
                else now_ms + limits.dedupe_retention_days * DAY_MS)
     return AcceptInput(
         mesh_id=mesh_id, sender_pubkey=sender, client_message_id=cmid,
-        kind=kind, ref=ref, body=req.body, body_encoding=req.body_encoding,
-        priority=priority, meta=req.meta, reply_to=req.reply_to,
-        fingerprint=request_fingerprint(kind, ref, req.body, priority, req.meta, req.reply_to,
-                                        req.meta_jcs),
+        kind=kind, ref=ref, body=body, body_encoding=frame["body_encoding"],
+        priority=priority, meta=meta, reply_to=reply_to,
+        fingerprint=request_fingerprint(kind, ref, body, priority, meta, reply_to,
+                                        meta_jcs),
         broker_message_id=ids[0] if ids else new_ulid(now_ms),
         history_id=ids[1] if ids else new_ulid(now_ms),
-        now_ms=now_ms, expires_at=expires, traceparent=req.traceparent,
+        now_ms=now_ms, expires_at=expires, traceparent=traceparent,
     )
 
 

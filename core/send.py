@@ -144,11 +144,8 @@ def parse_send_request(data: dict[str, Any], header_id: str | None = None,
         Destination.parse(to) if isinstance(to, str) else Destination.checked(to["kind"], to["ref"])
     )
     encoding = data.get("body_encoding", "utf8")
-    body = _decode_body(data["body"], encoding)
-    meta = data.get("meta") or None
-    if meta is not None and deeper_than(meta, META_DEPTH):
-        # Before the canonicaliser, which recurses once per level (core/jsonbounds).
-        raise InvalidRequest(f"meta nests deeper than {META_DEPTH} levels", field="meta")
+    body, meta, cmid, meta_jcs, traceparent = _content(data, encoding, header_id,
+                                                       header_traceparent)
     return SendRequest(
         to=dest,
         body=body,
@@ -156,10 +153,39 @@ def parse_send_request(data: dict[str, Any], header_id: str | None = None,
         priority=_priority(data.get("priority", Priority.NEXT.value)),
         meta=meta,
         reply_to=data.get("reply_to") or None,
-        client_message_id=pick_client_message_id(header_id, data.get("client_message_id")),
-        meta_jcs=_canonical_meta(meta),
-        traceparent=pick_traceparent(header_traceparent, data.get("traceparent")),
+        client_message_id=cmid,
+        meta_jcs=meta_jcs,
+        traceparent=traceparent,
     )
+
+
+# What the rules a schema cannot say make of a send: (body, meta, client_message_id, meta's
+# canonical form, traceparent). A tuple: a value built per send on the hot path.
+Content = tuple[bytes, dict[str, Any] | None, str | None, bytes, str]
+
+
+def frame_content(frame: dict[str, Any]) -> Content:
+    """A schema-checked ``send`` frame (or ``send_batch`` item) held to the rules its schema
+    cannot say, as ``parse_send_request`` holds it, read off the frame: its destination, body
+    encoding and priority are the frame's own strings, with no ``SendRequest`` built and
+    turned back into them (the broker's B1)."""
+    to = frame["to"]
+    Destination.checked(to["kind"], to["ref"])
+    return _content(frame, frame["body_encoding"], None, None)
+
+
+def _content(data: dict[str, Any], encoding: str, header_id: str | None,
+             header_traceparent: str | None) -> Content:
+    """The body, meta's depth, the id, meta's canonical form and the traceparent, checked in
+    that order (a send with several faults is refused for the first)."""
+    body = _decode_body(data["body"], encoding)
+    meta = data.get("meta") or None
+    if meta is not None and deeper_than(meta, META_DEPTH):
+        # Before the canonicaliser, which recurses once per level (core/jsonbounds).
+        raise InvalidRequest(f"meta nests deeper than {META_DEPTH} levels", field="meta")
+    cmid = pick_client_message_id(header_id, data.get("client_message_id"))
+    return (body, meta, cmid, _canonical_meta(meta),
+            pick_traceparent(header_traceparent, data.get("traceparent")))
 
 
 def _priority(value: str) -> Priority:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Generic, TypeVar
 
+import orjson
 from nacl.signing import SigningKey
 
 from tidemesh.core import features, handshake
@@ -106,6 +107,9 @@ class Phase(StrEnum):
 @dataclass(frozen=True, slots=True)
 class Send:
     frame: Frame
+    # The frame as written, when a stored payload went into it as its bytes (``frame`` then
+    # holds its type and ids only); None: ``frame`` is encoded as it is.
+    wire: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,16 +308,28 @@ class LinkState(Generic[W]):
         self._wait(request_id, Pending(waiter), now)
         return Send({**frame, "id": request_id})
 
-    def send_batch(self, items: list[tuple[str, Frame]], now: float, waiter: W) -> Send:
-        """Outbox rows (client_message_id, ``SendRequest.to_payload()``) as one frame: a
-        ``send`` for one, else a ``send_batch``; their answers come as one ``Settled``."""
-        sends = [self._send_item(cmid, payload) for cmid, payload in items]
+    def send_batch(self, items: list[tuple[str, Frame | bytes]], now: float,
+                   waiter: W) -> Send:
+        """Outbox rows (client_message_id, ``SendRequest.to_payload()``: the bytes the outbox
+        stored, or that parsed) as one frame: a ``send`` for one, else a ``send_batch``; their
+        answers come as one ``Settled``. Stored bytes go into the frame as they are
+        (``_spliced``), not parsed and encoded again."""
+        ids = [f"r{next(self._ids)}" for _ in items]
+        sends = [self._send_item(cmid, payload, rid)
+                 for (cmid, payload), rid in zip(items, ids, strict=True)]
         if len(sends) == 1:
-            self._wait(sends[0]["id"], Pending(waiter, [sends[0]["id"]]), now)
-            return Send({"type": FrameType.SEND.value, **sends[0]})
+            self._wait(ids[0], Pending(waiter, ids), now)
+            [send] = sends
+            if isinstance(send, bytes):
+                return Send({"type": FrameType.SEND.value, "id": ids[0],
+                             "client_message_id": items[0][0]},
+                            b'{"type":"send",' + send[1:])
+            return Send({"type": FrameType.SEND.value, **send})
         batch_id = f"b{next(self._ids)}"
-        self._wait(batch_id, Pending(waiter, [s["id"] for s in sends]), now)
-        return Send({"type": FrameType.SEND_BATCH.value, "id": batch_id, "sends": sends})
+        self._wait(batch_id, Pending(waiter, ids), now)
+        return Send({"type": FrameType.SEND_BATCH.value, "id": batch_id,
+                     "sends": [orjson.Fragment(s) if isinstance(s, bytes) else s
+                               for s in sends]})
 
     def ack(self, epoch: int, seq: int) -> Send:
         """Cumulative ack, sent only after the inbox commit (nothing answers it)."""
@@ -330,12 +346,17 @@ class LinkState(Generic[W]):
             self.quiet_since = now   # the broker owes us nothing until now
         self.pending[request_id] = pending
 
-    def _send_item(self, cmid: str, payload: Frame) -> Frame:
-        item = {k: v for k, v in payload.items() if v is not None or k in ("meta", "reply_to")}
+    def _send_item(self, cmid: str, payload: Frame | bytes, rid: str) -> Frame | bytes:
+        if isinstance(payload, bytes) and features.TRACE_CONTEXT in self.supported:
+            spliced = _spliced(payload, cmid, rid)
+            if spliced is not None:
+                return spliced
+        fields: Frame = orjson.loads(payload) if isinstance(payload, bytes) else payload
+        item = {k: v for k, v in fields.items() if v is not None or k in ("meta", "reply_to")}
         if features.TRACE_CONTEXT not in self.supported:
             # A broker from before trace context refuses a send frame that carries one.
             item.pop("traceparent", None)
-        item.update(client_message_id=cmid, id=f"r{next(self._ids)}")
+        item.update(client_message_id=cmid, id=rid)
         return item
 
     # -- READY frames ----------------------------------------------------------------------
@@ -447,6 +468,18 @@ class LinkState(Generic[W]):
     def _fail(self, error: LinkError) -> list[Output[W]]:
         self.phase = Phase.CLOSED
         return [Failed(error)]
+
+
+def _spliced(payload: bytes, cmid: str, rid: str) -> bytes | None:
+    """A stored payload (an object orjson wrote: compact, no ids of the frame's) as a frame
+    item, its ids added before its closing brace: the same bytes as parsing it and encoding
+    the item. None when it holds a null other than meta's or reply_to's (the item leaves
+    those out, so it is parsed); a null inside a string or in meta only costs that parse."""
+    nulls = payload.count(b":null")
+    if nulls and nulls != payload.count(b'"meta":null') + payload.count(b'"reply_to":null'):
+        return None
+    return b"".join((payload[:-1], b',"client_message_id":', orjson.dumps(cmid),
+                     b',"id":"', rid.encode(), b'"}'))
 
 
 PRESENCE_FRAMES = frozenset({FrameType.PEER_JOIN, FrameType.PEER_LEAVE,

@@ -174,11 +174,15 @@ class Sender:
     async def _send(self, rows: list[Claimed]) -> None:
         limit = self.settings.send_timeout_s
         refused: LinkError | None = None
-        items = [(r.client_message_id, orjson.loads(r.payload)) for r in rows]
+        # The stored payloads go into the frame as their bytes; with tracing on they are
+        # parsed, for the rows' traceparents (the span's parents, a lone row's onward one).
+        items: list[tuple[str, dict[str, Any] | bytes]] = (
+            [(r.client_message_id, orjson.loads(r.payload)) for r in rows] if tracing.enabled()
+            else [(r.client_message_id, r.payload) for r in rows])
         with tracing.span("tidemesh.daemon.send", _parents(items),
                           {"tidemesh.mesh": self.metrics.mesh, "tidemesh.batch_size": len(rows)}
                           ) as hop:
-            if len(items) == 1:
+            if len(items) == 1 and tracing.enabled():
                 _carry(items[0], hop)
             try:
                 answers = await self.link.send_many(items, limit)
@@ -223,14 +227,17 @@ class Sender:
                          broker_message_id=st.broker_message_id)
 
 
-def _parents(items: list[tuple[str, dict[str, Any]]]) -> list[str | None]:
+def _parents(items: list[tuple[str, dict[str, Any] | bytes]]) -> list[str | None]:
     """The send span's parents: each row's stored traceparent (the accept span's)."""
-    return [p.get("traceparent") for _, p in items] if tracing.enabled() else []
+    if not tracing.enabled():
+        return []
+    return [p.get("traceparent") if isinstance(p, dict) else None for _, p in items]
 
 
-def _carry(item: tuple[str, dict[str, Any]], hop: tracing.Hop) -> None:
+def _carry(item: tuple[str, dict[str, Any] | bytes], hop: tracing.Hop) -> None:
     """A lone row's frame carries the send span's traceparent (the row keeps its own: a
     resend is another child of the accept)."""
     cmid, payload = item
-    payload["traceparent"] = hop.onward(payload.get("traceparent"))
+    if isinstance(payload, dict):
+        payload["traceparent"] = hop.onward(payload.get("traceparent"))
     hop.set("tidemesh.client_message_id", cmid)

@@ -149,11 +149,13 @@ class BrokerLink:
             raise LinkError("the broker's answer held no result for the send")
         return answer
 
-    async def send_many(self, items: list[tuple[str, dict[str, Any]]],
+    async def send_many(self, items: list[tuple[str, dict[str, Any] | bytes]],
                         within: float) -> list[dict[str, Any] | None]:
         """Send a claimed batch of outbox rows as one frame; returns each ``send_result`` in
         order, or None for every row when no answer came within ``within`` seconds or before
-        the link closed. Raises ``LinkError`` when the broker refused the frame as a whole."""
+        the link closed. Raises ``LinkError`` when the broker refused the frame as a whole.
+        A row is its payload as the outbox stored it (bytes, put in the frame as they are)
+        or that parsed."""
         try:
             async with asyncio.timeout(within):
                 settled = await self._settle(items)
@@ -163,7 +165,8 @@ class BrokerLink:
             raise LinkError(settled.refused)
         return settled.results
 
-    async def _settle(self, items: list[tuple[str, dict[str, Any]]]) -> Settled[Waiter]:
+    async def _settle(self, items: list[tuple[str, dict[str, Any] | bytes]]
+                      ) -> Settled[Waiter]:
         fut: Waiter = self._loop.create_future()
         out = self.state.send_batch(items, self._loop.time(), fut)
         if self.on_batch is not None:
@@ -234,16 +237,17 @@ class BrokerLink:
         """Write a request's frame and wait for what the reader hands its future; a caller
         that stops waiting (a timeout, a cancel) has the request forgotten."""
         try:
-            await self._send(out.frame)
+            await self._send(out.frame if out.wire is None else out.wire)
             return await fut
         finally:
             self.state.forget(out.frame["id"])
 
-    async def _send(self, frame: dict[str, Any]) -> None:
+    async def _send(self, frame: dict[str, Any] | bytes) -> None:
         if self.closed:
             raise LinkClosed("the broker link is closed")
         try:
-            await self.ws.send(encode(frame))
+            # Text frames, as every frame of the protocol (bytes would go as a binary one).
+            await self.ws.send(encode(frame) if isinstance(frame, dict) else frame.decode())
         except ConnectionClosed as exc:
             raise LinkClosed(f"the broker link closed: {exc}") from exc
 

@@ -3,18 +3,24 @@ frame of 500 sends exactly as 500 lone sends in the same order would have been a
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
 from typing import Any
 
+import orjson
 from nacl.signing import SigningKey
 from prometheus_client.parser import text_string_to_metric_families
 from websockets.asyncio.client import ClientConnection, connect
 
 from tests.broker.test_server import Broker, _start, payload, pub
 from tidemesh.core import handshake
+from tidemesh.core.jsonbounds import META_DEPTH
 from tidemesh.core.metrics import render
+from tidemesh.core.send import Destination, Priority, SendRequest
 from tidemesh.core.wire import decode, encode
 
 Frame = dict[str, Any]
+TRACEPARENT = "00-" + "1" * 32 + "-" + "2" * 16 + "-01"
 
 
 async def _hello(ws: ClientConnection, b: Broker, key: SigningKey) -> None:
@@ -126,3 +132,40 @@ async def test_a_batch_is_answered_as_its_sends_one_by_one_in_order(store_url: s
     assert [r.client_message_id for r in received] == ["early", *winners]
     # The frame's sends that passed B1 (all but the 55 400s) were one accept transaction.
     assert (after[0] - before[0], after[1] - before[1]) == (500 - 55, 1)
+
+
+async def test_outbox_rows_go_as_stored_and_each_is_answered_as_its_own(tmp_path: Path) -> None:
+    """A claimed batch as the daemon's link sends it, each row the bytes its outbox stored: a
+    row from an older version (no traceparent) and one whose meta the broker refuses (deeper
+    than it takes) sit among good ones; the bad one gets its own 400, the others arrive
+    whole; the same rows again are duplicates, and a row that reuses a key for other content
+    is a 409."""
+    def row(body: str, meta: Any = None, traceparent: str | None = TRACEPARENT) -> bytes:
+        return orjson.dumps(SendRequest(Destination.parse("topic:ops"), body.encode(), "utf8",
+                                        Priority.NEXT, meta, None, None,
+                                        traceparent=traceparent).to_payload())
+    deep: Any = "leaf"
+    for _ in range(META_DEPTH + 1):
+        deep = {"d": deep}
+    rows: list[tuple[str, dict[str, Any] | bytes]] = [
+        ("a", row("héllo \"a\"", {"k": [1, None]})), ("old", row("from before", None, None)),
+        ("deep", row("too deep", deep)), ("b", row("b"))]
+    b, server = await _start(f"sqlite:///{tmp_path / 'b.db'}")
+    try:
+        async with await b.link(b.bob) as inbox, await b.link(b.alice) as link:
+            await inbox.resume(0, 0)
+            first = await link.send_many(rows, 10)
+            again = await link.send_many([rows[0], ("b", row("not b"))], 10)
+            got: list[Frame] = []
+            while len(got) < 3:   # one accept, so one frame as a rule; not relied on
+                got += await asyncio.wait_for(inbox.deliveries.get(), 10)
+    finally:
+        await server.stop()
+        await b.store.close()
+    assert [r and r["status"] for r in first] == [201, 201, 400, 201]
+    assert first[2] is not None and first[2]["error"]["field"] == "meta"
+    assert [(d["client_message_id"], d["body"], d.get("meta")) for d in got] == [
+        ("a", "héllo \"a\"", {"k": [1, None]}), ("old", "from before", None), ("b", "b", None)]
+    assert [r and r["status"] for r in again] == [200, 409]
+    assert again[0] is not None and first[0] is not None
+    assert again[0]["broker_message_id"] == first[0]["broker_message_id"]

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 import pytest
 from nacl.signing import SigningKey
 
 from tidemesh.broker.session import Authenticate, Session
 from tidemesh.broker.session import Send as BrokerSend
 from tidemesh.core import features, handshake
+from tidemesh.core.send import Destination, Priority, SendRequest
 from tidemesh.core.wire import FrameType, encode, load_schema
 from tidemesh.daemon.link.linkstate import (
     ROUTES,
@@ -250,6 +252,44 @@ def test_trace_context_goes_only_to_a_broker_that_supports_it() -> None:
     old.on_frame(_features({k: v for k, v in SUPPORTED.items()
                             if k != features.TRACE_CONTEXT}), 100)
     assert "traceparent" not in old.send_batch(row, 101, "w").frame
+
+
+def _old_broker() -> LinkState[str]:
+    old = _machine()
+    old.on_frame(_challenge(), 100)
+    old.on_frame(_ack(), 100)
+    old.on_frame(_features({k: v for k, v in SUPPORTED.items()
+                            if k != features.TRACE_CONTEXT}), 100)
+    return old
+
+
+def _on_wire(sent: Send) -> Any:
+    return orjson.loads(sent.wire if sent.wire is not None else encode(sent.frame))
+
+
+@pytest.mark.parametrize("broker", [_ready, _old_broker])
+@pytest.mark.parametrize("count", [1, 3])
+def test_stored_payloads_go_on_the_wire_as_the_frame_their_parse_would_make(
+        broker: Any, count: int) -> None:
+    """The outbox's bytes go into the frame as they are; a row with a null the frame leaves
+    out (an old row's traceparent), or for a broker without trace context, is parsed."""
+    tp = "00-" + "1" * 32 + "-" + "2" * 16 + "-01"
+    rows = [(f'c"{i}', SendRequest(
+        Destination.parse("topic:ops"), (f"héllo {i}" + '":null' * (i == 2)).encode(), "utf8",
+        Priority.NEXT, {"k": [1, None], "reply_to": None} if i == 1 else None, None, None,
+        traceparent=None if i == 0 else tp).to_payload()) for i in range(3)]
+    rows = rows if count == 3 else rows[1:2]
+    spliced, parsed = broker(), broker()
+    from_bytes = spliced.send_batch([(c, orjson.dumps(p)) for c, p in rows], 101, "w")
+    from_dicts = parsed.send_batch(rows, 101, "w")
+    assert _on_wire(from_bytes) == _on_wire(from_dicts)
+    assert from_bytes.frame["id"] == from_dicts.frame["id"] and spliced.pending == parsed.pending
+    sends = [_on_wire(from_bytes)] if count == 1 else _on_wire(from_bytes)["sends"]
+    assert [s["client_message_id"] for s in sends] == [c for c, _ in rows]
+    assert broker is _ready or all("traceparent" not in s for s in sends)
+    # The row whose only nulls are meta's and reply_to's went as its stored bytes.
+    assert broker is _old_broker or (from_bytes.wire is not None if count == 1 else
+                                     isinstance(from_bytes.frame["sends"][1], orjson.Fragment))
 
 
 def test_requests_before_ready_or_after_the_end_are_refused() -> None:
