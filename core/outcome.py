@@ -73,9 +73,8 @@ def classify(row_id: str, attempts: int, answer: dict[str, Any] | None, error: s
 
 def _retry(row_id: str, attempts: int, error: str, now_ms: int, backoff: Backoff,
            rng: random.Random) -> Settlement:
-    delay_ms = int(backoff.delay(max(1, attempts), rng) * 1000)
     return Settlement(row_id, Kind.RETRY, now_ms, last_error=error,
-                      next_attempt_at=now_ms + delay_ms)
+                      next_attempt_at=now_ms + _delay_ms(attempts, backoff, rng))
 
 
 def unanswered(row_id: str, attempts: int, error: str, now_ms: int, backoff: Backoff,
@@ -91,8 +90,8 @@ def unanswered(row_id: str, attempts: int, error: str, now_ms: int, backoff: Bac
     so it cannot hold every later send back."""
     if attempts > KEEP_PLACE_ATTEMPTS:
         return _retry(row_id, attempts, error, now_ms, backoff, rng)
-    delay_ms = int(backoff.delay(max(1, attempts), rng) * 1000)
-    return Settlement(row_id, Kind.RETRY, now_ms, last_error=error, hold_until=now_ms + delay_ms)
+    return Settlement(row_id, Kind.RETRY, now_ms, last_error=error,
+                      hold_until=now_ms + _delay_ms(attempts, backoff, rng))
 
 
 def _rate_limited(row_id: str, attempts: int, answer: dict[str, Any], error: str, now_ms: int,
@@ -103,10 +102,15 @@ def _rate_limited(row_id: str, attempts: int, answer: dict[str, Any], error: str
     that only lengthens it, so daemons refused together do not all return at once."""
     wait_ms = answer.get("retry_after_ms")
     if not isinstance(wait_ms, int) or wait_ms <= 0:
-        wait_ms = int(backoff.delay(max(1, attempts), rng) * 1000)
+        wait_ms = _delay_ms(attempts, backoff, rng)
     jittered = math.ceil(wait_ms * (1 + rng.uniform(0, backoff.jitter)))
     return Settlement(row_id, Kind.RETRY, now_ms, last_error=error,
                       hold_until=now_ms + jittered)
+
+
+def _delay_ms(attempts: int, backoff: Backoff, rng: random.Random) -> int:
+    """The backoff's delay before the next try of a row tried ``attempts`` times."""
+    return int(backoff.delay(max(1, attempts), rng) * 1000)
 
 
 def expired(row_id: str, enqueued_at: int, max_age_ms: int, now_ms: int) -> Settlement | None:
