@@ -173,7 +173,7 @@ class Receiver:
 
     async def _resume(self, cursor: Position) -> Position:
         for _ in range(RESUME_TRIES):
-            outcome = resume_outcome(await self._ask_resume(cursor), cursor)
+            outcome = resume_outcome(await self.link.resume(*cursor), cursor)
             if outcome.ok:
                 return outcome.position
             target = outcome.position
@@ -186,27 +186,6 @@ class Receiver:
             await self.inbox.reset_receive_cursor(*target)
             cursor = target
         raise LinkError("the broker refused to resume three times")
-
-
-    async def _ask_resume(self, cursor: Position) -> dict[str, Any]:
-        """The broker's answer to a resume from ``cursor``. Deliveries queued meanwhile are
-        dropped: the broker pushed them before it read the resume and sends everything after
-        ``cursor`` again once it has (one that came after the answer and is dropped too is a
-        gap, and a gap resumes again). Waiting without draining them deadlocked: the link's
-        reader, blocked on a full deliveries queue, never read the answer, and the daemon
-        neither stored deliveries nor heard its sends' answers until it was restarted."""
-        answer = asyncio.ensure_future(self.link.resume(*cursor))
-        queued = self.link.deliveries
-        try:
-            while not answer.done():
-                if not queued.empty():
-                    queued.get_nowait()
-                    continue
-                await race.first(asyncio.shield(answer), queued.get())
-            return answer.result()
-        finally:
-            if not answer.done():
-                answer.cancel()
 
 
 def _parents(items: list[Delivery | Void]) -> list[str | None]:

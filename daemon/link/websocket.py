@@ -86,6 +86,9 @@ class BrokerLink:
         self._loop = asyncio.get_running_loop()
         self._reader: asyncio.Task[None] | None = None
         self._watch: asyncio.Task[None] | None = None
+        # The future of a resume on the wire: until its answer, deliveries are the broker's
+        # pushes from before it read the resume, which it sends again after answering.
+        self._resuming: Waiter | None = None
         # Called with the number of sends in each frame written (a metric, set by the relay).
         self.on_batch: Callable[[int], None] | None = None
 
@@ -178,8 +181,22 @@ class BrokerLink:
         return await self._call({"type": "request", "op": op, "name": name})
 
     async def resume(self, epoch: int, last_seq: int) -> dict[str, Any]:
-        """Ask for deliveries after (epoch, last_seq); epoch 0 = nothing stored yet."""
-        return await self._call({"type": "resume", "epoch": epoch, "last_seq": last_seq})
+        """Ask for deliveries after (epoch, last_seq); epoch 0 = nothing stored yet. When it
+        returns, ``deliveries`` holds only what the broker sent after its answer: what it
+        pushed before reading the resume is dropped, since it sends everything after
+        ``last_seq`` again. Dropping is done by the reader, in frame order, so nothing sent
+        after the answer is lost, and a reader blocked on a full queue is let go at once
+        (it must read on to reach the answer)."""
+        fut: Waiter = self._loop.create_future()
+        out = self.state.call({"type": "resume", "epoch": epoch, "last_seq": last_seq},
+                              self._loop.time(), fut)
+        self._resuming = fut
+        self._drop_queued()
+        try:
+            return await self._await(out, fut)  # type: ignore[no-any-return]
+        finally:
+            if self._resuming is fut:
+                self._resuming = None
 
     async def peers(self) -> list[dict[str, Any]]:
         """The members connected to the broker now: pubkey, connections, connected_at.
@@ -276,6 +293,9 @@ class BrokerLink:
         if isinstance(out, Delivered):
             await self._deliver(out.deliveries)
         elif isinstance(out, Answered):   # a call's future holds the answer frame
+            if out.waiter is self._resuming:  # what came before it is sent again
+                self._resuming = None
+                self._drop_queued()
             if not out.waiter.done():
                 out.waiter.set_result(out.frame)
         elif isinstance(out, Settled):    # a batch's, the whole settlement
@@ -297,7 +317,13 @@ class BrokerLink:
             self.presence.get_nowait()
         self.presence.put_nowait(frame)
 
+    def _drop_queued(self) -> None:
+        while not self.deliveries.empty():
+            self.deliveries.get_nowait()
+
     async def _deliver(self, deliveries: list[dict[str, Any]]) -> None:
+        if self._resuming is not None:   # sent again after the resume's answer
+            return
         if self.deliveries.full():
             # Our own inbox is behind: the broker's later frames wait for us, not the other
             # way round, so this is no stall of the broker's.
