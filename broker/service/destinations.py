@@ -28,7 +28,8 @@ class Destinations:
         elif op == "topic_subscribe":
             await self.store.subscribe(conn.mesh_id, name, conn.pubkey, now)
         elif op == "topic_unsubscribe":
-            await self.store.unsubscribe(conn.mesh_id, name, conn.pubkey)
+            await self.store.unsubscribe(conn.mesh_id, name, conn.pubkey, now)
+            conn.wake.set()   # what was handed out with it goes now, not at the next message
         elif op == "queue_consume":
             await self.store.add_queue_consumer(conn.mesh_id, name, conn.pubkey, now)
         else:

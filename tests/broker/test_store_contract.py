@@ -150,6 +150,25 @@ async def test_a_new_subscriber_gets_what_is_logged_after_it_subscribed(store: S
     assert [(r.seq, r.body) for r in rows] == [(1, b"after")]
 
 
+async def test_an_unsubscribe_keeps_what_the_topic_logged_while_subscribed(
+        store: Store) -> None:
+    """Messages logged before the unsubscribe and not yet handed out (the member's pump had
+    not run, or it was offline) are still the member's; those after it are not."""
+    w = await _world(store)
+    await store.hand_out(w.mesh_id, w.bob, now_ms())
+    await store.accept(accept_input(w.mesh_id, w.alice, "c1", body="while subscribed 1"))
+    await store.accept(accept_input(w.mesh_id, w.alice, "c2", body="while subscribed 2"))
+    await store.unsubscribe(w.mesh_id, "ops", w.bob, now_ms())
+    await store.accept(accept_input(w.mesh_id, w.alice, "c3", body="after"))
+    await store.hand_out(w.mesh_id, w.bob, now_ms())
+    rows = await store.deliveries_after(w.mesh_id, w.bob, 1, 0, 100)
+    assert [(r.seq, r.body) for r in rows] == [(1, b"while subscribed 1"),
+                                               (2, b"while subscribed 2")]
+    # Carol, still subscribed, has all three.
+    await store.hand_out(w.mesh_id, w.carol, now_ms())
+    assert len(await store.deliveries_after(w.mesh_id, w.carol, 1, 0, 100)) == 3
+
+
 async def test_hundred_concurrent_same_id_sends_give_one_message(store_url: str) -> None:
     # Several store instances stand for several broker connections/processes on one database.
     stores = [await open_store(store_url) for _ in range(3)]

@@ -169,9 +169,16 @@ class Membership(PostgresBase):
         except asyncpg.ForeignKeyViolationError as exc:
             raise UnknownDestination(f"no topic {topic!r} in this mesh", field="name") from exc
 
-    async def unsubscribe(self, mesh_id: str, topic: str, pubkey: str) -> None:
-        await self.pool.execute("DELETE FROM mesh.topic_subscription WHERE mesh_id = $1"
-                                " AND topic = $2 AND member_pubkey = $3", mesh_id, topic, pubkey)
+    async def unsubscribe(self, mesh_id: str, topic: str, pubkey: str, now_ms: int) -> None:
+        async with self.pool.acquire() as conn, conn.transaction():
+            # The topic first, as an accept locks it: nothing is logged between the hand-out
+            # of what the topic logged while subscribed (the member's) and the delete.
+            await conn.execute("SELECT 1 FROM mesh.topic WHERE mesh_id = $1 AND name = $2"
+                               " FOR UPDATE", mesh_id, topic)
+            while (await hand_out_on(conn, [(mesh_id, pubkey)], now_ms)).more:
+                pass
+            await conn.execute("DELETE FROM mesh.topic_subscription WHERE mesh_id = $1"
+                               " AND topic = $2 AND member_pubkey = $3", mesh_id, topic, pubkey)
 
     async def add_queue_consumer(self, mesh_id: str, queue: str, pubkey: str,
                                  now_ms: int) -> None:

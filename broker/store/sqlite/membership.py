@@ -180,10 +180,15 @@ class Membership(SqliteBase):
 
         await self._write(fn)
 
-    async def unsubscribe(self, mesh_id: str, topic: str, pubkey: str) -> None:
-        await self._write(lambda c: c.execute(
-            "DELETE FROM topic_subscription WHERE mesh_id = ? AND topic = ? AND member_pubkey = ?",
-            (mesh_id, topic, pubkey)))
+    async def unsubscribe(self, mesh_id: str, topic: str, pubkey: str, now_ms: int) -> None:
+        def fn(conn: sqlite3.Connection) -> None:
+            # What the topic logged while subscribed is the member's: handed out first.
+            while hand_out_on(conn, [(mesh_id, pubkey)], now_ms).more:
+                pass
+            conn.execute("DELETE FROM topic_subscription WHERE mesh_id = ? AND topic = ?"
+                         " AND member_pubkey = ?", (mesh_id, topic, pubkey))
+
+        await self._write(fn)
 
     async def add_queue_consumer(self, mesh_id: str, queue: str, pubkey: str,
                                  now_ms: int) -> None:
