@@ -98,11 +98,14 @@ class WsPeer:
             self.metrics.presence_dropped.inc()
         self._queued.set()
 
-    def tell_batch(self, text: str) -> None:
-        """Queue an encoded presence_batch frame; never waits."""
-        if self.out.tell_batch(text):
+    def tell_batch(self, text: str) -> bool:
+        """Queue an encoded presence_batch frame; never waits. True when an older one was
+        pushed out."""
+        dropped = self.out.tell_batch(text) > 0
+        if dropped:
             self.metrics.presence_dropped.inc()
         self._queued.set()
+        return dropped
 
     async def close(self, code: int, reason: str) -> None:
         """Close after the frames already queued; returns at once (the writer closes)."""
@@ -164,6 +167,7 @@ class Live:
     session: Session
     conn: Conn | None = None    # registered (set the moment it is)
     pump: asyncio.Task[None] | None = None
+    resync: asyncio.Task[None] | None = None    # presence snapshots again after a drop
     joins: bool = False         # its peer_join is still to be announced
 
 
@@ -284,8 +288,9 @@ class BrokerServer:
                             await self._carry_out(live.peer, action)
             finally:
                 live.peer.gone()   # the reader ended: no task of this connection waits for room
-                if live.pump is not None:
-                    live.pump.cancel()
+                for task in (live.pump, live.resync):
+                    if task is not None:
+                        task.cancel()
 
     async def _admitted(self, live: Live, action: Authenticate, tg: asyncio.TaskGroup,
                         deadline: asyncio.Timeout) -> None:
@@ -331,6 +336,10 @@ class BrokerServer:
         log.error("broker_connection_failed", error=repr(exc), exc_info=True)
         await peer.close_now(CloseCode.INTERNAL, "internal_error")
 
+    async def _resync(self, conn: Conn) -> None:
+        with contextlib.suppress(ConnectionClosed):
+            await self.service.connections.resync(conn)
+
     async def _pump(self, conn: Conn) -> None:
         # Undelivered rows stay in delivery_queue; the next resume sends them.
         with contextlib.suppress(ConnectionClosed):
@@ -362,6 +371,7 @@ class BrokerServer:
         if conn is not None:
             live.joins = await self.service.peering.connected(conn, first)
             live.pump = tg.create_task(self._pump(conn))
+            live.resync = tg.create_task(self._resync(conn))
 
     async def _announce_join(self, live: Live) -> None:
         if live.joins and live.conn is not None:

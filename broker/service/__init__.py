@@ -58,6 +58,9 @@ class BrokerService:
         self.metrics = Metrics(self.connections.active, store)
         self.connections.presence_failed = self.metrics.presence_failed.inc
         self.connections.revoked_closed = self.metrics.revocations.inc
+        self.connections.presence_resynced = self.metrics.presence_resyncs.inc
+        self.connections.resync_failed = self.metrics.background_errors.labels(
+            task="presence_resync", kind="transient").inc
         self.auth = Auth(store, self.metrics, self.connections)
         self.clones = Clones(clone_policy, self.connections, self.metrics, self.peering)
         self.limiter = Limiter(member_rate, store)

@@ -50,6 +50,8 @@ PRESENCE_RATE = Rate(per_s=1.0, burst=10)
 PRESENCE_WINDOW_S = 0.05
 PRESENCE_WINDOW_PER_LISTENER_S = 0.002
 PRESENCE_WINDOW_MAX_S = 3.0
+# After a snapshot for a resync could not be made (the other brokers' sessions unreadable).
+RESYNC_RETRY_S = 1.0
 
 
 class Elsewhere(Protocol):
@@ -82,8 +84,9 @@ class Peer(Protocol):
         """A presence event about another member: queued, coalesced, never waited for."""
         ...
 
-    def tell_batch(self, text: str) -> None:
-        """An encoded ``presence_batch`` frame: queued, never waited for."""
+    def tell_batch(self, text: str) -> bool:
+        """An encoded ``presence_batch`` frame: queued, never waited for. True when the
+        queue was full and pushed out an older batch."""
         ...
 
     async def close(self, code: int, reason: str) -> None:
@@ -124,6 +127,9 @@ class Conn:
     muted: bool = False          # a suspected clone's older session: no deliveries pumped
     connected_at: int = field(default_factory=now_ms)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
+    # A numbered presence batch was pushed out of its full queue: its daemon's peer set
+    # misses changes, and only a new snapshot puts it right (``Connections.resync``).
+    presence_stale: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class Connections:
@@ -142,6 +148,9 @@ class Connections:
         # connections closed for a revocation.
         self.presence_failed: Callable[[int], None] = lambda _n: None
         self.revoked_closed: Callable[[], None] = lambda: None
+        # ... and snapshots sent again after a dropped batch, and failures to make one.
+        self.presence_resynced: Callable[[], None] = lambda: None
+        self.resync_failed: Callable[[], None] = lambda: None
         # The profiles in effect: what ``peers`` shows and presence was told.
         self.profiles: dict[Key, dict[str, Any]] = {}
         # Each connected member's ``peers`` entry and its encoding, made when first asked
@@ -313,6 +322,26 @@ class Connections:
         entries.sort(key=lambda e: str(e[0]["pubkey"]))
         return snapshot_texts(conn.mesh_id, seq, [text for _, text in entries])
 
+    async def resync(self, conn: Conn) -> None:
+        """For as long as the connection lives: after a numbered batch was dropped from its
+        queue, a new snapshot, queued behind what it holds (the daemon skips the batches the
+        snapshot covers and replaces its set). Several drops before it goes make one."""
+        while True:
+            await conn.presence_stale.wait()
+            conn.presence_stale.clear()
+            try:
+                texts = await self.snapshot(conn)
+            except Exception as exc:  # the other brokers' sessions unreadable: a store outage
+                self.resync_failed()
+                log.warning("broker_presence_resync_failed", mesh_id=conn.mesh_id,
+                            pubkey=conn.pubkey, error=repr(exc))
+                await asyncio.sleep(RESYNC_RETRY_S)
+                conn.presence_stale.set()
+                continue
+            for text in texts:
+                await conn.peer.send_text(text)
+            self.presence_resynced()
+
     async def present(self, conn: Conn) -> list[dict[str, Any]]:
         """The members of ``conn``'s mesh who are present, as ``peers`` lists them: this
         broker's registry first, then the other brokers'."""
@@ -431,7 +460,8 @@ class Flush:
                 self.numbered[mesh_id] = batch_texts(
                     mesh_id, list(self.pending[mesh_id].values()), self.seq)
             for text in self.numbered[mesh_id]:
-                listener.peer.tell_batch(text)
+                if listener.peer.tell_batch(text):
+                    listener.presence_stale.set()
             return
         if mesh_id not in self.plain:
             self.plain[mesh_id] = older_events(self.pending[mesh_id])

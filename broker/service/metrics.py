@@ -75,6 +75,10 @@ class Metrics:
         self.slow_readers = Counter("cm_broker_slow_readers_closed_total",
                                     "Connections cut off (4012 slow_reader) for taking no "
                                     "frame within limits.slow_reader_s.", registry=r)
+        self.presence_resyncs = Counter("cm_broker_presence_resyncs_total",
+                                        "Presence snapshots sent again to a connection whose "
+                                        "full queue dropped a numbered presence batch.",
+                                        registry=r)
         self.presence_failed = Counter("cm_broker_presence_failed_total",
                                        "Presence events the other brokers were not told (the "
                                        "database could not be reached); counted, not logged.",

@@ -4,6 +4,7 @@ presence_batch frame or (to a daemon that did not negotiate it) as single events
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -13,21 +14,30 @@ from tidemesh.core.wire import check, encode
 
 
 class Listener:
-    def __init__(self) -> None:
+    """A connection's far end; ``room``: batches its queue holds, the oldest pushed out
+    beyond that, as ``broker/outgoing.py`` does."""
+
+    def __init__(self, room: int = 1 << 30) -> None:
         self.told: list[dict[str, Any]] = []
         self.batches: list[str] = []
+        self.own: list[str] = []
+        self.room = room
 
     async def send_frame(self, frame: dict[str, Any]) -> None:
-        return None
+        self.own.append(encode(frame))
 
     async def send_text(self, text: str) -> None:
-        return None
+        self.own.append(text)
 
     def tell(self, frame: dict[str, Any]) -> None:
         self.told.append(frame)
 
-    def tell_batch(self, text: str) -> None:
+    def tell_batch(self, text: str) -> bool:
         self.batches.append(text)
+        if len(self.batches) <= self.room:
+            return False
+        del self.batches[0]
+        return True
 
     async def close(self, code: int, reason: str) -> None:
         return None
@@ -116,6 +126,37 @@ async def test_an_update_folds_into_a_pending_join_and_a_leave_swallows_it() -> 
     conns.register(Listener(), "m1", "bob")   # an update while the leave is pending
     conns.flush()
     assert [e["type"] for e in json.loads(plain.batches[1])["events"]] == ["peer_leave"]
+
+
+async def test_a_dropped_numbered_batch_brings_a_new_snapshot_that_covers_it() -> None:
+    """A listener whose queue pushed a numbered batch out misses that change; the resync
+    sends it a snapshot of who is present now, numbered past every batch it dropped."""
+    conns = Connections(presence_window_s=3600)
+    resynced: list[int] = []
+    conns.presence_resynced = lambda: resynced.append(1)
+    slow = Listener(room=1)
+    keeper, _ = conns.register(slow, "m1", "carol")
+    keeper.negotiated = keeper.presence_batch = keeper.presence_snapshot = True
+    others = [conns.register(Listener(), "m1", name)[0] for name in ("bob", "dave")]
+    resync = asyncio.create_task(conns.resync(keeper))
+    try:
+        await conns.announce(others[0], "peer_join")
+        conns.flush()
+        await asyncio.sleep(0)
+        assert not keeper.presence_stale.is_set() and slow.own == []
+        await conns.announce(others[1], "peer_join")
+        conns.flush()       # bob's join is pushed out of the full queue
+        await conns.announce(others[0], "peer_leave")
+        conns.unregister(others[0])
+        conns.flush()       # and dave's
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert len(resynced) == 1, "two drops before the resync ran make one snapshot"
+        [snap] = [json.loads(t) for t in slow.own]
+        assert snap["type"] == "presence_snapshot" and snap["seq"] == conns.seq
+        assert sorted(p["pubkey"] for p in snap["peers"]) == ["carol", "dave"]
+    finally:
+        resync.cancel()
 
 
 def test_a_large_snapshot_goes_as_several_frames_each_member_whole() -> None:
