@@ -113,13 +113,15 @@ class AsyncClient(Located):
         """The versions the daemon works with (``GET /v1/compat``)."""
         return await self._call(calls.compat())
 
-    async def check_compatible(self, client: str = "python") -> dict[str, Any]:
-        """``compat()``, or ``IncompatibleDaemon`` when this SDK does not fit the daemon."""
+    async def check_compatible(self, client: str = "python",
+                               version: str | None = None) -> dict[str, Any]:
+        """``compat()``, or ``IncompatibleDaemon`` when this SDK (at ``version``, by default
+        its own) does not fit the daemon."""
         try:
             doc = await self.compat()
         except NotFound:
             doc = calls.compat_of_version(await self.version())
-        return calls.compat_checked(doc, client)
+        return calls.compat_checked(doc, client, version)
 
     async def health(self) -> dict[str, Any]:
         return await self._call(calls.health())

@@ -84,8 +84,10 @@ def compat_of_version(version: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def compat_checked(doc: dict[str, Any], client: str,
-                   version: str = tidemesh.__version__) -> dict[str, Any]:
-    """``doc``, or ``IncompatibleDaemon`` saying why ``client`` at ``version`` does not fit."""
+                   version: str | None = None) -> dict[str, Any]:
+    """``doc``, or ``IncompatibleDaemon`` saying why ``client`` at ``version`` (by default
+    this release) does not fit."""
+    version = version or tidemesh.__version__
     why = compat_mod.misfit(doc, client, version)
     if why is None:
         return doc

@@ -104,14 +104,16 @@ class Client(Located):
         """The versions the daemon works with (``GET /v1/compat``)."""
         return self._call(calls.compat())
 
-    def check_compatible(self, client: str = "python") -> dict[str, Any]:
-        """``compat()``, or ``IncompatibleDaemon`` when this SDK (or ``client``: "cli") does
-        not fit the daemon; a daemon older than the route is checked by ``/v1/version``."""
+    def check_compatible(self, client: str = "python",
+                         version: str | None = None) -> dict[str, Any]:
+        """``compat()``, or ``IncompatibleDaemon`` when this SDK (or ``client``: "cli"), at
+        ``version`` (by default its own), does not fit the daemon; a daemon older than the
+        route is checked by ``/v1/version``."""
         try:
             doc = self.compat()
         except NotFound:
             doc = calls.compat_of_version(self.version())
-        return calls.compat_checked(doc, client)
+        return calls.compat_checked(doc, client, version)
 
     def health(self) -> dict[str, Any]:
         return self._call(calls.health())

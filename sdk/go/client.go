@@ -202,6 +202,25 @@ func (c *Client) Metrics(ctx context.Context) (string, error) {
 	return out, c.call(ctx, "GET", "/v1/metrics", nil, nil, &out)
 }
 
+// Backup is POST /v1/backup: a sealed backup of this member's identity and configuration
+// (never the outbox or inbox), the bytes of the file `tidemesh daemon restore` reads. The
+// passphrase has at least 8 characters.
+func (c *Client) Backup(ctx context.Context, passphrase string) ([]byte, error) {
+	var out struct {
+		Bundle []byte `json:"bundle"` // base64 on the wire
+	}
+	err := c.call(ctx, "POST", "/v1/backup", map[string]any{"passphrase": passphrase}, nil, &out)
+	return out.Bundle, err
+}
+
+// RotateToken is POST /v1/token/rotate: a new local bearer token in the token file; the old
+// one works for ipc.token_grace_s more (60 s by default). A TCP client reads the token file
+// at each call, so it follows.
+func (c *Client) RotateToken(ctx context.Context) (map[string]any, error) {
+	var out map[string]any
+	return out, c.call(ctx, "POST", "/v1/token/rotate", map[string]any{}, nil, &out)
+}
+
 // -- send side ---------------------------------------------------------------------------
 
 // Send hands one message to the daemon; it is on disk when this returns. A retry with the
@@ -307,6 +326,9 @@ type InboxQuery struct {
 	Topic    string
 	Sender   string // the sender's public key
 	Consumer string
+	// Q keeps the entries whose text body matches this search (words, "a phrase", pre*,
+	// AND/OR/NOT; docs/ipc.md, "Searching the inbox"), in seq order.
+	Q string
 }
 
 // Inbox is a page of received messages.
@@ -320,7 +342,7 @@ func (c *Client) Inbox(ctx context.Context, q InboxQuery) (InboxPage, error) {
 	}
 	var out InboxPage
 	path := "/v1/inbox" + query("after", after, "limit", strconv.Itoa(q.Limit), "topic", q.Topic,
-		"from", q.Sender, "consumer", q.Consumer)
+		"from", q.Sender, "consumer", q.Consumer, "q", q.Q)
 	return out, c.call(ctx, "GET", path, nil, nil, &out)
 }
 

@@ -31,6 +31,16 @@ func loneDaemon(t *testing.T) (*daemon, *tidemesh.Client) {
 	return d, c
 }
 
+// tcpClient finds d's daemon by mesh over loopback TCP, as a program would.
+func tcpClient(t *testing.T, d *daemon) *tidemesh.Client {
+	tcp, err := tidemesh.ForMesh(d.mesh, tidemesh.MeshOptions{TCP: true,
+		Env: tidemesh.Env{"TIDEMESH_HOME": d.home}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tcp
+}
+
 func TestLoneDaemon(t *testing.T) {
 	d, c := loneDaemon(t)
 	ctx := context.Background()
@@ -93,11 +103,7 @@ func TestLoneDaemon(t *testing.T) {
 	})
 
 	t.Run("loopback TCP needs the token, and finds the port by mesh", func(t *testing.T) {
-		tcp, err := tidemesh.ForMesh("t", tidemesh.MeshOptions{TCP: true,
-			Env: tidemesh.Env{"TIDEMESH_HOME": d.home}})
-		if err != nil {
-			t.Fatal(err)
-		}
+		tcp := tcpClient(t, d)
 		if v, err := tcp.Version(ctx); err != nil || v["mesh"] != "t" {
 			t.Fatalf("%v %v", v, err)
 		}
@@ -114,12 +120,69 @@ func TestLoneDaemon(t *testing.T) {
 		}
 	})
 
-	t.Run("a client found by mesh over TCP follows the daemon to its new port", func(t *testing.T) {
-		tcp, err := tidemesh.ForMesh("t", tidemesh.MeshOptions{TCP: true,
-			Env: tidemesh.Env{"TIDEMESH_HOME": d.home}})
+	t.Run("the SDK fits the daemon's compat document, and says why when it does not", func(t *testing.T) {
+		doc, err := c.CheckCompatible(ctx, "")
+		if err != nil || doc["ipc_api"] != "v1" {
+			t.Fatalf("%v %v", doc, err)
+		}
+		_, err = c.CheckCompatible(ctx, "9.0.0")
+		var e *tidemesh.Error
+		if !errors.As(err, &e) || !errors.Is(err, tidemesh.ErrIncompatibleDaemon) ||
+			e.Details["kind"] != "version" ||
+			!strings.Contains(e.Message, "go versions >=0.1.0,<0.2.0, and this go is 9.0.0") {
+			t.Fatalf("%#v", err)
+		}
+	})
+
+	t.Run("a rotated token: the TCP client reads the new one at its next call", func(t *testing.T) {
+		tcp := tcpClient(t, d)
+		old, err := os.ReadFile(tcp.Endpoint.TokenFile)
 		if err != nil {
 			t.Fatal(err)
 		}
+		kept := filepath.Join(d.home, "kept-token")
+		if err := os.WriteFile(kept, old, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		holder, err := tidemesh.New(tidemesh.Endpoint{PortFile: tcp.Endpoint.PortFile, TokenFile: kept}, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rotated, err := tcp.RotateToken(ctx)
+		if err != nil || rotated["rotated"] != true || rotated["token_file"] != tcp.Endpoint.TokenFile {
+			t.Fatalf("%v %v", rotated, err)
+		}
+		if _, err := holder.Version(ctx); err != nil {
+			t.Fatalf("the old token is good for its grace: %v", err)
+		}
+		if _, err := tcp.RotateToken(ctx); err != nil { // retires the first token at once
+			t.Fatal(err)
+		}
+		if _, err := holder.Version(ctx); !errors.Is(err, tidemesh.ErrUnauthorized) {
+			t.Fatalf("%v", err)
+		}
+		if v, err := tcp.Version(ctx); err != nil || v["mesh"] != "t" {
+			t.Fatalf("%v %v", v, err)
+		}
+	})
+
+	t.Run("an inbox search answers a page, and a query FTS5 cannot read is a 400 on q", func(t *testing.T) {
+		page, err := c.Inbox(ctx, tidemesh.InboxQuery{Q: "deploy*"})
+		if err != nil || len(page.Items) != 0 {
+			t.Fatalf("%+v %v", page, err)
+		}
+		_, err = c.Inbox(ctx, tidemesh.InboxQuery{Q: "disk AND"})
+		var e *tidemesh.Error
+		if !errors.As(err, &e) || !errors.Is(err, tidemesh.ErrInvalidRequest) || e.Details["field"] != "q" {
+			t.Fatalf("%#v", err)
+		}
+		if _, err := c.Backup(ctx, "short"); !errors.Is(err, tidemesh.ErrInvalidRequest) {
+			t.Fatalf("%v", err)
+		}
+	})
+
+	t.Run("a client found by mesh over TCP follows the daemon to its new port", func(t *testing.T) {
+		tcp := tcpClient(t, d)
 		if _, err := tcp.Version(ctx); err != nil {
 			t.Fatal(err)
 		}

@@ -267,8 +267,19 @@ func (r *runner) observe(st step) (any, error) {
 		patch, _ := r.arg(st, "patch_payload").(map[string]any)
 		return c.OutboxRequeue(ctx, r.str(st, "id"), tidemesh.RequeueOptions{
 			NewClientMessageID: r.str(st, "new_client_message_id"), PatchPayload: patch})
+	case "check_compatible":
+		return c.CheckCompatible(ctx, r.str(st, "version"))
+	case "backup":
+		bundle, err := c.Backup(ctx, r.str(st, "passphrase"))
+		if err != nil {
+			return nil, err
+		}
+		magic, _, _ := strings.Cut(string(bundle), "\n")
+		return map[string]any{"magic": magic}, nil
+	case "rotate_token":
+		return c.RotateToken(ctx)
 	case "inbox":
-		return c.Inbox(ctx, tidemesh.InboxQuery{Consumer: r.str(st, "consumer")})
+		return c.Inbox(ctx, tidemesh.InboxQuery{Consumer: r.str(st, "consumer"), Q: r.str(st, "q")})
 	case "inbox_wait":
 		return poll(func() (any, error) {
 			page, err := c.Inbox(ctx, tidemesh.InboxQuery{Limit: 1000})

@@ -67,6 +67,8 @@ var classes = map[string]class{
 	"Unavailable":            {"unavailable", 503, "TidemeshError"},
 	"InsufficientStorage":    {"insufficient_storage", 507, "TidemeshError"},
 	"DaemonNotRunning":       {"daemon_not_running", 503, "TidemeshError"},
+	// Made by CheckCompatible, never sent by a daemon.
+	"IncompatibleDaemon": {"incompatible_daemon", 409, "TidemeshError"},
 }
 
 var kindByCode = func() map[string]string {
@@ -101,6 +103,7 @@ var (
 	ErrUnavailable            = sentinel("Unavailable")
 	ErrInsufficientStorage    = sentinel("InsufficientStorage")
 	ErrDaemonNotRunning       = sentinel("DaemonNotRunning")
+	ErrIncompatibleDaemon     = sentinel("IncompatibleDaemon")
 )
 
 // FromBody is the error of an answer's status and body; an unknown code keeps its code and

@@ -196,7 +196,10 @@ _CALLS: dict[str, Callable[[Client, Arg], Any]] = {
     "outbox_wait": _outbox_wait,
     "outbox_requeue": lambda c, arg: c.outbox_requeue(arg("id"), arg("new_client_message_id"),
                                                       arg("patch_payload")),
-    "inbox": lambda c, arg: c.inbox(consumer=arg("consumer")),
+    "check_compatible": lambda c, arg: c.check_compatible(version=arg("version")),
+    "backup": lambda c, arg: {"magic": c.backup(arg("passphrase")).split(b"\n", 1)[0].decode()},
+    "rotate_token": lambda c, _: c.rotate_token(),
+    "inbox": lambda c, arg: c.inbox(consumer=arg("consumer"), q=arg("q")),
     "inbox_wait": _inbox_wait,
 }
 

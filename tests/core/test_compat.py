@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
 import pytest
 
 from tidemesh.core import compat
+
+# The cases the TypeScript and Go SDKs' own checks answer too (sdk/conformance/compat.json).
+VECTORS: dict[str, Any] = json.loads(
+    (Path(__file__).parents[2] / "sdk" / "conformance" / "compat.json").read_text())
 
 
 @pytest.mark.parametrize(("range_", "version", "expected"), [
@@ -48,3 +56,16 @@ def test_another_ipc_api_major_or_a_version_out_of_range_is_a_misfit() -> None:
     # A daemon that publishes no range for a client (an old one, or a new SDK language).
     assert compat.misfit({"daemon": "0.1.0", "ipc_api": "v1"}, "rust", "7.0.0") is None
     assert compat.api_major("v1") == 1 and compat.api_major("1") is None
+
+
+@pytest.mark.parametrize("case", VECTORS["fits"], ids=lambda c: f"{c['range']}~{c['version']}")
+def test_fits_as_every_sdk_does(case: dict[str, Any]) -> None:
+    assert compat.fits(case["range"], case["version"]) is case["fits"]
+
+
+@pytest.mark.parametrize(("doc", "case"), [
+    (group["doc"], case) for group in VECTORS["misfit"] for case in group["cases"]],
+    ids=lambda v: f"{v.get('client')}@{v.get('version')}" if "client" in v else v["daemon"])
+def test_misfit_as_every_sdk_does(doc: dict[str, Any], case: dict[str, Any]) -> None:
+    why = compat.misfit(doc, case["client"], case["version"])
+    assert (why[0] if why else None) == case["misfit"]

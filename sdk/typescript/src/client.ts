@@ -8,8 +8,9 @@
 import { request as httpRequest, type ClientRequest, type IncomingMessage } from "node:http";
 import { resolve as resolvePath } from "node:path";
 
+import { misfit, SDK_VERSION } from "./compat.js";
 import { Endpoint, type EndpointOptions, type Environment } from "./endpoint.js";
-import { DaemonNotRunning, fromBody } from "./errors.js";
+import { DaemonNotRunning, fromBody, IncompatibleDaemon, NotFound } from "./errors.js";
 import { Cursor, Parser, Quiet, Reconnect, type StreamItem } from "./stream.js";
 import type {
   AckResult, BatchResult, FileEntry, FileGetResult, FileShareResult, InboxEntry, InboxPage,
@@ -126,6 +127,36 @@ export class Client {
     return this.call("GET", "/v1/version");
   }
 
+  /** The versions the daemon works with (`GET /v1/compat`; docs/ipc.md, "Compatibility"). */
+  compat(): Promise<Json> {
+    return this.call("GET", "/v1/compat");
+  }
+
+  /**
+   * `compat()`, or `IncompatibleDaemon` when this SDK (at `version`, by default its own) does
+   * not fit the daemon; a daemon older than the route is judged by `/v1/version`'s
+   * `ipc_api`. Call it once when a program starts.
+   */
+  async checkCompatible(opts: { client?: string; version?: string } = {}): Promise<Json> {
+    const client = opts.client ?? "typescript";
+    const version = opts.version ?? SDK_VERSION;
+    let doc: Json;
+    try {
+      doc = await this.compat();
+    } catch (exc) {
+      if (!(exc instanceof NotFound)) throw exc;
+      const v = await this.version();
+      doc = { daemon: v["daemon_version"] ?? "?", ipc_api: v["ipc_api"] };
+    }
+    const why = misfit(doc, client, version);
+    if (why === undefined) return doc;
+    const advice = why.kind === "ipc_api" ? "use a tidemesh SDK of the daemon's IPC API"
+      : "upgrade (or downgrade) the SDK so that the daemon and its clients match";
+    throw new IncompatibleDaemon(`${why.message}: ${advice}`, {
+      kind: why.kind, daemon: doc["daemon"], client, client_version: version,
+    });
+  }
+
   health(): Promise<Json> {
     return this.call("GET", "/v1/health");
   }
@@ -133,6 +164,23 @@ export class Client {
   /** Prometheus text. */
   metrics(): Promise<string> {
     return this.call("GET", "/v1/metrics");
+  }
+
+  /**
+   * A sealed backup of this member's identity and configuration (never the outbox or
+   * inbox): the bytes of the file `tidemesh daemon restore` reads. `passphrase`: 8+ chars.
+   */
+  async backup(passphrase: string): Promise<Buffer> {
+    const answer = await this.call<{ bundle: string }>("POST", "/v1/backup", { passphrase });
+    return Buffer.from(answer.bundle, "base64");
+  }
+
+  /**
+   * A new local bearer token in the token file; the old one works for `ipc.token_grace_s`
+   * more (60 s by default). A TCP client reads the token file at each call, so it follows.
+   */
+  rotateToken(): Promise<Json> {
+    return this.call("POST", "/v1/token/rotate", {});
   }
 
   // -- send side ----------------------------------------------------------------------------
@@ -184,11 +232,15 @@ export class Client {
 
   // -- receive side -------------------------------------------------------------------------
 
+  /**
+   * A page of the inbox; `q` keeps the entries whose text body matches that search (words,
+   * "a phrase", pre*, AND/OR/NOT; docs/ipc.md, "Searching the inbox"), in seq order.
+   */
   inbox(opts: { after?: number; limit?: number; topic?: string; sender?: string;
-                consumer?: string } = {}): Promise<InboxPage> {
+                consumer?: string; q?: string } = {}): Promise<InboxPage> {
     return this.call("GET", "/v1/inbox" + query({
       after: opts.after, limit: opts.limit ?? 100, topic: opts.topic, from: opts.sender,
-      consumer: opts.consumer,
+      consumer: opts.consumer, q: opts.q,
     }));
   }
 

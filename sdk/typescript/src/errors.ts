@@ -109,6 +109,16 @@ export class DaemonNotRunning extends TidemeshError {
   }
 }
 
+/**
+ * The daemon that answers does not work with this SDK (`GET /v1/compat`): another IPC API
+ * major, or this SDK's version outside the daemon's range. `details.kind` is `ipc_api` or
+ * `version`; the message names both versions. Raised by `checkCompatible()`, never sent.
+ */
+export class IncompatibleDaemon extends TidemeshError {
+  static override readonly code: string = "incompatible_daemon";
+  static override readonly httpStatus: number = 409;
+}
+
 const CLASSES: (typeof TidemeshError)[] = [
   TidemeshError, InvalidRequest, IdempotencyKeyMismatch, TokenInQuery, MeshNotChosen,
   Unauthorized, Forbidden, SendVetoed, MemberRevoked, NotFound, UnknownDestination,

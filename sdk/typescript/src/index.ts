@@ -11,6 +11,7 @@
  */
 
 export { Client, type ClientOptions, type Response } from "./client.js";
+export { apiMajor, fits, IPC_API, misfit, parseVersion, SDK_VERSION, type MisfitKind } from "./compat.js";
 export {
   daemonPaths, defaultMesh, Endpoint, joinedMeshes, startHint, type DaemonPaths,
   type EndpointOptions, type Environment,

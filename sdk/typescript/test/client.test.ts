@@ -4,13 +4,14 @@
  */
 
 import assert from "node:assert/strict";
-import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 
 import {
-  Client, Cursor, DaemonNotRunning, defaultMesh, IdempotencyConflict, InvalidRequest,
-  MeshNotChosen, NotFound, Parser, Reconnect, Unauthorized, type StreamItem,
+  Client, Cursor, DaemonNotRunning, defaultMesh, IdempotencyConflict, IncompatibleDaemon,
+  InvalidRequest, MeshNotChosen, NotFound, Parser, Reconnect, SDK_VERSION, Unauthorized,
+  type StreamItem,
 } from "../src/index.js";
 import { Daemon } from "./harness.js";
 
@@ -64,6 +65,42 @@ describe("a lone daemon", () => {
     assert.ok("port" in where);
     await assert.rejects(new Client({ port: where.port, tokenFile: wrong }).outboxList(),
                          Unauthorized);
+  });
+
+  test("the SDK fits the daemon's compat document, and says why when it does not", async () => {
+    const doc = await c.checkCompatible();
+    assert.equal(doc["ipc_api"], "v1");
+    assert.deepEqual(doc, await c.compat());
+    const err = await c.checkCompatible({ version: "9.0.0" }).catch((e: unknown) => e);
+    assert.ok(err instanceof IncompatibleDaemon, String(err));
+    assert.equal(err.details["kind"], "version");
+    assert.match(err.message, /typescript versions >=0\.1\.0,<0\.2\.0, and this typescript is 9\.0\.0/);
+    assert.equal(SDK_VERSION, "0.1.0");
+  });
+
+  test("a rotated token: the TCP client reads the new one at its next call", async () => {
+    const tcp = Client.forMesh("t", { tcp: true, env: { TIDEMESH_HOME: home } });
+    const kept = join(home, "kept-token");
+    writeFileSync(kept, readFileSync(tcp.endpoint.tokenFile!));
+    const where = tcp.endpoint.target();
+    assert.ok("port" in where);
+    const holder = new Client({ port: where.port, tokenFile: kept });
+    const rotated = await tcp.rotateToken();
+    assert.equal(rotated["rotated"], true);
+    assert.ok(Number(rotated["previous_valid_s"]) > 0);
+    assert.equal(rotated["token_file"], tcp.endpoint.tokenFile);
+    assert.equal((await holder.version())["mesh"], "t", "the old token is good for its grace");
+    await tcp.rotateToken();   // a second rotation retires the first token at once
+    await assert.rejects(holder.version(), Unauthorized);
+    assert.equal((await tcp.version())["mesh"], "t");
+  });
+
+  test("an inbox search answers a page, and a query FTS5 cannot read is a 400 on q", async () => {
+    assert.deepEqual((await c.inbox({ q: "deploy*" })).items, []);
+    const bad = await c.inbox({ q: "disk AND" }).catch((e: unknown) => e);
+    assert.ok(bad instanceof InvalidRequest, String(bad));
+    assert.equal(bad.details["field"], "q");
+    await assert.rejects(c.backup("short"), InvalidRequest);
   });
 
   test("a client found by mesh over TCP follows the daemon to its new port", async () => {

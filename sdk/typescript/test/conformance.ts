@@ -143,8 +143,16 @@ export class Runner {
       case "outbox_requeue":
         return await c.outboxRequeue(arg("id"), { newClientMessageId: arg("new_client_message_id"),
                                                  patchPayload: arg("patch_payload") });
+      case "check_compatible":
+        return await c.checkCompatible({ version: arg("version") });
+      case "backup": {
+        const bytes = await c.backup(arg("passphrase"));
+        return { magic: bytes.subarray(0, bytes.indexOf("\n")).toString("utf8") };
+      }
+      case "rotate_token":
+        return await c.rotateToken();
       case "inbox":
-        return await c.inbox({ consumer: arg("consumer") });
+        return await c.inbox({ consumer: arg("consumer"), q: arg("q") });
       case "inbox_wait": {
         const items = await waitFor(async () => {
           const page = await c.inbox({ limit: 1000 });
