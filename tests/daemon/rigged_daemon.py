@@ -7,6 +7,8 @@ the daemon does when its own parts misbehave (a test launcher, never installed):
 - ``block``: a route, ``GET /v1/test/block?s=N``, blocks the event loop for N seconds;
 - ``ipc_v2``: the daemon speaks IPC API v2 (a future daemon, for the compatibility policy);
 - ``new_clis``: the daemon works only with CLIs and SDKs of 9.x;
+- ``pre_compat_v2``: a daemon older than ``GET /v1/compat`` (no such route) that speaks IPC
+  API v2, which only its ``/v1/version`` says;
 - ``rotate_kill:STEP``: ``daemon rotate-keypair`` (or the start that settles a pending
   rotation) is killed (-9) as soon as it has recorded STEP (``key_rotation.reached``).
 
@@ -88,6 +90,12 @@ def rig(kind: str) -> None:
                 os.kill(os.getpid(), signal.SIGKILL)
 
         key_rotation.reached = kill_at
+    elif kind == "pre_compat_v2":
+        from tidemesh.daemon.process import server
+
+        compat.IPC_API = "v2"
+        server.ROUTES = [r for r in server.ROUTES
+                         if getattr(r, "path", None) != "/v1/compat"]
     elif kind == "new_clis":
         compat.COMPATIBLE_CLIS = ">=9.0.0,<10.0.0"
         compat.COMPATIBLE_SDKS = dict.fromkeys(compat.COMPATIBLE_SDKS, "9.x")

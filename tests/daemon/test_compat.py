@@ -15,6 +15,7 @@ import pytest
 import tidemesh
 from tests.daemon.harness import RunningDaemon, run_cli, start_daemon
 from tidemesh.client import AsyncClient, Client, IncompatibleDaemon
+from tidemesh.core.errors import NotFound
 from tidemesh.daemon.api.validation import load_schema
 
 RIG = (sys.executable, str(Path(__file__).with_name("rigged_daemon.py")))
@@ -75,5 +76,21 @@ def test_a_daemon_for_newer_clients_is_refused_with_both_versions(short_tmp: Pat
         code, err = _send(d)
         assert code == 10 and ">=9.0.0,<10.0.0" in err and "trying" not in err, err
         assert d.outbox_rows() == []
+    finally:
+        assert d.stop() == 0, d.log.read_text()[-2000:]
+
+
+def test_a_daemon_older_than_the_compat_route_is_judged_by_its_version(
+        short_tmp: Path) -> None:
+    d = start_daemon(short_tmp, "t", {"TM_TEST_RIG": "pre_compat_v2"}, launcher=RIG)
+    try:
+        client = Client(d.paths.socket)
+        assert client.version()["ipc_api"] == "v2"
+        with pytest.raises(NotFound):
+            client.compat()
+        with pytest.raises(IncompatibleDaemon) as info:
+            client.check_compatible()
+        assert info.value.details["kind"] == "ipc_api"
+        assert "speaks IPC API v2" in info.value.message
     finally:
         assert d.stop() == 0, d.log.read_text()[-2000:]
