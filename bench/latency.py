@@ -5,7 +5,8 @@ alice's daemon takes ``POST /v1/send`` (a topic message) over its Unix socket; R
 daemons are subscribed. Each recipient's ``/v1/events`` stream is read by this process, so
 "received" is when a local program on that host hears of the message (inbox committed,
 event sent). A message is sent only once the last recipient has it (idle: nothing else
-waits anywhere), or paced at ``--load F`` of a closed-loop rate measured first.
+waits anywhere), or one every ``--pace-ms`` (for 10 % or 50 % of a closed-loop rate, take
+that rate from ``bench/e2e.py`` and pace at 1000 / (0.1 × rate) ms).
 
 The hops are read from the stores afterwards (milliseconds since the epoch):
 alice's ``outbox.enqueued_at`` → the broker's message ``created_at`` → each inbox's
@@ -18,7 +19,7 @@ server on 4222 (default: acks before any fsync), and a private ``nats-server`` w
 ``sync_interval: always`` started on a free port (when the binary is found).
 
     .venv/bin/python bench/latency.py [--messages 200] [--recipients 1,4]
-                                      [--stores sqlite,postgres] [--pg-dsn DSN] [--load 0]
+                                      [--stores sqlite,postgres] [--pg-dsn DSN] [--pace-ms 0]
 """
 
 from __future__ import annotations
