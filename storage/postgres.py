@@ -8,9 +8,9 @@ flight sends the next to the writer that holds them, which keeps its submissions
 order; a shard with none goes to the least loaded writer, so one member's big batches do not
 hold up another member's send while a writer is free (fair load). A batch runs each operation
 once for all its args, in one transaction, under the batch rules of ``engine`` (a savepoint per
-run, redone arg by arg when it fails). Args of one ``key`` in one batch are split:
-the later ones wait for the writer's next batch, so each is decided against what the first one
-wrote. Answers leave only after COMMIT.
+run, redone arg by arg when it fails; a batch of one run has its transaction for savepoint).
+Args of one ``key`` in one batch are split: the later ones wait for the writer's next batch, so
+each is decided against what the first one wrote. Answers leave only after COMMIT.
 """
 
 from __future__ import annotations
@@ -242,8 +242,12 @@ class Database(BatchCounters):
         try:
             if conn is None or conn.is_closed():
                 conn = await asyncpg.connect(self.dsn)
+            runs = _by_op(batch)
+            if len(runs) == 1:
+                await self._run_whole(conn, *runs[0])
+                return conn
             async with conn.transaction():
-                for op, items in _by_op(batch):
+                for op, items in runs:
                     await self._run_op(conn, op, items)
             return conn
         except DB_ERRORS as exc:
@@ -251,6 +255,28 @@ class Database(BatchCounters):
                 conn.terminate()
             fail_batch(self.name, batch, storage_error(exc, self.name, "could not commit"), exc)
             return None
+
+    async def _run_whole(self, conn: Any, op: BatchOp[Any, Any], items: list[_Pending]) -> None:
+        """A batch that is one ``op.run`` (the usual one: a writer's accepts): its transaction
+        is the savepoint, which would cost two round trips on the path of every send. If the
+        run fails, the transaction is rolled back and each arg is run alone, under a savepoint
+        of its own, in the next one: the same outcome as ``_run_op``'s."""
+        try:
+            async with conn.transaction():
+                results = await cast(Awaitable[list[Any]], op.run(conn, [p.arg for p in items]))
+        except _CONNECTION_ERRORS:
+            raise
+        except (asyncpg.PostgresError, TidemeshError) as exc:
+            if isinstance(exc, asyncpg.PostgresError) and fails_batch(
+                    storage_error(exc, self.name, "could not commit")):
+                raise
+            log.warning(f"{self.name}_batch_split", error=str(exc), items=len(items))
+            async with conn.transaction():
+                for p in items:
+                    await self._run_alone(conn, p)
+            return
+        for p, r in zip(items, results, strict=True):
+            p.result = r
 
     async def _run_op(self, conn: Any, op: BatchOp[Any, Any], items: list[_Pending]) -> None:
         """One ``op.run`` under a savepoint; if it fails, each arg alone (``engine``)."""
