@@ -107,8 +107,9 @@ class Deliveries:
         # The first page comes with the hand-out (one store call: on PostgreSQL one
         # transaction, no second turn of the pool before the frames go out).
         page = page_size(self.connections.count)
+        logged, conn.logged = conn.logged, False
         more, rows = await self.store.hand_out_page(conn.mesh_id, conn.pubkey, conn.epoch,
-                                                    conn.sent_seq, page, now_ms())
+                                                    conn.sent_seq, page, now_ms(), logged)
         while True:
             items = [deliver_frame(row, conn.trace_context) for row in rows]
             groups = batch_frames(items) if conn.batch_deliveries else [[i] for i in items]

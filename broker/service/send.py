@@ -221,8 +221,17 @@ class Sends:
             self.metrics.bucket_fill.observe(admission.fill)
 
     def _woken(self, member: Member, accepted: list[AcceptResult]) -> None:
-        self.connections.wake({(member[0], d.recipient_pubkey)
-                               for r in accepted if r.status == 201 for d in r.deliveries})
+        # A topic message's subscribers (seq 0: given theirs by their hand-out) apart.
+        logged: set[tuple[str, str]] = set()
+        given: set[tuple[str, str]] = set()
+        for r in accepted:
+            if r.status == 201:
+                for d in r.deliveries:
+                    (given if d.seq else logged).add((member[0], d.recipient_pubkey))
+        if logged:
+            self.connections.wake(logged, logged=True)
+        if given:
+            self.connections.wake(given)
 
     def _count(self, conn: Conn, statuses: collections.Counter[int]) -> None:
         """A frame's answers in the metrics, once per status (a labelled child's lookup

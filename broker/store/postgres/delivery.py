@@ -20,7 +20,7 @@ T = TypeVar("T")
 DEADLOCK_TRIES = 3
 Ack = tuple[str, str, int, int, int]   # mesh, member, epoch, seq, now_ms
 Page = tuple[str, str, int, int, int]  # mesh, member, epoch, after_seq, limit
-Due = tuple[Page, int]                 # a page, and now_ms for the hand-out before it
+Due = tuple[Page, int, bool]           # a page; now_ms and logged for the hand-out before it
 Key = tuple[str, str]
 
 
@@ -45,30 +45,35 @@ class Delivery(PostgresBase):
         return await self._hand_outs.submit(((mesh_id, pubkey), now_ms))
 
     async def _hand_out_batch(self, args: Sequence[tuple[Key, int]]) -> list[bool]:
-        more = (await self._hand_out_then(sorted({k for k, _ in args}),
+        more = (await self._hand_out_then(sorted({k for k, _ in args}), set(),
                                           max(t for _, t in args), []))[0]
         return [k in more for k, _ in args]
 
     async def hand_out_page(self, mesh_id: str, pubkey: str, epoch: int, after_seq: int,
-                            limit: int, now_ms: int) -> tuple[bool, list[DeliveryRow]]:
-        return await self._dues.submit(((mesh_id, pubkey, epoch, after_seq, limit), now_ms))
+                            limit: int, now_ms: int, logged: bool = False
+                            ) -> tuple[bool, list[DeliveryRow]]:
+        return await self._dues.submit(((mesh_id, pubkey, epoch, after_seq, limit), now_ms,
+                                        logged))
 
     async def _due_batch(self, dues: Sequence[Due]) -> list[tuple[bool, list[DeliveryRow]]]:
         """The hand-outs of many pumps and their first pages, the pages read in the
         hand-out's transaction (they see its spans): a wake-up costs one transaction and no
         second turn of the pool before the frames go out, after COMMIT."""
-        pages = [p for p, _ in dues]
-        more, rows = await self._hand_out_then(sorted({(p[0], p[1]) for p in pages}),
-                                               max(t for _, t in dues), pages)
+        pages = [p for p, _, _ in dues]
+        logged = {(p[0], p[1]) for p, _, hint in dues if hint}
+        more, rows = await self._hand_out_then(sorted({(p[0], p[1]) for p in pages} - logged),
+                                               logged, max(t for _, t, _ in dues), pages)
         return [((p[0], p[1]) in more, r) for p, r in zip(pages, rows, strict=True)]
 
-    async def _hand_out_then(self, keys: list[Key], now_ms: int, pages: Sequence[Page]
-                             ) -> tuple[set[Key], list[list[DeliveryRow]]]:
-        """Hand ``keys`` what their topics logged, then read ``pages``; one transaction
-        when any of them lags, none when none does."""
+    async def _hand_out_then(self, keys: list[Key], logged: set[Key], now_ms: int,
+                             pages: Sequence[Page]) -> tuple[set[Key], list[list[DeliveryRow]]]:
+        """Hand ``keys`` and ``logged`` what their topics logged, then read ``pages``; one
+        transaction when any of them lags, none when none does. Whether ``keys`` lag is
+        asked first; ``logged`` are known to (woken for a topic message)."""
         pool = self.generic_pool
-        lagging = sorted({(r[0], r[1]) for r in await pool.fetch(
-            LAGS_SQL, text_array([k[0] for k in keys]), text_array([k[1] for k in keys]))})
+        lagging = sorted(logged | ({(r[0], r[1]) for r in await pool.fetch(
+            LAGS_SQL, text_array([k[0] for k in keys]), text_array([k[1] for k in keys]))}
+            if keys else set()))
         if not lagging:
             return set(), await _pages_on(pool, pages)
 

@@ -28,7 +28,8 @@ class Delivery(SqliteBase):
         return await self._submit(self._hand_out_op, ((mesh_id, pubkey), now_ms))
 
     async def hand_out_page(self, mesh_id: str, pubkey: str, epoch: int, after_seq: int,
-                            limit: int, now_ms: int) -> tuple[bool, list[DeliveryRow]]:
+                            limit: int, now_ms: int, logged: bool = False
+                            ) -> tuple[bool, list[DeliveryRow]]:
         more = await self.hand_out(mesh_id, pubkey, now_ms)
         return more, await self.deliveries_after(mesh_id, pubkey, epoch, after_seq, limit)
 
