@@ -127,6 +127,9 @@ class Conn:
     muted: bool = False          # a suspected clone's older session: no deliveries pumped
     connected_at: int = field(default_factory=now_ms)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
+    # Woken for a topic message accepted for it: its topics logged, so its pump's hand-out
+    # goes straight to its transaction (no query first to ask whether they did).
+    logged: bool = False
     # A numbered presence batch was pushed out of its full queue: its daemon's peer set
     # misses changes, and only a new snapshot puts it right (``Connections.resync``).
     presence_stale: asyncio.Event = field(default_factory=asyncio.Event)
@@ -204,14 +207,16 @@ class Connections:
             self._tell_update((conn.mesh_id, conn.pubkey))
         return not peers
 
-    def wake(self, keys: Iterable[tuple[str, str]]) -> None:
+    def wake(self, keys: Iterable[tuple[str, str]], logged: bool = False) -> None:
         """Wake the delivery pumps of these (mesh, member) pairs' connections, here or, for
-        members not connected here, on the other brokers (called after the commit)."""
-        absent = self.wake_local(keys)
+        members not connected here, on the other brokers (called after the commit).
+        ``logged``: for a topic message (``Conn.logged``)."""
+        absent = self.wake_local(keys, logged)
         if absent and self.elsewhere is not None:
             self.elsewhere.relay_wake(absent)
 
-    def wake_local(self, keys: Iterable[tuple[str, str]]) -> set[tuple[str, str]]:
+    def wake_local(self, keys: Iterable[tuple[str, str]], logged: bool = False
+                   ) -> set[tuple[str, str]]:
         """Wake this broker's pumps for these pairs; returns the pairs not connected here."""
         absent = set()
         for key in keys:
@@ -220,6 +225,7 @@ class Connections:
                 absent.add(key)
                 continue
             for c in conns:
+                c.logged = c.logged or logged
                 c.wake.set()
         return absent
 

@@ -104,11 +104,13 @@ class Deliveries:
         # first (pumps woken together share the transaction); again once its pages have
         # caught up, if the hand-out left some (more than it gives at once). What is logged
         # meanwhile wakes the pump again: a burst costs a hand-out per wake-up, not per page.
-        more = await self.store.hand_out(conn.mesh_id, conn.pubkey, now_ms())
+        # The first page comes with the hand-out (one store call: on PostgreSQL one
+        # transaction, no second turn of the pool before the frames go out).
+        page = page_size(self.connections.count)
+        logged, conn.logged = conn.logged, False
+        more, rows = await self.store.hand_out_page(conn.mesh_id, conn.pubkey, conn.epoch,
+                                                    conn.sent_seq, page, now_ms(), logged)
         while True:
-            page = page_size(self.connections.count)
-            rows = await self.store.deliveries_after(conn.mesh_id, conn.pubkey, conn.epoch,
-                                                     conn.sent_seq, page)
             items = [deliver_frame(row, conn.trace_context) for row in rows]
             groups = batch_frames(items) if conn.batch_deliveries else [[i] for i in items]
             for group in groups:
@@ -119,10 +121,16 @@ class Deliveries:
                 conn.sent_seq = group[-1]["seq"]
                 self.metrics.delivered.inc(len(group))
                 self.metrics.deliver_batch.observe(len(group))
-            if len(rows) < page:
-                if not more:
-                    return
-                more = await self.store.hand_out(conn.mesh_id, conn.pubkey, now_ms())
+            full, page = len(rows) >= page, page_size(self.connections.count)
+            if full:
+                rows = await self.store.deliveries_after(conn.mesh_id, conn.pubkey, conn.epoch,
+                                                         conn.sent_seq, page)
+            elif more:
+                more, rows = await self.store.hand_out_page(conn.mesh_id, conn.pubkey,
+                                                            conn.epoch, conn.sent_seq, page,
+                                                            now_ms())
+            else:
+                return
 
     async def reassign_lapsed(self, lease_s: float) -> int:
         """Queue leases (DESIGN §5.4): deliveries not acked within the lease go to another

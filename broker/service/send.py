@@ -223,11 +223,22 @@ class Sends:
     def _woken(self, member: Member, accepted: list[AcceptResult]) -> None:
         """Wake the recipients' pumps once the sender's answer is queued: woken here, each
         pump's first step ran before the answer's writer did (a topic message to 1,000
-        members was answered after 1,000 hand-out starts)."""
-        keys = {(member[0], d.recipient_pubkey)
-                for r in accepted if r.status == 201 for d in r.deliveries}
-        if keys:
-            asyncio.get_running_loop().call_soon(self.connections.wake, keys)
+        members was answered after 1,000 hand-out starts). A topic message's subscribers
+        (seq 0: given theirs by their hand-out) are woken apart."""
+        logged: set[tuple[str, str]] = set()
+        given: set[tuple[str, str]] = set()
+        for r in accepted:
+            if r.status == 201:
+                for d in r.deliveries:
+                    (given if d.seq else logged).add((member[0], d.recipient_pubkey))
+        if logged or given:
+            asyncio.get_running_loop().call_soon(self._wake, logged, given)
+
+    def _wake(self, logged: set[tuple[str, str]], given: set[tuple[str, str]]) -> None:
+        if logged:
+            self.connections.wake(logged, logged=True)
+        if given:
+            self.connections.wake(given)
 
     def _count(self, conn: Conn, statuses: collections.Counter[int]) -> None:
         """A frame's answers in the metrics, once per status (a labelled child's lookup

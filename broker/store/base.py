@@ -289,6 +289,15 @@ class Store(FileStore, Protocol):
         logged more than one call hands out. Calls of many members share a transaction."""
         ...
 
+    async def hand_out_page(self, mesh_id: str, pubkey: str, epoch: int, after_seq: int,
+                            limit: int, now_ms: int, logged: bool = False
+                            ) -> tuple[bool, list[DeliveryRow]]:
+        """``hand_out``, then ``deliveries_after`` with what it gave: a pump's wake-up. The
+        page is read after the hand-out commits, or before COMMIT in its transaction (the
+        answer still comes after it). ``logged``: the member's topics are known to have
+        logged something for it (a store may skip asking first)."""
+        ...
+
     async def ack(self, mesh_id: str, pubkey: str, epoch: int, seq: int, now_ms: int) -> int:
         """Cumulative: move the member's cursor to ``seq`` (at most its last seq); returns
         by how many seqs it moved. Calls of many members share a transaction."""

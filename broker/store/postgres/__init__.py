@@ -29,6 +29,7 @@ class PostgresStore(OnEngine[Database], Membership, Accept, Delivery, Retention,
         self.dsn = dsn
         self.db = db
         self.pool = db.pool
+        self.generic_pool = db.generic_pool
         self._init_accept()
         self._init_delivery()
 
@@ -43,8 +44,10 @@ class PostgresStore(OnEngine[Database], Membership, Accept, Delivery, Retention,
 
         # Several writers overlap one batch's statements with others' COMMITs; PostgreSQL
         # flushes concurrent commits together, so the fsync is shared too.
+        # The pumps' hand-outs and pages on a pool of their own, on generic plans: a batch
+        # of them at a time each (``delivery.py``).
         db = await Database.open(dsn, setup, name="broker", pool_size=pool_size,
-                                 batch_max=batch_max, writers=writers)
+                                 batch_max=batch_max, writers=writers, generic_pool_size=2)
         return cls(dsn, db)
 
     async def set_info(self, key: str, value: str, now_ms: int) -> None:

@@ -11,3 +11,4 @@ from tidemesh.storage.postgres import Database
 class PostgresBase:
     db: Database
     pool: Any
+    generic_pool: Any   # statements run on their generic plan (``Database.open``)

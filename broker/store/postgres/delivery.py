@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import asyncpg
 import structlog
@@ -20,39 +20,69 @@ T = TypeVar("T")
 DEADLOCK_TRIES = 3
 Ack = tuple[str, str, int, int, int]   # mesh, member, epoch, seq, now_ms
 Page = tuple[str, str, int, int, int]  # mesh, member, epoch, after_seq, limit
+Due = tuple[Page, int, bool]           # a page; now_ms and logged for the hand-out before it
 Key = tuple[str, str]
 
 
 class Delivery(PostgresBase):
     _acks: GroupCommit[Ack, int]
     _hand_outs: GroupCommit[tuple[Key, int], bool]
+    _dues: GroupCommit[Due, tuple[bool, list[DeliveryRow]]]
     _pages: GroupCommit[Page, list[DeliveryRow]]
 
     def _init_delivery(self) -> None:
         # Pumps and acks of many members share transactions (issue #30: a lone message to
         # N members costs a few statements, not N transactions). Not on the accept's
         # writers: those lock cursors then topics, and a transaction mixing both kinds of
-        # work could lock cursors out of order.
+        # work could lock cursors out of order. The pumps' statements (hand-outs, pages)
+        # run on the generic pool: PostgreSQL planned the page query again at every run.
         self._acks = GroupCommit(self._ack_batch)
         self._hand_outs = GroupCommit(self._hand_out_batch)
+        self._dues = GroupCommit(self._due_batch)
         self._pages = GroupCommit(self._page_batch)
 
     async def hand_out(self, mesh_id: str, pubkey: str, now_ms: int) -> bool:
         return await self._hand_outs.submit(((mesh_id, pubkey), now_ms))
 
     async def _hand_out_batch(self, args: Sequence[tuple[Key, int]]) -> list[bool]:
-        keys = sorted({k for k, _ in args})
-        lagging = {(r[0], r[1]) for r in await self.pool.fetch(
-            LAGS_SQL, text_array([k[0] for k in keys]), text_array([k[1] for k in keys]))}
-        if not lagging:
-            return [False] * len(args)
-        async def run() -> set[Key]:
-            async with self.pool.acquire() as conn, conn.transaction():
-                return (await hand_out_on(conn, sorted(lagging), max(t for _, t in args),
-                                          lock_all=True)).more
-
-        more = await _again_after_deadlock(run)
+        more = (await self._hand_out_then(sorted({k for k, _ in args}), set(),
+                                          max(t for _, t in args), []))[0]
         return [k in more for k, _ in args]
+
+    async def hand_out_page(self, mesh_id: str, pubkey: str, epoch: int, after_seq: int,
+                            limit: int, now_ms: int, logged: bool = False
+                            ) -> tuple[bool, list[DeliveryRow]]:
+        return await self._dues.submit(((mesh_id, pubkey, epoch, after_seq, limit), now_ms,
+                                        logged))
+
+    async def _due_batch(self, dues: Sequence[Due]) -> list[tuple[bool, list[DeliveryRow]]]:
+        """The hand-outs of many pumps and their first pages, the pages read in the
+        hand-out's transaction (they see its spans): a wake-up costs one transaction and no
+        second turn of the pool before the frames go out, after COMMIT."""
+        pages = [p for p, _, _ in dues]
+        logged = {(p[0], p[1]) for p, _, hint in dues if hint}
+        more, rows = await self._hand_out_then(sorted({(p[0], p[1]) for p in pages} - logged),
+                                               logged, max(t for _, t, _ in dues), pages)
+        return [((p[0], p[1]) in more, r) for p, r in zip(pages, rows, strict=True)]
+
+    async def _hand_out_then(self, keys: list[Key], logged: set[Key], now_ms: int,
+                             pages: Sequence[Page]) -> tuple[set[Key], list[list[DeliveryRow]]]:
+        """Hand ``keys`` and ``logged`` what their topics logged, then read ``pages``; one
+        transaction when any of them lags, none when none does. Whether ``keys`` lag is
+        asked first; ``logged`` are known to (woken for a topic message)."""
+        pool = self.generic_pool
+        lagging = sorted(logged | ({(r[0], r[1]) for r in await pool.fetch(
+            LAGS_SQL, text_array([k[0] for k in keys]), text_array([k[1] for k in keys]))}
+            if keys else set()))
+        if not lagging:
+            return set(), await _pages_on(pool, pages)
+
+        async def run() -> tuple[set[Key], list[list[DeliveryRow]]]:
+            async with pool.acquire() as conn, conn.transaction():
+                more = (await hand_out_on(conn, lagging, now_ms, lock_all=True)).more
+                return more, await _pages_on(conn, pages)
+
+        return await _again_after_deadlock(run)
 
     async def cursor(self, mesh_id: str, pubkey: str) -> Cursor:
         r = await self.pool.fetchrow(
@@ -65,18 +95,7 @@ class Delivery(PostgresBase):
         return await self._pages.submit((mesh_id, pubkey, epoch, after_seq, limit))
 
     async def _page_batch(self, asks: Sequence[Page]) -> list[list[DeliveryRow]]:
-        """The pages of many pumps in one query (one round trip, one plan): a message for N
-        connected members is read for all of them at once."""
-        if len(asks) == 1:
-            return [[DeliveryRow.of_record(r)
-                     for r in await self.pool.fetch(DELIVERIES_SQL, *asks[0])]]
-        out: list[list[DeliveryRow]] = [[] for _ in asks]
-        for r in await self.pool.fetch(
-                PAGES_SQL, text_array([a[0] for a in asks]), text_array([a[1] for a in asks]),
-                int_array([a[2] for a in asks]), int_array([a[3] for a in asks]),
-                int_array([a[4] for a in asks])):
-            out[r[0] - 1].append(DeliveryRow.of_record(r[1:]))
-        return out
+        return await _pages_on(self.generic_pool, asks)
 
     async def reassign_lapsed(self, lease_before: int, now_ms: int,
                               limit: int = 500) -> list[Reassigned]:
@@ -132,6 +151,21 @@ class Delivery(PostgresBase):
         for m, p, e, s, _ in acks:
             out.append(moved.pop((m, p, e), 0) if latest.get((m, p, e)) == s else 0)
         return out
+
+
+async def _pages_on(db: Any, asks: Sequence[Page]) -> list[list[DeliveryRow]]:
+    """The pages of many pumps in one query (one round trip, one plan) on ``db`` (a pool
+    or a connection): a message for N connected members is read for all of them at once."""
+    if len(asks) <= 1:
+        return [[DeliveryRow.of_record(r) for r in await db.fetch(DELIVERIES_SQL, *a)]
+                for a in asks]
+    out: list[list[DeliveryRow]] = [[] for _ in asks]
+    for r in await db.fetch(
+            PAGES_SQL, text_array([a[0] for a in asks]), text_array([a[1] for a in asks]),
+            int_array([a[2] for a in asks]), int_array([a[3] for a in asks]),
+            int_array([a[4] for a in asks])):
+        out[r[0] - 1].append(DeliveryRow.of_record(r[1:]))
+    return out
 
 
 async def _again_after_deadlock(run: Callable[[], Awaitable[T]]) -> T:

@@ -54,21 +54,19 @@ async def hand_out_on(conn: Any, keys: Sequence[Key], now_ms: int, *,
     cursors = {(r[0], r[1]): (int(r[2]), int(r[3]), int(r[4]))
                for r in await conn.fetch(CURSORS_SQL, ms, ps)}
     # Read again under the cursors' locks: another broker may have handed some out meanwhile.
+    # The lags and the entries they give, in one statement (one round trip).
     cap = HAND_OUT_MAX if own is None else UNCAPPED
     lags: dict[Key, list[Lag]] = {k: [] for k in (own or {})}
-    for m, p, topic, log_pos, last_pos in await conn.fetch(LAGS_SQL, ms, ps):
-        lags.setdefault((m, p), []).append(Lag(topic, int(log_pos), int(last_pos), cap))
-    if not any(lags.values()) and not own:
-        return given
-    # Subscribers given the same positions so far (the usual case) share one read.
-    windows = sorted({(m, g.topic, g.log_pos, g.upto) for (m, _), gs in lags.items()
-                      for g in gs})
     found: dict[tuple[str, str], dict[int, Entry]] = {}
-    if windows:
-        for m, topic, pos, sender, created_at, order in await conn.fetch(
-                ENTRIES_SQL, *(_column(windows, i) for i in range(4))):
+    for m, p, topic, pos, last_pos, sender, created_at, order in await conn.fetch(
+            LOGGED_SQL, ms, ps, cap):
+        if p is not None:
+            lags.setdefault((m, p), []).append(Lag(topic, int(pos), int(last_pos), cap))
+        else:
             found.setdefault((m, topic), {})[int(pos)] = Entry(int(pos), sender,
                                                                int(created_at), int(order))
+    if not any(lags.values()) and not own:
+        return given
     entries = {t: [es[pos] for pos in sorted(es)] for t, es in found.items()}
     spans: list[tuple[Any, ...]] = []
     moved: list[tuple[str, str, str, int]] = []
@@ -126,13 +124,27 @@ FROM mesh.recipient_cursor c JOIN unnest($1::text::text[], $2::text::text[]) AS 
   ON c.mesh_id = u.m AND c.recipient_pubkey = u.p
 """
 
-ENTRIES_SQL = """
-SELECT t.mesh_id, t.topic, t.log_pos, t.sender_pubkey, t.created_at, t.log_order
-FROM unnest($1::text::text[], $2::text::text[], $3::text::bigint[], $4::text::bigint[])
-     AS w(m, n, after, upto)
-JOIN mesh.topic_message t ON t.mesh_id = w.m AND t.topic = w.n
-  AND t.log_pos > w.after AND t.log_pos <= w.upto
-ORDER BY t.mesh_id, t.topic, t.log_pos
+# LAGS_SQL (the member set: a lag's row), then the entries of each window (log_pos, upto]
+# (member NULL), read once for the subscribers given the same positions so far (the usual
+# case). $3: how many positions one hand-out gives at most (``Lag.cap``).
+LOGGED_SQL = """
+WITH g AS MATERIALIZED (
+  SELECT s.mesh_id AS m, s.member_pubkey AS p, s.topic AS n, s.log_pos AS after, t.last_pos,
+         LEAST(t.last_pos, s.log_pos + $3::bigint) AS upto
+  FROM unnest($1::text::text[], $2::text::text[]) AS k(m, p)
+  CROSS JOIN LATERAL (SELECT * FROM mesh.topic_subscription s
+                      WHERE s.mesh_id = k.m AND s.member_pubkey = k.p OFFSET 0) s
+  JOIN mesh.topic t ON t.mesh_id = s.mesh_id AND t.name = s.topic
+  WHERE t.last_pos > s.log_pos
+)
+SELECT g.m, g.p, g.n, g.after, g.last_pos, NULL::text, NULL::bigint, NULL::bigint FROM g
+UNION ALL
+SELECT e.mesh_id, NULL::text, e.topic, e.log_pos, NULL::bigint, e.sender_pubkey,
+       e.created_at, e.log_order
+FROM (SELECT DISTINCT m, n, after, upto FROM g) w
+CROSS JOIN LATERAL (SELECT * FROM mesh.topic_message e
+                    WHERE e.mesh_id = w.m AND e.topic = w.n AND e.log_pos > w.after
+                      AND e.log_pos <= w.upto OFFSET 0) e
 """
 
 # The spans, the subscriptions' positions and the cursors' seqs in one statement (one round

@@ -27,6 +27,12 @@ class Delivery(SqliteBase):
     async def hand_out(self, mesh_id: str, pubkey: str, now_ms: int) -> bool:
         return await self._submit(self._hand_out_op, ((mesh_id, pubkey), now_ms))
 
+    async def hand_out_page(self, mesh_id: str, pubkey: str, epoch: int, after_seq: int,
+                            limit: int, now_ms: int, logged: bool = False
+                            ) -> tuple[bool, list[DeliveryRow]]:
+        more = await self.hand_out(mesh_id, pubkey, now_ms)
+        return more, await self.deliveries_after(mesh_id, pubkey, epoch, after_seq, limit)
+
     async def cursor(self, mesh_id: str, pubkey: str) -> Cursor:
         def fn(conn: sqlite3.Connection) -> Cursor:
             row = conn.execute(
