@@ -317,13 +317,14 @@ def main() -> int:
     args = ap.parse_args()
     pace_s = args.pace_ms / 1000
     root = Path(tempfile.mkdtemp(prefix="tm-lat-", dir="/tmp"))
+    made: list[str] = []
     try:
         nats_always = start_sync_always_nats(root)
         for r in (int(x) for x in args.recipients.split(",")):
             print(f"--- {r} recipient(s), {args.messages} messages one at a time")
             for store_kind in args.stores.split(","):
                 store = (f"sqlite://{root}/broker-{r}.db" if store_kind == "sqlite" else
-                         _fresh_pg(args.pg_dsn))
+                         _fresh_pg(args.pg_dsn, made))
                 res = run_tidemesh(store, r, args.messages, root / f"{store_kind}-{r}", pace_s)
                 acc = [a for _, a, _ in res["results"]]
                 last = [x for _, _, x in res["results"]]
@@ -341,23 +342,31 @@ def main() -> int:
             nats_always[0].wait(10)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+        for name in made:   # each run's database would otherwise stay on the server
+            _pg_statement(args.pg_dsn, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     return 0
 
 
-def _fresh_pg(dsn: str) -> str:
-    """A new database on the server of ``dsn``, so that runs never share a store."""
+def _pg_statement(dsn: str, sql: str) -> None:
+    """One statement on its own connection (CREATE and DROP DATABASE refuse a transaction)."""
     import asyncpg
 
-    name = f"tm_lat_{secrets.token_hex(4)}"
-
-    async def create() -> None:
+    async def run() -> None:
         conn = await asyncpg.connect(dsn)
         try:
-            await conn.execute(f'CREATE DATABASE "{name}"')
+            await conn.execute(sql)
         finally:
             await conn.close()
 
-    asyncio.run(create())
+    asyncio.run(run())
+
+
+def _fresh_pg(dsn: str, made: list[str]) -> str:
+    """A new database on the server of ``dsn``, so that runs never share a store; its name is
+    added to ``made``, which the run drops at its end."""
+    name = f"tm_lat_{secrets.token_hex(4)}"
+    _pg_statement(dsn, f'CREATE DATABASE "{name}"')
+    made.append(name)
     return dsn.rsplit("/", 1)[0] + "/" + name
 
 
