@@ -16,6 +16,7 @@ each is decided against what the first one wrote. Answers leave only after COMMI
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass
@@ -257,7 +258,7 @@ class Database(BatchCounters):
                 conn = await asyncpg.connect(self.dsn)
             runs = _by_op(batch)
             if len(runs) == 1:
-                await self._run_whole(conn, *runs[0])
+                await self._run_op(conn, *runs[0], whole=True)
                 return conn
             async with conn.transaction():
                 for op, items in runs:
@@ -269,11 +270,12 @@ class Database(BatchCounters):
             fail_batch(self.name, batch, storage_error(exc, self.name, "could not commit"), exc)
             return None
 
-    async def _run_whole(self, conn: Any, op: BatchOp[Any, Any], items: list[_Pending]) -> None:
-        """A batch that is one ``op.run`` (the usual one: a writer's accepts): its transaction
-        is the savepoint, which would cost two round trips on the path of every send. If the
-        run fails, the transaction is rolled back and each arg is run alone, under a savepoint
-        of its own, in the next one: the same outcome as ``_run_op``'s."""
+    async def _run_op(self, conn: Any, op: BatchOp[Any, Any], items: list[_Pending], *,
+                      whole: bool = False) -> None:
+        """One ``op.run`` under a savepoint; if it fails, each arg alone (``engine``). A batch
+        that is ``whole`` one run (the usual one: a writer's accepts) has its transaction for
+        savepoint, which saves two round trips on the path of every send: if that run fails,
+        the transaction is rolled back and the args run alone in the next one."""
         try:
             async with conn.transaction():
                 results = await cast(Awaitable[list[Any]], op.run(conn, [p.arg for p in items]))
@@ -284,27 +286,9 @@ class Database(BatchCounters):
                     storage_error(exc, self.name, "could not commit")):
                 raise
             log.warning(f"{self.name}_batch_split", error=str(exc), items=len(items))
-            async with conn.transaction():
+            async with conn.transaction() if whole else contextlib.nullcontext():
                 for p in items:
                     await self._run_alone(conn, p)
-            return
-        for p, r in zip(items, results, strict=True):
-            p.result = r
-
-    async def _run_op(self, conn: Any, op: BatchOp[Any, Any], items: list[_Pending]) -> None:
-        """One ``op.run`` under a savepoint; if it fails, each arg alone (``engine``)."""
-        try:
-            async with conn.transaction():
-                results = await cast(Awaitable[list[Any]], op.run(conn, [p.arg for p in items]))
-        except _CONNECTION_ERRORS:
-            raise
-        except (asyncpg.PostgresError, TidemeshError) as exc:
-            if isinstance(exc, asyncpg.PostgresError) and fails_batch(
-                    storage_error(exc, self.name, "could not commit")):
-                raise
-            log.warning(f"{self.name}_batch_split", error=str(exc), items=len(items))
-            for p in items:
-                await self._run_alone(conn, p)
             return
         for p, r in zip(items, results, strict=True):
             p.result = r
