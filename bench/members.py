@@ -308,13 +308,15 @@ async def run_tidemesh(store_kind: str, n: int, args: argparse.Namespace, root: 
 @contextlib.asynccontextmanager
 async def _pyspy(pid: int, n: int) -> AsyncIterator[None]:
     """BENCH_PYSPY=PREFIX: py-spy records the broker over the lone messages, its collapsed
-    stacks written to PREFIX-N.txt (feed them to flamegraph.pl or speedscope)."""
+    stacks written to PREFIX-N.txt (feed them to flamegraph.pl or speedscope);
+    BENCH_PYSPY_RATE: samples a second (250)."""
     prefix = os.environ.get("BENCH_PYSPY")
     if not prefix:
         yield
         return
     exe = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-    spy = subprocess.Popen([exe, "record", "-p", str(pid), "-r", "250", "--nonblocking",
+    rate = os.environ.get("BENCH_PYSPY_RATE", "250")   # samples a second
+    spy = subprocess.Popen([exe, "record", "-p", str(pid), "-r", rate, "--nonblocking",
                             "--format", "raw", "-o", f"{prefix}-{n}.txt"],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     await asyncio.sleep(1)   # attached before the first message

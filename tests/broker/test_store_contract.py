@@ -110,6 +110,41 @@ async def test_pumps_woken_together_share_hand_outs_reads_and_acks(store: Store)
     assert [(await store.cursor(w.mesh_id, pk)).acked_seq for pk in (w.bob, w.carol)] == [4, 5]
 
 
+async def test_a_pumps_page_read_with_its_hand_out_is_the_page_read_after_it(
+        store: Store) -> None:
+    """A wake-up's page comes with its hand-out (on PostgreSQL, a caught-up member's is built
+    from the spans it was just given): every field of it is what a later read of the same
+    seqs returns, for a member caught up, one behind, one after a DM, and a short page."""
+    w = await _world(store)
+    dave = new_pubkey()
+    await store.add_member(w.mesh_id, dave, now_ms())
+    await store.subscribe(w.mesh_id, "ops", dave, now_ms())
+    await store.accept(accept_input(w.mesh_id, w.alice, "t0", body="zero"))
+    await store.accept(accept_input(w.mesh_id, w.alice, "d0", kind="dm", ref=w.carol))
+    for pk in (w.bob, w.carol, dave):
+        await store.hand_out(w.mesh_id, pk, now_ms())
+    extra = {"meta": {"k": "v"}, "reply_to": "01J0000000000000000000000R",
+             "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+    await store.accept(accept_input(w.mesh_id, w.alice, "t1", body="one", **extra))
+    await store.accept(accept_input(w.mesh_id, w.bob, "t2", body="two"))
+    await store.accept(accept_input(w.mesh_id, w.alice, "t3", body="AAEC",
+                                    body_encoding="base64"))
+    # bob: caught up (sent seq 1); carol: sent nothing yet; dave: caught up, a page of 1.
+    asks = [(w.bob, 1, 10), (w.carol, 0, 10), (dave, 1, 1), (w.alice, 0, 10)]
+    got = await asyncio.gather(*(store.hand_out_page(w.mesh_id, pk, 1, after, limit, now_ms(),
+                                                     logged=True)
+                                 for pk, after, limit in asks))
+    for (pk, after, limit), (_, rows) in zip(asks, got, strict=True):
+        assert rows == await store.deliveries_after(w.mesh_id, pk, 1, after, limit)
+    assert [[r.body for r in rows] for _, rows in got] == [
+        [b"one", b"\x00\x01\x02"], [b"zero", b"hello", b"one", b"two", b"\x00\x01\x02"],
+        [b"one"], [b"two"]]
+    bob = got[0][1]
+    assert (bob[0].meta, bob[0].reply_to, bob[0].traceparent) == (
+        extra["meta"], extra["reply_to"], extra["traceparent"])
+    assert [r.seq for r in bob] == [2, 3] and bob[0].history_id
+
+
 async def test_a_dm_after_a_topic_message_keeps_its_senders_order(store: Store) -> None:
     w = await _world(store)
     await store.accept(accept_input(w.mesh_id, w.alice, "t1", body="first"))

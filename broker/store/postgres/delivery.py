@@ -9,9 +9,9 @@ import asyncpg
 import structlog
 
 from tidemesh.broker.accept import pick_queue_consumer
-from tidemesh.broker.store.base import Cursor, DeliveryRow, Reassigned, latest_acks
+from tidemesh.broker.store.base import Cursor, DeliveryRow, Reassigned, latest_acks, stored_meta
 from tidemesh.broker.store.postgres.base import PostgresBase
-from tidemesh.broker.store.postgres.topiclog import LAGS_SQL, hand_out_on
+from tidemesh.broker.store.postgres.topiclog import LAGS_SQL, Handed, hand_out_on
 from tidemesh.storage.groupcommit import GroupCommit
 from tidemesh.storage.pgarray import int_array, text_array
 
@@ -79,8 +79,8 @@ class Delivery(PostgresBase):
 
         async def run() -> tuple[set[Key], list[list[DeliveryRow]]]:
             async with pool.acquire() as conn, conn.transaction():
-                more = (await hand_out_on(conn, lagging, now_ms, lock_all=True)).more
-                return more, await _pages_on(conn, pages)
+                given = await hand_out_on(conn, lagging, now_ms, lock_all=True)
+                return given.more, await _pages_on(conn, pages, given.handed)
 
         return await _again_after_deadlock(run)
 
@@ -153,19 +153,73 @@ class Delivery(PostgresBase):
         return out
 
 
-async def _pages_on(db: Any, asks: Sequence[Page]) -> list[list[DeliveryRow]]:
+async def _pages_on(db: Any, asks: Sequence[Page], handed: dict[Key, Handed] | None = None
+                    ) -> list[list[DeliveryRow]]:
     """The pages of many pumps in one query (one round trip, one plan) on ``db`` (a pool
-    or a connection): a message for N connected members is read for all of them at once."""
-    if len(asks) <= 1:
-        return [[DeliveryRow.of_record(r) for r in await db.fetch(DELIVERIES_SQL, *a)]
-                for a in asks]
-    out: list[list[DeliveryRow]] = [[] for _ in asks]
-    for r in await db.fetch(
-            PAGES_SQL, text_array([a[0] for a in asks]), text_array([a[1] for a in asks]),
-            int_array([a[2] for a in asks]), int_array([a[3] for a in asks]),
-            int_array([a[4] for a in asks])):
-        out[r[0] - 1].append(DeliveryRow.of_record(r[1:]))
-    return out
+    or a connection). A pump that had sent all its member was given before a hand-out that
+    gave it only topic entries (``Handed.whole``: a lone topic message to N connected
+    members, the usual wake-up) has its page built from that hand-out's spans: each entry
+    is read once for all the members it went to, not once per member."""
+    out: list[list[DeliveryRow] | None] = [None] * len(asks)
+    if handed:
+        spanned = {i: h for i, a in enumerate(asks)
+                   if (h := handed.get((a[0], a[1]))) is not None and h.whole
+                   and h.epoch == a[2] and h.last_seq == a[3]}
+        if spanned:
+            await _spanned_pages(db, asks, spanned, out)
+    left = [i for i, rows in enumerate(out) if rows is None]
+    if len(left) == 1:
+        a = asks[left[0]]
+        out[left[0]] = [DeliveryRow.of_record(r) for r in await db.fetch(DELIVERIES_SQL, *a)]
+    elif left:
+        read: list[list[DeliveryRow]] = [[] for _ in left]
+        rest = [asks[i] for i in left]
+        for r in await db.fetch(
+                PAGES_SQL, text_array([a[0] for a in rest]), text_array([a[1] for a in rest]),
+                int_array([a[2] for a in rest]), int_array([a[3] for a in rest]),
+                int_array([a[4] for a in rest])):
+            read[r[0] - 1].append(DeliveryRow.of_record(r[1:]))
+        for i, rows in zip(left, read, strict=True):
+            out[i] = rows
+    return [rows or [] for rows in out]
+
+
+async def _spanned_pages(db: Any, asks: Sequence[Page], spanned: dict[int, Handed],
+                         out: list[list[DeliveryRow] | None]) -> None:
+    """``out[i]`` for each ask ``i`` of ``spanned``: its hand-out's spans expanded to their
+    positions (seq = seq_first + pos - pos_first), up to the ask's limit, the entries read
+    in one query. An ask one of whose entries is gone meanwhile (pruned) is left to
+    DELIVERIES_SQL, which pages past it."""
+    wanted: dict[tuple[str, str, int], None] = {}
+    plans: dict[int, list[tuple[int, str, int]]] = {}
+    for i, h in spanned.items():
+        mesh, limit = asks[i][0], asks[i][4]
+        plan = plans[i] = []
+        for span in h.spans:
+            for seq in range(span.seq_first, min(span.seq_last, h.last_seq + limit) + 1):
+                pos = span.pos_first + seq - span.seq_first
+                plan.append((seq, span.topic, pos))
+                wanted[(mesh, span.topic, pos)] = None
+    keys = list(wanted)
+    entries = {(r[0], r[1], int(r[2])): r for r in await db.fetch(
+        ENTRIES_SQL, text_array([k[0] for k in keys]), text_array([k[1] for k in keys]),
+        int_array([k[2] for k in keys]))} if keys else {}
+    metas: dict[tuple[str, str, int], dict[str, Any] | None] = {}
+    for i, plan in plans.items():
+        mesh, epoch = asks[i][0], asks[i][2]
+        rows: list[DeliveryRow] = []
+        for seq, topic, pos in plan:
+            key = (mesh, topic, pos)
+            r = entries.get(key)
+            if r is None:
+                break
+            if key not in metas:   # decoded once per entry; a row's meta is only read
+                metas[key] = stored_meta(r[10]) if r[10] is not None else None
+            rows.append(DeliveryRow(epoch, seq, r[3], r[4], r[5], r[6], "topic", topic,
+                                    bytes(r[7]), r[8], r[9], metas[key], r[11], r[12],
+                                    False, r[13], r[14]))
+        else:
+            out[i] = rows
 
 
 async def _again_after_deadlock(run: Callable[[], Awaitable[T]]) -> T:
@@ -241,6 +295,18 @@ LEFT JOIN mesh.member m ON m.mesh_id = $1
   AND m.pubkey = COALESCE(t.sender_pubkey, q.sender_pubkey)
 WHERE t.id IS NOT NULL OR q.id IS NOT NULL
 ORDER BY d.seq LIMIT $5
+"""
+
+# The entries (mesh, topic, position) of spans just handed out, each once, with what a
+# delivery of it carries (DELIVERIES_SQL's columns for a topic entry).
+ENTRIES_SQL = """
+SELECT t.mesh_id, t.topic, t.log_pos, t.id, h.history_id, t.sender_pubkey,
+       t.client_message_id, t.body, t.body_encoding, t.priority, t.meta, t.reply_to,
+       t.created_at, m.display_name, t.traceparent
+FROM unnest($1::text::text[], $2::text::text[], $3::text::bigint[]) AS k(m, n, pos)
+JOIN mesh.topic_message t ON t.mesh_id = k.m AND t.topic = k.n AND t.log_pos = k.pos
+LEFT JOIN mesh.message_history h ON h.broker_message_id = t.id
+LEFT JOIN mesh.member m ON m.mesh_id = t.mesh_id AND m.pubkey = t.sender_pubkey
 """
 
 # DELIVERIES_SQL for many (mesh, member, epoch, after, limit) at once, each row tagged with

@@ -16,19 +16,33 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tidemesh.broker.topiclog import HAND_OUT_MAX, UNCAPPED, Entry, Lag, Own, hand_out
+from tidemesh.broker.topiclog import HAND_OUT_MAX, UNCAPPED, Entry, Lag, Own, Span, hand_out
 from tidemesh.storage.pgarray import int_array, text_array
 
 Key = tuple[str, str]
 
 
+@dataclass(slots=True, frozen=True)
+class Handed:
+    """What a member's cursor was before a hand-out and the spans that hand-out gave it.
+    When ``whole``, its seqs after ``last_seq`` are exactly the spans' (no gap, no DM between):
+    a pump that had sent up to ``last_seq`` reads its page from the spans, not its rows."""
+
+    epoch: int
+    last_seq: int
+    spans: tuple[Span, ...]
+    whole: bool
+
+
 @dataclass(slots=True)
 class Given:
     """What a hand-out did: the members whose topics logged more than it handed out
-    (``HAND_OUT_MAX``), and the (epoch, seq) each of the accept's own deliveries took."""
+    (``HAND_OUT_MAX``), the (epoch, seq) each of the accept's own deliveries took, and (a
+    pump's hand-out, no ``own``) what each member was given."""
 
     more: set[Key] = field(default_factory=set)
     seqs: dict[tuple[Key, str], tuple[int, int]] = field(default_factory=dict)
+    handed: dict[Key, Handed] = field(default_factory=dict)
 
 
 async def hand_out_on(conn: Any, keys: Sequence[Key], now_ms: int, *,
@@ -81,6 +95,9 @@ async def hand_out_on(conn: Any, keys: Sequence[Key], now_ms: int, *,
         moved += [(m, topic, p, pos) for topic, pos in out.log_pos]
         bumped.append((m, p, out.last_seq, out.compacted_seq))
         given.seqs.update({((m, p), bm): (epoch, seq) for bm, seq in out.own})
+        if own is None:
+            given.handed[(m, p)] = Handed(epoch, last_seq, out.spans,
+                                          out.compacted_seq == compacted)
         if out.more:
             given.more.add((m, p))
     await conn.execute(WRITE_SQL, *(_column(spans, i) for i in range(8)),
