@@ -169,15 +169,18 @@ async def _prepare(store_url: str, n: int) -> tuple[str, str]:
         await store.close()
 
 
-def _start_broker(store_url: str, home: Path, extra: list[str]) -> tuple[subprocess.Popen[bytes],
-                                                                           str]:
+def _start_broker(store_url: str, home: Path, extra: list[str], probed: bool = False
+                  ) -> tuple[subprocess.Popen[bytes], str]:
     port = _port()
     env = {**os.environ, "TIDEMESH_HOME": str(home), "TIDEMESH_LOG_LEVEL": "warning"}
     # BENCH_PROFILE=FILE: the broker runs under cProfile, its stats written to FILE at exit.
     # BENCH_PYSPY=PREFIX: py-spy records it over the lone messages (``_pyspy``).
     prof = os.environ.get("BENCH_PROFILE")
+    # --trim-probe, BENCH_TRACEMALLOC: it runs with probes (``bench/probed_broker.py``).
     wrap = ["-m", "cProfile", "-o", prof] if prof else []
-    proc = subprocess.Popen([sys.executable, *wrap, "-m", "tidemesh", "broker", "up", "--store",
+    main = (["-m", "tidemesh"] if not probed
+            else [str(Path(__file__).resolve().parent / "probed_broker.py")])
+    proc = subprocess.Popen([sys.executable, *wrap, *main, "broker", "up", "--store",
                              store_url, "--listen", f"127.0.0.1:{port}", *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
     assert proc.stdout is not None
@@ -211,7 +214,8 @@ async def run_tidemesh(store_kind: str, n: int, args: argparse.Namespace, root: 
     mesh_id, token = await _prepare(store_url, n)
     home = root / f"home-{store_kind}-{n}"
     home.mkdir()
-    broker, url = _start_broker(store_url, home, args.broker_arg)
+    broker, url = _start_broker(store_url, home, args.broker_arg,
+                                probed=args.trim_probe or bool(os.environ.get("BENCH_TRACEMALLOC")))
     out: dict[str, Any] = {}
     keys = [SigningKey.generate() for _ in range(n)]
     sender_key = SigningKey.generate()
@@ -270,6 +274,9 @@ async def run_tidemesh(store_kind: str, n: int, args: argparse.Namespace, root: 
         out.update(lone=lone, lone_deliveries=n * (args.lone + 2))
 
         # Burst.
+        _snapshot(broker.pid, "before")
+        if args.trim_probe:
+            out["rss_trimmed_before"] = _trimmed_rss(broker.pid)
         rss0 = _rss_mb(broker.pid)
         wal0 = await _pg(store_url, "SELECT pg_current_wal_lsn()::text") if pg else None
         rows0 = await _pg(store_url, ROWS_SQL) if pg else None
@@ -291,6 +298,7 @@ async def run_tidemesh(store_kind: str, n: int, args: argparse.Namespace, root: 
             out["rows"] = int(await _pg(store_url, ROWS_SQL)) - int(rows0)
         await asyncio.sleep(5)
         out["rss_later"] = _rss_mb(broker.pid)
+        _snapshot(broker.pid, "after")
         if args.trim_probe:
             out["rss_trimmed"] = _trimmed_rss(broker.pid)
         await sender.close()
@@ -327,12 +335,20 @@ async def _pyspy(pid: int, n: int) -> AsyncIterator[None]:
         spy.wait(60)
 
 
+def _snapshot(pid: int, name: str) -> None:
+    """BENCH_TRACEMALLOC=PREFIX: the broker (``bench/probed_broker.py``) writes a tracemalloc
+    snapshot, PREFIX-1.snap before the burst and PREFIX-2.snap after it."""
+    if os.environ.get("BENCH_TRACEMALLOC"):
+        os.kill(pid, signal.SIGUSR2)
+        time.sleep(10)   # a snapshot of a traced heap takes a while
+
+
 def _trimmed_rss(pid: int) -> float:
-    """The broker's RSS once glibc has handed its free pages back (``malloc_trim(0)`` called
-    in the process through gdb): what RSS keeps beyond that is held by Python (its live
-    objects, or its allocator's partly used arenas), not by the C heap's free lists."""
-    subprocess.run(["gdb", "-p", str(pid), "-batch", "-ex", "call (int)malloc_trim(0)"],
-                   capture_output=True, check=False, timeout=60)
+    """The broker's RSS once glibc has handed its free pages back (``malloc_trim(0)``, called
+    by ``bench/probed_broker.py`` on SIGUSR1): what RSS keeps beyond that is held by Python
+    (its live objects, or its allocator's partly used arenas), not by the C heap's free lists."""
+    os.kill(pid, signal.SIGUSR1)
+    time.sleep(2)
     return _rss_mb(pid)
 
 
@@ -472,7 +488,7 @@ def main() -> int:
                     help="long enough for one round of keepalive pings (server.ping_interval_s)")
     ap.add_argument("--no-jetstream", action="store_true")
     ap.add_argument("--trim-probe", action="store_true",
-                    help="after the burst, call malloc_trim(0) in the broker (gdb) and show "
+                    help="after the burst, have the broker call malloc_trim(0) and show "
                          "its RSS again: is what it keeps free memory or live objects?")
     ap.add_argument("--broker-arg", action="append", default=[],
                     help="passed to `tidemesh broker up` (repeatable)")

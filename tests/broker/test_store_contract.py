@@ -145,6 +145,31 @@ async def test_a_pumps_page_read_with_its_hand_out_is_the_page_read_after_it(
     assert [r.seq for r in bob] == [2, 3] and bob[0].history_id
 
 
+async def test_pages_read_together_are_the_pages_read_alone(store: Store) -> None:
+    """Pages of many pumps are read at once, each message's content once (on PostgreSQL:
+    the seqs of each page first, then the content): every page, from any point and of any
+    length, is what the same read alone returns, across DMs, topic runs and their ends."""
+    w = await _world(store)
+    plan = [(w.alice, "topic", "ops"), (w.alice, "topic", "ops"), (w.carol, "dm", w.bob),
+            (w.alice, "topic", "ops"), (w.bob, "topic", "ops"), (w.alice, "dm", w.bob),
+            (w.carol, "topic", "ops"), (w.alice, "topic", "ops")]
+    for i, (sender, kind, ref) in enumerate(plan):
+        await store.accept(accept_input(w.mesh_id, sender, f"c{i}", kind=kind, ref=ref,
+                                        body=f"m{i}", meta={"i": i}))
+    await _handed(store, w)
+    asks = [(pk, after, limit) for pk in (w.alice, w.bob, w.carol)
+            for after in range(0, 8) for limit in (1, 2, 3, 100)]
+    alone = [await store.deliveries_after(w.mesh_id, pk, 1, after, limit)
+             for pk, after, limit in asks]
+    together = await asyncio.gather(*(store.deliveries_after(w.mesh_id, pk, 1, after, limit)
+                                      for pk, after, limit in asks))
+    assert together == alone
+    bob = alone[asks.index((w.bob, 0, 100))]
+    assert [(r.body, r.kind, r.meta) for r in bob] == [
+        (f"m{i}".encode(), kind, {"i": i}) for i, (sender, kind, ref) in enumerate(plan)
+        if sender != w.bob and (kind == "topic" or ref == w.bob)]
+
+
 async def test_a_dm_after_a_topic_message_keeps_its_senders_order(store: Store) -> None:
     w = await _world(store)
     await store.accept(accept_input(w.mesh_id, w.alice, "t1", body="first"))

@@ -12,6 +12,7 @@ from tidemesh.broker.accept import pick_queue_consumer
 from tidemesh.broker.store.base import Cursor, DeliveryRow, Reassigned, latest_acks, stored_meta
 from tidemesh.broker.store.postgres.base import PostgresBase
 from tidemesh.broker.store.postgres.topiclog import LAGS_SQL, Handed, hand_out_on
+from tidemesh.broker.topiclog import Span
 from tidemesh.storage.groupcommit import GroupCommit
 from tidemesh.storage.pgarray import int_array, text_array
 
@@ -155,71 +156,107 @@ class Delivery(PostgresBase):
 
 async def _pages_on(db: Any, asks: Sequence[Page], handed: dict[Key, Handed] | None = None
                     ) -> list[list[DeliveryRow]]:
-    """The pages of many pumps in one query (one round trip, one plan) on ``db`` (a pool
-    or a connection). A pump that had sent all its member was given before a hand-out that
-    gave it only topic entries (``Handed.whole``: a lone topic message to N connected
-    members, the usual wake-up) has its page built from that hand-out's spans: each entry
-    is read once for all the members it went to, not once per member."""
-    out: list[list[DeliveryRow] | None] = [None] * len(asks)
-    if handed:
-        spanned = {i: h for i, a in enumerate(asks)
-                   if (h := handed.get((a[0], a[1]))) is not None and h.whole
-                   and h.epoch == a[2] and h.last_seq == a[3]}
-        if spanned:
-            await _spanned_pages(db, asks, spanned, out)
-    left = [i for i, rows in enumerate(out) if rows is None]
-    if len(left) == 1:
-        a = asks[left[0]]
-        out[left[0]] = [DeliveryRow.of_record(r) for r in await db.fetch(DELIVERIES_SQL, *a)]
-    elif left:
-        read: list[list[DeliveryRow]] = [[] for _ in left]
-        rest = [asks[i] for i in left]
+    """The pages of many pumps on ``db`` (a pool or a connection), each message's content
+    read once however many of the pages hold it (a topic message's burst to N members had
+    been read and decoded N times). First which seqs each page holds: a pump that had sent
+    all its member was given before a hand-out that gave it only topic entries
+    (``Handed.whole``: a lone topic message to N connected members, the usual wake-up)
+    knows them from that hand-out's spans; the others read their window (rows and spans,
+    no content). Then the content of all the pages at once. A lone page is one query."""
+    plans: dict[int, list[Slot]] = {}
+    for i, a in enumerate(asks):
+        h = (handed or {}).get((a[0], a[1]))
+        if h is not None and h.whole and h.epoch == a[2] and h.last_seq == a[3]:
+            plans[i] = _expand(h.spans, [], a[3], a[4])
+    windows = [(i, a) for i, a in enumerate(asks) if i not in plans]
+    if len(asks) == 1 and windows:
+        return [[DeliveryRow.of_record(r) for r in await db.fetch(DELIVERIES_SQL, *asks[0])]]
+    if windows:
+        spans: dict[int, list[Span]] = {i: [] for i, _ in windows}
+        rows: dict[int, list[Slot]] = {i: [] for i, _ in windows}
         for r in await db.fetch(
-                PAGES_SQL, text_array([a[0] for a in rest]), text_array([a[1] for a in rest]),
-                int_array([a[2] for a in rest]), int_array([a[3] for a in rest]),
-                int_array([a[4] for a in rest])):
-            read[r[0] - 1].append(DeliveryRow.of_record(r[1:]))
-        for i, rows in zip(left, read, strict=True):
-            out[i] = rows
-    return [rows or [] for rows in out]
+                WINDOWS_SQL, text_array([a[0] for _, a in windows]),
+                text_array([a[1] for _, a in windows]), int_array([a[2] for _, a in windows]),
+                int_array([a[3] for _, a in windows]), int_array([a[4] for _, a in windows])):
+            i = windows[r[0] - 1][0]
+            if r[1] is None:   # a row of delivery_queue
+                rows[i].append((int(r[2]), "", 0, r[5], int(r[6]), bool(r[7])))
+            else:
+                spans[i].append(Span(r[1], int(r[4]), int(r[2]), int(r[3]), 0))
+        for i, a in windows:
+            plans[i] = _expand(spans[i], rows[i], a[3], a[4])
+    out = await _filled(db, asks, plans)
+    missing = [i for i, page in enumerate(out) if page is None]
+    for i in missing:   # content pruned meanwhile: DELIVERIES_SQL pages past it
+        out[i] = [DeliveryRow.of_record(r) for r in await db.fetch(DELIVERIES_SQL, *asks[i])]
+    return [page or [] for page in out]
 
 
-async def _spanned_pages(db: Any, asks: Sequence[Page], spanned: dict[int, Handed],
-                         out: list[list[DeliveryRow] | None]) -> None:
-    """``out[i]`` for each ask ``i`` of ``spanned``: its hand-out's spans expanded to their
-    positions (seq = seq_first + pos - pos_first), up to the ask's limit, the entries read
-    in one query. An ask one of whose entries is gone meanwhile (pruned) is left to
-    DELIVERIES_SQL, which pages past it."""
-    wanted: dict[tuple[str, str, int], None] = {}
-    plans: dict[int, list[tuple[int, str, int]]] = {}
-    for i, h in spanned.items():
-        mesh, limit = asks[i][0], asks[i][4]
-        plan = plans[i] = []
-        for span in h.spans:
-            for seq in range(span.seq_first, min(span.seq_last, h.last_seq + limit) + 1):
-                pos = span.pos_first + seq - span.seq_first
-                plan.append((seq, span.topic, pos))
-                wanted[(mesh, span.topic, pos)] = None
-    keys = list(wanted)
-    entries = {(r[0], r[1], int(r[2])): r for r in await db.fetch(
-        ENTRIES_SQL, text_array([k[0] for k in keys]), text_array([k[1] for k in keys]),
-        int_array([k[2] for k in keys]))} if keys else {}
-    metas: dict[tuple[str, str, int], dict[str, Any] | None] = {}
+# One seq of a page and where its content is: (seq, topic, position) for a topic entry,
+# (seq, "", 0, broker_message_id, created_at, reassigned) for a row of delivery_queue.
+Slot = tuple[Any, ...]
+
+
+def _expand(spans: Sequence[Span], rows: Sequence[Slot], after: int, limit: int
+            ) -> list[Slot]:
+    """The first ``limit`` seqs after ``after``: each span's positions
+    (seq = seq_first + pos - pos_first) and the rows, in seq order."""
+    slots = list(rows)
+    upto = after + limit
+    for span in sorted(spans, key=lambda s: s.seq_first):
+        for seq in range(max(span.seq_first, after + 1), min(span.seq_last, upto) + 1):
+            slots.append((seq, span.topic, span.pos_first + seq - span.seq_first))
+    if rows:
+        slots.sort(key=lambda s: s[0])
+    return slots[:limit]
+
+
+async def _filled(db: Any, asks: Sequence[Page], plans: dict[int, list[Slot]]
+                  ) -> list[list[DeliveryRow] | None]:
+    """Each plan's rows with their content, each message read once; None for a page one of
+    whose messages is gone (pruned since its seqs were read)."""
+    entries: dict[tuple[str, str, int], None] = {}
+    messages: dict[tuple[str, str], None] = {}
+    for i, plan in plans.items():
+        mesh = asks[i][0]
+        for slot in plan:
+            if slot[1]:
+                entries[(mesh, slot[1], slot[2])] = None
+            else:
+                messages[(mesh, slot[3])] = None
+    content: dict[Any, Any] = {}
+    if entries:
+        keys = list(entries)
+        content.update({(r[0], r[1], int(r[2])): r for r in await db.fetch(
+            ENTRIES_SQL, text_array([k[0] for k in keys]), text_array([k[1] for k in keys]),
+            int_array([k[2] for k in keys]))})
+    if messages:
+        ids = list(messages)
+        content.update({(r[0], r[1]): r for r in await db.fetch(
+            MESSAGES_SQL, text_array([k[0] for k in ids]), text_array([k[1] for k in ids]))})
+    metas: dict[Any, dict[str, Any] | None] = {}
+    out: list[list[DeliveryRow] | None] = [None] * len(asks)
     for i, plan in plans.items():
         mesh, epoch = asks[i][0], asks[i][2]
-        rows: list[DeliveryRow] = []
-        for seq, topic, pos in plan:
-            key = (mesh, topic, pos)
-            r = entries.get(key)
+        page: list[DeliveryRow] = []
+        for slot in plan:
+            key = (mesh, slot[1], slot[2]) if slot[1] else (mesh, slot[3])
+            r = content.get(key)
             if r is None:
                 break
-            if key not in metas:   # decoded once per entry; a row's meta is only read
+            if key not in metas:   # decoded once per message; a row's meta is only read
                 metas[key] = stored_meta(r[10]) if r[10] is not None else None
-            rows.append(DeliveryRow(epoch, seq, r[3], r[4], r[5], r[6], "topic", topic,
-                                    bytes(r[7]), r[8], r[9], metas[key], r[11], r[12],
-                                    False, r[13], r[14]))
+            if slot[1]:
+                page.append(DeliveryRow(epoch, slot[0], r[3], r[4], r[5], r[6], "topic",
+                                        slot[1], bytes(r[7]), r[8], r[9], metas[key], r[11],
+                                        r[12], False, r[13], r[14]))
+            else:
+                page.append(DeliveryRow(epoch, slot[0], r[1], r[2], r[3], r[4], r[5], r[6],
+                                        bytes(r[7]), r[8], r[9], metas[key], r[11], slot[4],
+                                        slot[5], r[12], r[13]))
         else:
-            out[i] = rows
+            out[i] = page
+    return out
 
 
 async def _again_after_deadlock(run: Callable[[], Awaitable[T]]) -> T:
@@ -309,16 +346,46 @@ LEFT JOIN mesh.message_history h ON h.broker_message_id = t.id
 LEFT JOIN mesh.member m ON m.mesh_id = t.mesh_id AND m.pubkey = t.sender_pubkey
 """
 
-# DELIVERIES_SQL for many (mesh, member, epoch, after, limit) at once, each row tagged with
-# the place of its ask.
-PAGES_SQL = """
-SELECT k.i, x.* FROM unnest($1::text::text[], $2::text::text[], $3::text::bigint[],
-                            $4::text::bigint[], $5::text::bigint[])
-     WITH ORDINALITY AS k(m, p, e, a, l, i)
-CROSS JOIN LATERAL (""" + (DELIVERIES_SQL.replace("$1", "k.m").replace("$2", "k.p")
-                           .replace("$3", "k.e").replace("$4", "k.a").replace("$5", "k.l")
-                           ) + """) x
-ORDER BY k.i, x.seq
+# Which seqs each of many (mesh, member, epoch, after, limit) pages holds, without their
+# content: its rows of delivery_queue (topic NULL: seq, broker_message_id, created_at,
+# reassigned) and its topic spans (seq_first, seq_last, pos_first), as DELIVERIES_SQL bounds
+# them, each tagged with the place of its ask.
+WINDOWS_SQL = """
+WITH k AS MATERIALIZED (
+  SELECT * FROM unnest($1::text::text[], $2::text::text[], $3::text::bigint[],
+                       $4::text::bigint[], $5::text::bigint[])
+                WITH ORDINALITY AS k(m, p, e, a, l, i)
+)
+SELECT k.i, NULL::text, d.seq, NULL::bigint, NULL::bigint, d.broker_message_id, d.created_at,
+       d.reassigned_at IS NOT NULL
+FROM k CROSS JOIN LATERAL (
+  SELECT * FROM mesh.delivery_queue d
+  WHERE d.mesh_id = k.m AND d.recipient_pubkey = k.p AND d.epoch = k.e AND d.seq > k.a
+  ORDER BY d.seq LIMIT k.l) d
+UNION ALL
+SELECT k.i, r.topic, r.seq_first, r.seq_last, r.pos_first, NULL, NULL, NULL
+FROM k CROSS JOIN LATERAL (
+  SELECT * FROM mesh.topic_delivery r
+  WHERE r.mesh_id = k.m AND r.recipient_pubkey = k.p AND r.epoch = k.e AND r.seq_last > k.a
+  ORDER BY r.seq_last LIMIT k.l) r
+"""
+
+# The content of rows of delivery_queue, each message once: DMs, queue messages, and topic
+# messages from before the topic log (DELIVERIES_SQL's columns for them).
+MESSAGES_SQL = """
+SELECT b.m, b.id, h.history_id, COALESCE(t.sender_pubkey, q.sender_pubkey),
+       COALESCE(t.client_message_id, q.client_message_id),
+       COALESCE(q.destination_kind, 'topic'), COALESCE(t.topic, q.destination_ref),
+       COALESCE(t.body, q.body), COALESCE(t.body_encoding, q.body_encoding),
+       COALESCE(t.priority, q.priority), COALESCE(t.meta, q.meta),
+       COALESCE(t.reply_to, q.reply_to), m.display_name, COALESCE(t.traceparent, q.traceparent)
+FROM unnest($1::text::text[], $2::text::text[]) AS b(m, id)
+LEFT JOIN mesh.topic_message t ON t.id = b.id
+LEFT JOIN mesh.message_queue q ON q.id = b.id
+LEFT JOIN mesh.message_history h ON h.broker_message_id = b.id
+LEFT JOIN mesh.member m ON m.mesh_id = b.m
+  AND m.pubkey = COALESCE(t.sender_pubkey, q.sender_pubkey)
+WHERE t.id IS NOT NULL OR q.id IS NOT NULL
 """
 
 # Only deliveries another live consumer could take: the ones the only consumer keeps would
