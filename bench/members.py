@@ -25,6 +25,7 @@ of a core, the figure is the load process's limit, not the server's.
 
     .venv/bin/python bench/members.py [--members 50,200,500,1000] [--store postgres|sqlite]
                                       [--lone 20] [--burst 500] [--idle-s 25] [--no-jetstream]
+                                      [--trim-probe] [--again K]
 """
 
 from __future__ import annotations
@@ -273,34 +274,8 @@ async def run_tidemesh(store_kind: str, n: int, args: argparse.Namespace, root: 
                 out.update(await _lone(tally, args.lone, publish))
         out.update(lone=lone, lone_deliveries=n * (args.lone + 2))
 
-        # Burst.
-        _snapshot(broker.pid, "before")
-        if args.trim_probe:
-            out["rss_trimmed_before"] = _trimmed_rss(broker.pid)
-        rss0 = _rss_mb(broker.pid)
-        wal0 = await _pg(store_url, "SELECT pg_current_wal_lsn()::text") if pg else None
-        rows0 = await _pg(store_url, ROWS_SQL) if pg else None
-        base = tally.total
-        bodies = [f"burst-{i}-{secrets.token_hex(3)}" for i in range(args.burst)]
-        with Meter(broker.pid, pg) as burst:
-            for i in range(0, len(bodies), 100):
-                results = await sender.send_many([(b, _payload(b)) for b in bodies[i:i + 100]],
-                                                 within=120)
-                assert all(r is not None for r in results)
-            await tally.until(lambda: tally.total - base >= n * args.burst, 600)
-        out["burst"] = burst
-        out["burst_deliveries"] = n * args.burst
-        out["rss"] = (rss0, _rss_mb(broker.pid))
-        if pg:
-            await asyncio.sleep(1.5)   # the backends' table statistics are flushed each second
-            out["wal"] = await _pg(
-                store_url, f"SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '{wal0}')")
-            out["rows"] = int(await _pg(store_url, ROWS_SQL)) - int(rows0)
-        await asyncio.sleep(5)
-        out["rss_later"] = _rss_mb(broker.pid)
-        _snapshot(broker.pid, "after")
-        if args.trim_probe:
-            out["rss_trimmed"] = _trimmed_rss(broker.pid)
+        out.update(await _burst(args, n, broker.pid, store_url if pg else None, tally,
+                                sender))
         await sender.close()
     finally:
         for t in tasks:
@@ -310,6 +285,49 @@ async def run_tidemesh(store_kind: str, n: int, args: argparse.Namespace, root: 
         broker.wait(30)
         if pg:
             await _pg(args.pg_dsn, f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+    return out
+
+
+async def _burst(args: argparse.Namespace, n: int, pid: int, pg_url: str | None, tally: Tally,
+                 sender: BrokerLink) -> dict[str, Any]:
+    """The burst phase: deliveries/s, CPU, the broker's RSS around it, rows and WAL."""
+    out: dict[str, Any] = {}
+    _snapshot(pid, "before")
+    if args.trim_probe:
+        out["rss_trimmed_before"] = _trimmed_rss(pid)
+    rss0 = _rss_mb(pid)
+    wal0 = await _pg(pg_url, "SELECT pg_current_wal_lsn()::text") if pg_url else None
+    rows0 = await _pg(pg_url, ROWS_SQL) if pg_url else None
+
+    async def burst_once() -> None:
+        base = tally.total
+        bodies = [f"burst-{i}-{secrets.token_hex(3)}" for i in range(args.burst)]
+        for i in range(0, len(bodies), 100):
+            results = await sender.send_many([(b, _payload(b)) for b in bodies[i:i + 100]],
+                                             within=120)
+            assert all(r is not None for r in results)
+        await tally.until(lambda: tally.total - base >= n * args.burst, 600)
+
+    with Meter(pid, pg_url is not None) as burst:
+        await burst_once()
+    out["burst"] = burst
+    out["burst_deliveries"] = n * args.burst
+    out["rss"] = (rss0, _rss_mb(pid))
+    if pg_url:
+        await asyncio.sleep(1.5)   # the backends' table statistics are flushed each second
+        out["wal"] = await _pg(
+            pg_url, f"SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '{wal0}')")
+        out["rows"] = int(await _pg(pg_url, ROWS_SQL)) - int(rows0 or 0)
+    await asyncio.sleep(5)
+    out["rss_later"] = _rss_mb(pid)
+    _snapshot(pid, "after")
+    if args.trim_probe:
+        out["rss_trimmed"] = _trimmed_rss(pid)
+    out["rss_again"] = []
+    for _ in range(args.again):   # is what a burst left a high-water mark, or does it grow?
+        await burst_once()
+        await asyncio.sleep(5)
+        out["rss_again"].append(_rss_mb(pid))
     return out
 
 
@@ -446,8 +464,10 @@ def _report(label: str, n: int, r: dict[str, Any]) -> None:
     rss0, rss1 = r["rss"]
     trimmed = (f", {r['rss_trimmed']:7.1f} MB after malloc_trim" if "rss_trimmed" in r
                else "")
+    again = ("; after more bursts " + ", ".join(f"{m:.1f}" for m in r["rss_again"]) + " MB"
+             if r.get("rss_again") else "")
     print(f"    server RSS         {rss0:7.1f} MB before the burst, {rss1:7.1f} MB after,"
-          f" {r['rss_later']:7.1f} MB 5 s later{trimmed}")
+          f" {r['rss_later']:7.1f} MB 5 s later{trimmed}{again}")
     if "wal" in r:
         print(f"    burst writes       {r['rows'] / r['burst_deliveries'] * n:8.1f} rows and"
               f" {float(r['wal']) / (r['burst_deliveries'] / n):9.0f} WAL bytes per message"
@@ -490,6 +510,8 @@ def main() -> int:
     ap.add_argument("--trim-probe", action="store_true",
                     help="after the burst, have the broker call malloc_trim(0) and show "
                          "its RSS again: is what it keeps free memory or live objects?")
+    ap.add_argument("--again", type=int, default=0, metavar="K",
+                    help="K more bursts after the first, and the broker's RSS after each")
     ap.add_argument("--broker-arg", action="append", default=[],
                     help="passed to `tidemesh broker up` (repeatable)")
     args = ap.parse_args()

@@ -98,6 +98,8 @@ def single_broker_lock(url: str) -> InstanceLock | None:
 
 # Past shutdown.grace_s plus this, the watchdog ends the process whatever it waits for.
 _STOP_MARGIN_S = 5.0
+# How often the broker asks whether a burst of deliveries has gone quiet (core/heap.py).
+HEAP_TRIM_CHECK_S = 2.0
 
 
 async def run(settings: BrokerSettings, stop: asyncio.Event,
@@ -200,6 +202,8 @@ async def _serve(settings: BrokerSettings, service: BrokerService, store: Store,
                                        service.peering.poll)),
                  tg.create_task(_every(settings.cluster_heartbeat_s, "cluster_heartbeat",
                                        service.peering.heartbeat)),
+                 tg.create_task(_every(HEAP_TRIM_CHECK_S, "heap_trim",
+                                       service.deliveries.trim_heap)),
                  tg.create_task(_watch_writers(store.writer_tasks))]
         await stop.wait()
         for t in loops:

@@ -6,7 +6,7 @@ subscriber a cursor: ``broker/topiclog.py``), then reads its committed deliverie
 order, so deliveries are gapless and in order no matter which connection accepted the
 message; frames go out only after the store commits.
 A daemon that negotiated ``deliver_batch`` gets each page of due deliveries as few frames as
-the caps allow (``batch_frames``); any other gets one ``deliver`` frame per delivery.
+the caps allow (``batch_groups``); any other gets one ``deliver`` frame per delivery.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import asyncio
 import base64
 import contextlib
 import random
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -25,7 +26,7 @@ from tidemesh.broker.service.connections import Conn, Connections, now_ms
 from tidemesh.broker.service.metrics import Metrics
 from tidemesh.broker.session import ResumeResult, decide_resume
 from tidemesh.broker.store.base import DeliveryRow, Store
-from tidemesh.core import tracing
+from tidemesh.core import heap, tracing
 from tidemesh.core.backoff import Backoff
 from tidemesh.core.features import DELIVER_BATCH_MAX_BYTES, DELIVER_BATCH_MAX_COUNT
 
@@ -40,7 +41,9 @@ PUMP_ROWS = 32_768
 PUMP_PAGE_MIN = 32
 PUMP_BACKOFF = Backoff(initial_s=0.5, maximum_s=10.0)
 # '{"type":"deliver_batch","deliveries":[' … ']}' around the items and their commas.
-BATCH_ENVELOPE_BYTES = len(b'{"type":"deliver_batch","deliveries":[]}')
+BATCH_HEAD = b'{"type":"deliver_batch","deliveries":['
+BATCH_TAIL = b"]}"
+BATCH_ENVELOPE_BYTES = len(BATCH_HEAD + BATCH_TAIL)
 
 
 class Deliveries:
@@ -49,6 +52,8 @@ class Deliveries:
         self.metrics = metrics
         self.connections = connections
         self._rng = random.Random()  # noqa: S311 - jitter, not secrets
+        self.sent = 0   # deliveries pushed, for the heap trim after a burst
+        self._trim = heap.TrimPolicy()
 
     async def resume(self, conn: Conn, frame: dict[str, Any]) -> dict[str, Any]:
         cur = await self.store.cursor(conn.mesh_id, conn.pubkey)
@@ -111,16 +116,7 @@ class Deliveries:
         more, rows = await self.store.hand_out_page(conn.mesh_id, conn.pubkey, conn.epoch,
                                                     conn.sent_seq, page, now_ms(), logged)
         while True:
-            items = [deliver_frame(row, conn.trace_context) for row in rows]
-            groups = batch_frames(items) if conn.batch_deliveries else [[i] for i in items]
-            for group in groups:
-                with _delivery_span(conn, group):
-                    await conn.peer.send_frame(
-                        group[0] if len(group) == 1
-                        else {"type": "deliver_batch", "deliveries": group})
-                conn.sent_seq = group[-1]["seq"]
-                self.metrics.delivered.inc(len(group))
-                self.metrics.deliver_batch.observe(len(group))
+            await self._send_page(conn, rows)
             full, page = len(rows) >= page, page_size(self.connections.count)
             if full:
                 rows = await self.store.deliveries_after(conn.mesh_id, conn.pubkey, conn.epoch,
@@ -131,6 +127,36 @@ class Deliveries:
                                                             now_ms())
             else:
                 return
+
+    async def _send_page(self, conn: Conn, rows: list[DeliveryRow]) -> None:
+        """A page as few frames as the caps allow (one per delivery for a daemon that did
+        not negotiate ``deliver_batch``), each delivery encoded once: its frame's dict is
+        gone before the next is built, so a pump waiting for room in its queue holds the
+        page's rows and their bytes, not their frames (1,000 pumps hold a page each)."""
+        parts = [orjson.dumps(deliver_frame(row, conn.trace_context)) for row in rows]
+        groups = batch_groups(parts) if conn.batch_deliveries else [(i, i + 1)
+                                                                   for i in range(len(parts))]
+        for first, end in groups:
+            with _delivery_span(conn, rows[first:end]) as onward:
+                if onward is not None:   # a lone delivery's frame names the push's span
+                    parts[first] = orjson.dumps({**deliver_frame(rows[first]),
+                                                 "traceparent": onward})
+                await conn.peer.send_text(
+                    parts[first].decode() if end - first == 1
+                    else (BATCH_HEAD + b",".join(parts[first:end]) + BATCH_TAIL).decode())
+            conn.sent_seq = rows[end - 1].seq
+            self.sent += end - first
+            self.metrics.delivered.inc(end - first)
+            self.metrics.deliver_batch.observe(end - first)
+
+    async def trim_heap(self) -> None:
+        """Once a burst of deliveries has gone quiet, give the C heap's free pages back to
+        the system (``core/heap.py``): what the burst's pages and frames took stays otherwise."""
+        if self._trim.due(self.sent):
+            start = time.perf_counter()
+            trimmed = heap.trim()
+            log.debug("broker_heap_trimmed", released=trimmed,
+                      took_ms=round(1000 * (time.perf_counter() - start), 2))
 
     async def reassign_lapsed(self, lease_s: float) -> int:
         """Queue leases (DESIGN §5.4): deliveries not acked within the lease go to another
@@ -151,43 +177,40 @@ def page_size(connections: int) -> int:
 
 
 @contextlib.contextmanager
-def _delivery_span(conn: Conn, group: list[dict[str, Any]]) -> Iterator[None]:
+def _delivery_span(conn: Conn, rows: Sequence[DeliveryRow]) -> Iterator[str | None]:
     """The push of one frame to the recipient's connection queue. A lone delivery's frame
-    carries the span's traceparent, so the recipient's inbox store is its child. A daemon
-    that takes no trace context gets no span (it would start a trace of its own)."""
+    carries the span's traceparent (yielded: the frame is encoded again with it), so the
+    recipient's inbox store is its child. A daemon that takes no trace context gets no
+    span (it would start a trace of its own)."""
     if not tracing.enabled() or not conn.trace_context:
-        yield
+        yield None
         return
-    with tracing.span("tidemesh.broker.deliver", [d.get("traceparent") for d in group],
-                      {"tidemesh.mesh": conn.mesh_id, "tidemesh.batch_size": len(group)}) as hop:
-        if len(group) == 1:
-            item = group[0]
-            hop.set("tidemesh.broker_message_id", item["broker_message_id"])
-            hop.set("tidemesh.seq", item["seq"])
-            if "traceparent" in item:
-                item["traceparent"] = hop.onward(item["traceparent"])
-        yield
+    with tracing.span("tidemesh.broker.deliver", [r.traceparent for r in rows],
+                      {"tidemesh.mesh": conn.mesh_id, "tidemesh.batch_size": len(rows)}) as hop:
+        onward = None
+        if len(rows) == 1:
+            hop.set("tidemesh.broker_message_id", rows[0].broker_message_id)
+            hop.set("tidemesh.seq", rows[0].seq)
+            if rows[0].traceparent is not None:
+                onward = hop.onward(rows[0].traceparent)
+        yield onward
 
 
-def batch_frames(items: Sequence[dict[str, Any]], max_count: int = DELIVER_BATCH_MAX_COUNT,
-                 max_bytes: int = DELIVER_BATCH_MAX_BYTES) -> list[list[dict[str, Any]]]:
-    """Split ``deliver`` frames, kept in order, into groups that each fit one
-    ``deliver_batch`` frame: at most ``max_count`` items and ``max_bytes`` encoded. An item
-    larger than the byte cap on its own makes a group of one."""
-    if len(items) == 1:   # a lone delivery (the usual wake-up): no sizing, no extra encode
-        return [list(items)]
-    groups: list[list[dict[str, Any]]] = []
-    group: list[dict[str, Any]] = []
-    size = BATCH_ENVELOPE_BYTES
-    for item in items:
-        n = len(orjson.dumps(item)) + 1  # its comma
-        if group and (len(group) >= max_count or size + n > max_bytes):
-            groups.append(group)
-            group, size = [], BATCH_ENVELOPE_BYTES
-        group.append(item)
+def batch_groups(parts: Sequence[bytes], max_count: int = DELIVER_BATCH_MAX_COUNT,
+                 max_bytes: int = DELIVER_BATCH_MAX_BYTES) -> list[tuple[int, int]]:
+    """Split encoded ``deliver`` frames, kept in order, into runs ``[first, end)`` that each
+    fit one ``deliver_batch`` frame: at most ``max_count`` items and ``max_bytes`` encoded.
+    An item larger than the byte cap on its own makes a run of one."""
+    groups: list[tuple[int, int]] = []
+    first, size = 0, BATCH_ENVELOPE_BYTES
+    for i, part in enumerate(parts):
+        n = len(part) + 1  # its comma
+        if i > first and (i - first >= max_count or size + n > max_bytes):
+            groups.append((first, i))
+            first, size = i, BATCH_ENVELOPE_BYTES
         size += n
-    if group:
-        groups.append(group)
+    if parts:
+        groups.append((first, len(parts)))
     return groups
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from nacl.signing import SigningKey
 from websockets.asyncio.client import connect
@@ -21,10 +22,12 @@ from tidemesh.broker import admin
 from tidemesh.broker.server import BrokerServer
 from tidemesh.broker.service import UNLIMITED, BrokerService
 from tidemesh.broker.service.delivery import (
+    BATCH_HEAD,
+    BATCH_TAIL,
     PUMP_PAGE,
     PUMP_PAGE_MIN,
     PUMP_ROWS,
-    batch_frames,
+    batch_groups,
     page_size,
 )
 from tidemesh.broker.service.send import B1_SLICE
@@ -331,16 +334,19 @@ def test_a_pump_page_shrinks_with_the_connections_open_within_its_bounds() -> No
     assert all(page_size(n) * n <= PUMP_ROWS for n in range(1, PUMP_ROWS // PUMP_PAGE_MIN + 1))
 
 
-def test_batch_frames_keep_order_within_the_count_and_byte_caps() -> None:
+def test_batch_groups_keep_order_within_the_count_and_byte_caps() -> None:
     items = [{"seq": i, "body": "x" * size} for i, size in enumerate([10, 10, 10, 500, 10, 10])]
-    groups = batch_frames(items, max_count=2, max_bytes=10_000)
-    assert [[i["seq"] for i in g] for g in groups] == [[0, 1], [2, 3], [4, 5]]
-    groups = batch_frames(items, max_count=10, max_bytes=200)
-    assert [[i["seq"] for i in g] for g in groups] == [[0, 1, 2], [3], [4, 5]]
-    for g in groups:
-        if len(g) > 1:
-            frame = encode({"type": "deliver_batch", "deliveries": g}).encode()
+    parts = [orjson.dumps(i) for i in items]
+    groups = batch_groups(parts, max_count=2, max_bytes=10_000)
+    assert groups == [(0, 2), (2, 4), (4, 6)]
+    groups = batch_groups(parts, max_count=10, max_bytes=200)
+    assert groups == [(0, 3), (3, 4), (4, 6)]
+    for first, end in groups:
+        if end - first > 1:
+            frame = encode({"type": "deliver_batch", "deliveries": items[first:end]}).encode()
             assert len(frame) <= 200
+            assert frame == BATCH_HEAD + b",".join(parts[first:end]) + BATCH_TAIL
+    assert batch_groups([]) == []
 
 
 async def test_metrics_are_served_on_the_same_port(broker: Broker) -> None:
