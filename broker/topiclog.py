@@ -104,6 +104,44 @@ def hand_out(pubkey: str, last_seq: int, compacted_seq: int, lags: Sequence[Lag]
     ``log_order``. ``entries[topic]`` holds the topic's entries in position order (at least
     those in ``(log_pos, upto]``; others are ignored). When a topic has more than its cap,
     the others are handed out only up to its last order, so none overtakes it."""
+    if not own and len(lags) == 1:
+        one = _one_topic(pubkey, last_seq, compacted_seq, lags[0],
+                         entries.get(lags[0].topic, ()))
+        if one is not None:
+            return one
+    return _merged(pubkey, last_seq, compacted_seq, lags, entries, own)
+
+
+def _one_topic(pubkey: str, last_seq: int, compacted_seq: int, g: Lag,
+               entries: Sequence[Entry]) -> Handout | None:
+    """``hand_out`` of one topic whose window holds every position (nothing pruned) and no
+    DM or queue delivery among them: the usual hand-out, a lone topic message to each of N
+    members, without the merge's events and sort (9 µs a member there). None otherwise."""
+    upto = g.upto
+    window = [e for e in entries if g.log_pos < e.pos <= upto]
+    if len(window) != upto - g.log_pos or (window and window[-1].pos != upto):
+        return None   # a gap: positions pruned before they were handed out
+    spans: list[Span] = []
+    run = False
+    for e in window:
+        if e.sender_pubkey == pubkey:
+            run = False
+            continue
+        last_seq += 1
+        if run:
+            s = spans[-1]
+            spans[-1] = Span(g.topic, s.pos_first, s.seq_first, last_seq, s.created_at)
+        else:
+            spans.append(Span(g.topic, e.pos, last_seq, last_seq, e.created_at))
+            run = True
+    return Handout(tuple(spans), last_seq, compacted_seq, ((g.topic, upto),),
+                   upto < g.last_pos)
+
+
+def _merged(pubkey: str, last_seq: int, compacted_seq: int, lags: Sequence[Lag],
+            entries: Mapping[str, Sequence[Entry]], own: Sequence[Own]) -> Handout:
+    """``hand_out`` in general: every topic's window and the own deliveries as events in
+    ``log_order``, gaps (pruned positions) among them."""
     window = {g.topic: [e for e in entries.get(g.topic, ()) if g.log_pos < e.pos <= g.upto]
               for g in lags}
     capped = [window[g.topic][-1].order for g in lags

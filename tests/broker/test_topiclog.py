@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from tidemesh.broker.topiclog import Entry, Lag, Own, Span, hand_out
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tidemesh.broker.topiclog import Entry, Lag, Own, Span, _merged, hand_out
 
 ME, A, B = "me", "a", "b"
 
@@ -48,3 +51,18 @@ def test_a_capped_topic_holds_back_the_others_past_its_last_order() -> None:
                    {"big": big, "small": _entries((1, A, 1), (2, A, 99_999))})
     assert dict(out.log_pos) == {"big": 1024, "small": 1}
     assert out.more and out.last_seq == 1025
+
+
+@given(log_pos=st.integers(0, 5), extra=st.integers(0, 12), cap=st.integers(1, 12),
+       senders=st.lists(st.sampled_from([ME, A, B]), max_size=20),
+       pruned=st.sets(st.integers(1, 20), max_size=4), last_seq=st.integers(0, 50))
+def test_one_topics_hand_out_is_the_merged_one(log_pos: int, extra: int, cap: int,
+                                                senders: list[str], pruned: set[int],
+                                                last_seq: int) -> None:
+    """The one-topic path (the usual hand-out) gives what the general merge gives, for any
+    window, cap, senders and pruned positions (it steps aside when some are pruned)."""
+    entries = _entries(*((p, s, 10 * p) for p, s in enumerate(senders, start=1)
+                         if p not in pruned))
+    lag = Lag("ops", log_pos, log_pos + extra, cap)
+    assert hand_out(ME, last_seq, 0, [lag], {"ops": entries}) == _merged(
+        ME, last_seq, 0, [lag], {"ops": entries}, ())
