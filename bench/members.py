@@ -250,8 +250,9 @@ async def run_tidemesh(store_kind: str, n: int, args: argparse.Namespace, root: 
             await link.request("topic_subscribe", TOPIC)
             return link
 
-        with Meter(broker.pid, pg) as storm:
-            links = list(await asyncio.gather(*(member(k) for k in keys)))
+        async with _pyspy(broker.pid, n, "storm"):
+            with Meter(broker.pid, pg) as storm:
+                links = list(await asyncio.gather(*(member(k) for k in keys)))
         out["storm"] = storm
         out["failed"] = failed
         out["handshaken"] = max(acked) - storm.t0
@@ -269,7 +270,7 @@ async def run_tidemesh(store_kind: str, n: int, args: argparse.Namespace, root: 
             r = await sender.send(body, _payload(body))
             assert r.get("status") in (200, 201), r
 
-        async with _pyspy(broker.pid, n):
+        async with _pyspy(broker.pid, n, "lone"):
             with Meter(broker.pid, pg) as lone:
                 out.update(await _lone(tally, args.lone, publish))
         out.update(lone=lone, lone_deliveries=n * (args.lone + 2))
@@ -332,12 +333,12 @@ async def _burst(args: argparse.Namespace, n: int, pid: int, pg_url: str | None,
 
 
 @contextlib.asynccontextmanager
-async def _pyspy(pid: int, n: int) -> AsyncIterator[None]:
-    """BENCH_PYSPY=PREFIX: py-spy records the broker over the lone messages, its collapsed
-    stacks written to PREFIX-N.txt (feed them to flamegraph.pl or speedscope);
-    BENCH_PYSPY_RATE: samples a second (250)."""
+async def _pyspy(pid: int, n: int, phase: str) -> AsyncIterator[None]:
+    """BENCH_PYSPY=PREFIX: py-spy records the broker over one phase (BENCH_PYSPY_PHASE: lone,
+    the default, or storm), its collapsed stacks written to PREFIX-N.txt (feed them to
+    flamegraph.pl or speedscope); BENCH_PYSPY_RATE: samples a second (250)."""
     prefix = os.environ.get("BENCH_PYSPY")
-    if not prefix:
+    if not prefix or os.environ.get("BENCH_PYSPY_PHASE", "lone") != phase:
         yield
         return
     exe = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")

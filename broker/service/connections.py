@@ -162,6 +162,9 @@ class Connections:
         self._entries: dict[Key, tuple[dict[str, Any], str]] = {}
         # The other brokers on the same database; one broker alone has nobody to tell.
         self.elsewhere: Elsewhere | None = None
+        # Per mesh, the other brokers' members as read while the last flush's number was
+        # ``seq``: the snapshots of a storm's newcomers share one read until the next flush.
+        self._remote: dict[str, tuple[int, asyncio.Future[list[dict[str, Any]]]]] = {}
         # Each member's profile changes and presence events, within their budgets.
         self.profile_changes = Coalescer[dict[str, Any]]("profile", profile_rate,
                                                          self._apply_profile)
@@ -323,10 +326,29 @@ class Connections:
         seq = self.seq
         entries = self._local(conn)
         if self.elsewhere is not None:
-            entries += [(p, encode(p)) for p in await self.elsewhere.remote_peers(
-                conn.mesh_id, {str(p["pubkey"]) for p, _ in entries})]
+            local = {str(p["pubkey"]) for p, _ in entries}
+            entries += [(p, encode(p)) for p in await self._remote_peers(conn.mesh_id, seq)
+                        if str(p["pubkey"]) not in local]
         entries.sort(key=lambda e: str(e[0]["pubkey"]))
         return snapshot_texts(conn.mesh_id, seq, [text for _, text in entries])
+
+    async def _remote_peers(self, mesh_id: str, seq: int) -> list[dict[str, Any]]:
+        """The other brokers' members of the mesh, read once for every snapshot made while
+        the last flush is ``seq``. A change of theirs committed after the read is told in a
+        flush after ``seq`` (its event comes by NOTIFY after its commit), which the
+        snapshots' daemons then apply; a newer flush makes the next snapshot read again."""
+        assert self.elsewhere is not None
+        cached = self._remote.get(mesh_id)
+        if cached is None or cached[0] != seq:
+            read = asyncio.ensure_future(self.elsewhere.remote_peers(mesh_id, set()))
+            self._remote[mesh_id] = cached = (seq, read)
+            read.add_done_callback(lambda f: self._forget_failed(mesh_id, f))
+        return await asyncio.shield(cached[1])
+
+    def _forget_failed(self, mesh_id: str, read: asyncio.Future[list[dict[str, Any]]]) -> None:
+        if (read.cancelled() or read.exception() is not None) and \
+                self._remote.get(mesh_id, (0, None))[1] is read:
+            del self._remote[mesh_id]
 
     async def resync(self, conn: Conn) -> None:
         """For as long as the connection lives: after a numbered batch was dropped from its

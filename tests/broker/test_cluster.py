@@ -4,6 +4,7 @@ two services on one real database, each with its own LISTEN connection."""
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import asyncpg
@@ -261,3 +262,44 @@ async def test_a_heartbeat_never_brings_back_a_session_that_ended_meanwhile(
     watcher, _ = y.connections.register(Recording(), "m1", "carol")
     assert [p["pubkey"] for p in (await y.connections.peers(watcher, {"id": "p"}))["peers"]] \
         == ["carol"]
+
+
+def _snapshot_peers(texts: list[str]) -> list[str]:
+    return [p["pubkey"] for t in texts for p in json.loads(t)["peers"]]
+
+
+async def test_a_snapshot_shows_the_other_brokers_members_read_once_a_flush(
+    store: Store, pg_database: str
+) -> None:
+    """A newcomer's presence snapshot lists this broker's members from its registry and the
+    other brokers' from their session rows (not its own rows: a storm's snapshots had each
+    read every session of the mesh); the snapshots made before the next flush share one
+    read, and a flush after the others' change makes the next one read again."""
+    x, y = broker(store, "x"), broker(store, "y")
+    for b in (x, y):
+        await b.peering.heartbeat()
+    for name in ("bob", "carol"):
+        conn, first = y.connections.register(Silent(), "m1", name)
+        assert await y.peering.connected(conn, first)
+    ghost, first = x.connections.register(Silent(), "m1", "ghost")
+    await x.peering.connected(ghost, first)
+    x.connections.unregister(ghost)   # gone here; its row is x's own and not a remote peer
+    alice, _ = x.connections.register(Silent(), "m1", "alice")
+    reads = 0
+    remote_peers = x.peering.remote_peers
+
+    async def counted(mesh_id: str, local: set[str]) -> list[dict[str, Any]]:
+        nonlocal reads
+        reads += 1
+        return await remote_peers(mesh_id, local)
+
+    x.peering.remote_peers = counted  # type: ignore[method-assign]
+    first_ones = await asyncio.gather(*(x.connections.snapshot(alice) for _ in range(5)))
+    assert {tuple(_snapshot_peers(t)) for t in first_ones} == {("alice", "bob", "carol")}
+    assert reads == 1
+    bob = next(iter(y.connections.conns[("m1", "bob")]))
+    assert await y.peering.disconnected(bob, y.connections.unregister(bob))
+    x.connections.tell_local({"type": "peer_leave", "mesh_id": "m1", "pubkey": "bob"})
+    x.connections.flush()   # what x hears of bob's leave, told
+    assert _snapshot_peers(await x.connections.snapshot(alice)) == ["alice", "carol"]
+    assert reads == 2

@@ -139,9 +139,9 @@ class PostgresCluster:
     async def sessions(self, mesh_id: str, alive_after: int) -> list[SessionRow]:
         rows = await self.pool.fetch(
             "SELECT mesh_id, pubkey, broker_id, session_id, display_name, profile, connected_at,"
-            " host FROM mesh.member_session s WHERE mesh_id = $1 AND EXISTS (SELECT 1"
-            " FROM mesh.broker_alive b WHERE b.broker_id = s.broker_id"
-            " AND b.heartbeat_at >= $2) ORDER BY pubkey", mesh_id, alive_after)
+            " host FROM mesh.member_session s WHERE mesh_id = $1 AND broker_id <> $3"
+            " AND EXISTS (SELECT 1 FROM mesh.broker_alive b WHERE b.broker_id = s.broker_id"
+            " AND b.heartbeat_at >= $2) ORDER BY pubkey", mesh_id, alive_after, self.broker_id)
         return [_session(r) for r in rows]
 
     async def session_of(self, mesh_id: str, pubkey: str, alive_after: int) -> SessionRow | None:
