@@ -261,8 +261,9 @@ async def run_tidemesh(store_kind: str, n: int, args: argparse.Namespace, root: 
         sender = await BrokerLink.connect(url, mesh_id, sender_key, open_timeout=60)
         await asyncio.sleep(2)   # presence and subscriptions settle
 
-        with Meter(broker.pid, pg) as idle:
-            await asyncio.sleep(args.idle_s)
+        async with _pyspy(broker.pid, n, "idle"):
+            with Meter(broker.pid, pg) as idle:
+                await asyncio.sleep(args.idle_s)
         out["idle"] = idle
 
         # Lone messages: the next once every member has received + acked the last.
@@ -335,7 +336,7 @@ async def _burst(args: argparse.Namespace, n: int, pid: int, pg_url: str | None,
 @contextlib.asynccontextmanager
 async def _pyspy(pid: int, n: int, phase: str) -> AsyncIterator[None]:
     """BENCH_PYSPY=PREFIX: py-spy records the broker over one phase (BENCH_PYSPY_PHASE: lone,
-    the default, or storm), its collapsed stacks written to PREFIX-N.txt (feed them to
+    the default, storm or idle), its collapsed stacks written to PREFIX-N.txt (feed them to
     flamegraph.pl or speedscope); BENCH_PYSPY_RATE: samples a second (250)."""
     prefix = os.environ.get("BENCH_PYSPY")
     if not prefix or os.environ.get("BENCH_PYSPY_PHASE", "lone") != phase:
