@@ -202,8 +202,9 @@ def _hops(results: list[tuple[str, float, float]], homes: dict[str, Path], names
                          "SELECT client_message_id, received_at FROM inbox"):
             if c in ids:
                 inbox_last[c] = max(inbox_last.get(c, 0), rcv)
-    hop = {"outbox → broker commit": [], "broker commit → alice settled": [],
-           "broker commit → last inbox": []}
+    hop: dict[str, list[float]] = {"outbox → broker commit": [],
+                                   "broker commit → alice settled": [],
+                                   "broker commit → last inbox": []}
     for c in ids:
         if c in outbox and c in created and c in inbox_last:
             enq, done = outbox[c]

@@ -294,9 +294,9 @@ async def _burst(args: argparse.Namespace, n: int, pid: int, pg_url: str | None,
                  sender: BrokerLink) -> dict[str, Any]:
     """The burst phase: deliveries/s, CPU, the broker's RSS around it, rows and WAL."""
     out: dict[str, Any] = {}
-    _snapshot(pid, "before")
+    await _snapshot(pid, "before")
     if args.trim_probe:
-        out["rss_trimmed_before"] = _trimmed_rss(pid)
+        out["rss_trimmed_before"] = await _trimmed_rss(pid)
     rss0 = _rss_mb(pid)
     wal0 = await _pg(pg_url, "SELECT pg_current_wal_lsn()::text") if pg_url else None
     rows0 = await _pg(pg_url, ROWS_SQL) if pg_url else None
@@ -322,9 +322,9 @@ async def _burst(args: argparse.Namespace, n: int, pid: int, pg_url: str | None,
         out["rows"] = int(await _pg(pg_url, ROWS_SQL)) - int(rows0 or 0)
     await asyncio.sleep(5)
     out["rss_later"] = _rss_mb(pid)
-    _snapshot(pid, "after")
+    await _snapshot(pid, "after")
     if args.trim_probe:
-        out["rss_trimmed"] = _trimmed_rss(pid)
+        out["rss_trimmed"] = await _trimmed_rss(pid)
     out["rss_again"] = []
     for _ in range(args.again):   # is what a burst left a high-water mark, or does it grow?
         await burst_once()
@@ -355,20 +355,21 @@ async def _pyspy(pid: int, n: int, phase: str) -> AsyncIterator[None]:
         spy.wait(60)
 
 
-def _snapshot(pid: int, name: str) -> None:
+async def _snapshot(pid: int, name: str) -> None:
     """BENCH_TRACEMALLOC=PREFIX: the broker (``bench/probed_broker.py``) writes a tracemalloc
     snapshot, PREFIX-1.snap before the burst and PREFIX-2.snap after it."""
     if os.environ.get("BENCH_TRACEMALLOC"):
         os.kill(pid, signal.SIGUSR2)
-        time.sleep(10)   # a snapshot of a traced heap takes a while
+        # A snapshot of a traced heap takes a while; the members keep answering pings.
+        await asyncio.sleep(10)
 
 
-def _trimmed_rss(pid: int) -> float:
+async def _trimmed_rss(pid: int) -> float:
     """The broker's RSS once glibc has handed its free pages back (``malloc_trim(0)``, called
     by ``bench/probed_broker.py`` on SIGUSR1): what RSS keeps beyond that is held by Python
     (its live objects, or its allocator's partly used arenas), not by the C heap's free lists."""
     os.kill(pid, signal.SIGUSR1)
-    time.sleep(2)
+    await asyncio.sleep(2)
     return _rss_mb(pid)
 
 

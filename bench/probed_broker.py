@@ -22,7 +22,8 @@ from types import FrameType
 
 from tidemesh.cli.main import main
 
-_count = itertools.count(1)
+_stats = itertools.count(1)   # each probe numbers its own files
+_snapshots = itertools.count(1)
 
 
 def _trim(signum: int, frame: FrameType | None) -> None:
@@ -30,7 +31,7 @@ def _trim(signum: int, frame: FrameType | None) -> None:
     stats = os.environ.get("BENCH_MALLOCSTATS")
     if stats:   # pymalloc's arenas and pools, as sys._debugmallocstats writes them (to fd 2)
         saved = os.dup(2)
-        with open(f"{stats}-{next(_count)}.txt", "w") as f:
+        with open(f"{stats}-{next(_stats)}.txt", "w") as f:
             os.dup2(f.fileno(), 2)
             try:
                 sys._debugmallocstats()
@@ -40,7 +41,7 @@ def _trim(signum: int, frame: FrameType | None) -> None:
 
 
 def _dump(signum: int, frame: FrameType | None) -> None:
-    tracemalloc.take_snapshot().dump(f"{os.environ['BENCH_TRACEMALLOC']}-{next(_count)}.snap")
+    tracemalloc.take_snapshot().dump(f"{os.environ['BENCH_TRACEMALLOC']}-{next(_snapshots)}.snap")
 
 
 if __name__ == "__main__":
