@@ -13,6 +13,11 @@ alice's ``outbox.enqueued_at`` → the broker's message ``created_at`` → each 
 ``received_at`` → the event at the bench; ``outbox.delivered_at`` is when alice settled the
 broker's answer.
 
+With ``--spans`` every process exports its spans (``[metrics] otel_endpoint``) to
+``bench/otel_sink.py``, and the run prints, per hop, when it started and ended after the
+daemon's accept began (median over messages, microseconds): the path of one message split
+into its processes' work and the waits between them. Tracing adds its own cost to each hop.
+
 JetStream: one publish with ``Nats-Msg-Id`` at a time to a file-storage stream, R durable push
 consumers with explicit ack; latency from publish to the last consumer's receipt. Twice: the
 server on 4222 (default: acks before any fsync), and a private ``nats-server`` with
@@ -20,6 +25,7 @@ server on 4222 (default: acks before any fsync), and a private ``nats-server`` w
 
     .venv/bin/python bench/latency.py [--messages 200] [--recipients 1,4]
                                       [--stores sqlite,postgres] [--pg-dsn DSN] [--pace-ms 0]
+                                      [--spans]
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import json
 import os
 import secrets
 import shutil
+import signal
 import socket
 import sqlite3
 import subprocess
@@ -40,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from proc_cpu import cpu_seconds, postgres_cpu_seconds
 
 PG_DSN = os.environ.get("TIDEMESH_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 TOPIC = "lat"
@@ -121,13 +129,20 @@ async def _send_loop(sock: Path, streams: list[Events], n: int, pace_s: float
     return out
 
 
-def run_tidemesh(store: str, recipients: int, n: int, root: Path, pace_s: float
-                 ) -> dict[str, Any]:
+def run_tidemesh(store: str, recipients: int, n: int, root: Path, pace_s: float,
+                 spans: Path | None = None) -> dict[str, Any]:
     names = ["alice", *(f"r{i}" for i in range(recipients))]
     homes = {name: root / name for name in ["broker", *names]}
     for h in homes.values():
         h.mkdir(parents=True)
     env = {**os.environ, "TIDEMESH_HOME": str(homes["broker"]), "TIDEMESH_LOG_LEVEL": "warning"}
+    sink = None
+    if spans is not None:
+        sink = subprocess.Popen([sys.executable, str(Path(__file__).with_name("otel_sink.py")),
+                                 "--port", "0", "--dump", str(spans)], stdout=subprocess.PIPE)
+        assert sink.stdout is not None
+        env["TIDEMESH_METRICS_OTEL_ENDPOINT"] = json.loads(sink.stdout.readline())["url"]
+        env["TIDEMESH_METRICS_OTEL_EXPORT_DELAY_MS"] = "500"
     port = _port()
     _tm(homes["broker"], "broker", "mesh", "create", "lat", "--store", store)
     broker = subprocess.Popen([sys.executable, "-m", "tidemesh", "broker", "up", "--store", store,
@@ -141,8 +156,13 @@ def run_tidemesh(store: str, recipients: int, n: int, root: Path, pace_s: float
             inv = _tm(homes["broker"], "broker", "invite", "create", "--mesh", "lat", "--url",
                       f"ws://127.0.0.1:{port}", "--store", store)
             _tm(homes[name], "daemon", "join", inv, "--mesh", "lat", "--name", name)
+            # BENCH_PROFILE=PREFIX: alice and the first recipient run under cProfile, their
+            # stats written to PREFIX-NAME.prof when they stop.
+            prof = os.environ.get("BENCH_PROFILE")
+            wrap = (["-m", "cProfile", "-o", f"{prof}-{name}.prof"]
+                    if prof and name in ("alice", "r0") else [])
             procs.append(subprocess.Popen(
-                [sys.executable, "-m", "tidemesh", "daemon", "up", "--foreground", "--mesh",
+                [sys.executable, *wrap, "-m", "tidemesh", "daemon", "up", "--foreground", "--mesh",
                  "lat", "--no-tcp"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 env={**env, "TIDEMESH_HOME": str(homes[name]), "TIDEMESH_IPC_RATE_PER_S": "0"}))
         _wait_connected([homes[name] / "daemon" / "lat" / "sock" for name in names])
@@ -162,14 +182,93 @@ def run_tidemesh(store: str, recipients: int, n: int, root: Path, pace_s: float
                     t.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
 
+        pids = {"alice": procs[1].pid, "broker": broker.pid,
+                **{name: p.pid for name, p in zip(names[1:], procs[2:], strict=True)}}
+        spies = _pyspy(pids)
+        before = _cpu(pids, store)
         results = asyncio.run(go())
+        after = _cpu(pids, store)
+        for spy in spies:
+            spy.send_signal(signal.SIGINT)   # py-spy writes its file on SIGINT
+            spy.wait(60)
+        cpu = {k: (after[k] - before[k]) / (n + 10) * 1e6 for k in before}
         time.sleep(0.5)
-        return {"results": results, "hops": _hops(results, homes, names, store)}
+        return {"results": results, "hops": _hops(results, homes, names, store), "cpu": cpu}
     finally:
         for p in reversed(procs):
             p.terminate()
         for p in procs:
             p.wait(30)
+        if sink is not None:   # after every process exported its last spans at exit
+            sink.terminate()
+            sink.wait(30)
+
+
+# The spans of one message, in path order: (label, span name, which of several: the last).
+SPAN_HOPS = [("alice accept (HTTP → outbox commit)", "tidemesh.daemon.accept"),
+             ("alice send (claim → broker answer)", "tidemesh.daemon.send"),
+             ("broker accept (frame → commit)", "tidemesh.broker.accept"),
+             ("broker deliver (last recipient's push)", "tidemesh.broker.deliver"),
+             ("recipient store (last inbox commit)", "tidemesh.daemon.store")]
+
+
+def span_hops(path: Path) -> list[tuple[str, float, float]]:
+    """(hop, median start, median end) in µs after the daemon's accept began, over the
+    messages whose every hop was traced. A hop of several spans (one per recipient) counts
+    its last to end."""
+    by_trace: dict[str, list[dict[str, Any]]] = {}
+    for line in path.read_text().splitlines():
+        sp = json.loads(line)
+        by_trace.setdefault(sp["trace_id"], []).append(sp)
+    rows: dict[str, list[tuple[float, float]]] = {label: [] for label, _ in SPAN_HOPS}
+    for spans in by_trace.values():
+        named: dict[str, list[dict[str, Any]]] = {}
+        for sp in spans:
+            named.setdefault(sp["name"], []).append(sp)
+        roots = named.get("tidemesh.daemon.accept", [])
+        if len(roots) != 1 or any(name not in named for _, name in SPAN_HOPS):
+            continue
+        t0 = roots[0]["start_ns"]
+        for label, name in SPAN_HOPS:
+            last = max(named[name], key=lambda sp: sp["end_ns"])
+            rows[label].append(((last["start_ns"] - t0) / 1000, (last["end_ns"] - t0) / 1000))
+    return [(label, _pct([a for a, _ in xs], .5), _pct([b for _, b in xs], .5))
+            for label, xs in rows.items() if xs]
+
+
+def _pyspy(pids: dict[str, int]) -> list[subprocess.Popen[bytes]]:
+    """BENCH_PYSPY=PREFIX: py-spy records alice, the broker and the first recipient over the
+    sends, their collapsed stacks (idle samples included: ``--idle``) in PREFIX-NAME.txt."""
+    prefix = os.environ.get("BENCH_PYSPY")
+    if not prefix:
+        return []
+    exe = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    spies = [subprocess.Popen([exe, "record", "-p", str(pids[name]), "-r", "500", "--idle",
+                               "--nonblocking", "--format", "raw", "-o", f"{prefix}-{name}.txt"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             for name in ("alice", "broker", "r0")]
+    time.sleep(1)   # attached before the first message
+    return spies
+
+
+def _cpu(pids: dict[str, int], store: str) -> dict[str, float]:
+    """CPU seconds so far of each process, PostgreSQL's (all its processes) and this one's."""
+    out = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    if not store.startswith("sqlite://"):
+        out["postgres"] = postgres_cpu_seconds()
+    out["bench"] = time.process_time()
+    return out
+
+
+def cpu_line(cpu: dict[str, float]) -> str:
+    """CPU µs per message by process; the recipients as their mean."""
+    rs = [v for k, v in cpu.items() if k.startswith("r") and k[1:].isdigit()]
+    parts = [f"alice {cpu['alice']:.0f}", f"broker {cpu['broker']:.0f}"]
+    if "postgres" in cpu:
+        parts.append(f"postgres {cpu['postgres']:.0f}")
+    parts += [f"each recipient {sum(rs) / len(rs):.0f}", f"bench {cpu['bench']:.0f}",
+              f"all {sum(cpu.values()):.0f}"]
+    return "CPU µs per message: " + ", ".join(parts)
 
 
 def _wait_connected(socks: list[Path], timeout: float = 60.0) -> None:
@@ -315,6 +414,9 @@ def main() -> int:
     ap.add_argument("--pace-ms", type=float, default=0.0,
                     help="send one message every this many ms (0: the next as soon as the "
                          "last recipient has the previous one, an idle system)")
+    ap.add_argument("--spans", action="store_true",
+                    help="trace every hop (bench/otel_sink.py) and print where each starts and "
+                         "ends")
     args = ap.parse_args()
     pace_s = args.pace_ms / 1000
     root = Path(tempfile.mkdtemp(prefix="tm-lat-", dir="/tmp"))
@@ -326,13 +428,20 @@ def main() -> int:
             for store_kind in args.stores.split(","):
                 store = (f"sqlite://{root}/broker-{r}.db" if store_kind == "sqlite" else
                          _fresh_pg(args.pg_dsn, made))
-                res = run_tidemesh(store, r, args.messages, root / f"{store_kind}-{r}", pace_s)
+                spans = root / f"spans-{store_kind}-{r}.jsonl" if args.spans else None
+                res = run_tidemesh(store, r, args.messages, root / f"{store_kind}-{r}", pace_s,
+                                   spans)
                 acc = [a for _, a, _ in res["results"]]
                 last = [x for _, _, x in res["results"]]
                 print(_line(f"tidemesh {store_kind} accept", acc))
                 print(_line(f"tidemesh {store_kind} → last recipient", last))
+                print("    " + cpu_line(res["cpu"]))
                 for hop, ms in res["hops"].items():
                     print(f"    {hop:34} median {ms:5.0f} ms (store stamps, ms)")
+                if spans is not None:
+                    print("    spans, µs after alice's accept began (median start → end):")
+                    for hop, start, end in span_hops(spans):
+                        print(f"      {hop:42} {start:8.0f} → {end:8.0f}")
             js = asyncio.run(run_nats("nats://127.0.0.1:4222", r, args.messages, pace_s))
             print(_line("jetstream default → last consumer", js))
             if nats_always is not None:
