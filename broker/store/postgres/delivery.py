@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import asyncpg
@@ -11,7 +11,7 @@ import structlog
 from tidemesh.broker.accept import pick_queue_consumer
 from tidemesh.broker.store.base import Cursor, DeliveryRow, Reassigned, latest_acks, stored_meta
 from tidemesh.broker.store.postgres.base import PostgresBase
-from tidemesh.broker.store.postgres.topiclog import LAGS_SQL, Handed, hand_out_on
+from tidemesh.broker.store.postgres.topiclog import LAGS_SQL, Handed, entries_sql, hand_out_on
 from tidemesh.broker.topiclog import Span
 from tidemesh.storage.groupcommit import GroupCommit
 from tidemesh.storage.pgarray import int_array, text_array
@@ -80,8 +80,9 @@ class Delivery(PostgresBase):
 
         async def run() -> tuple[set[Key], list[list[DeliveryRow]]]:
             async with pool.acquire() as conn, conn.transaction():
-                given = await hand_out_on(conn, lagging, now_ms, lock_all=True)
-                return given.more, await _pages_on(conn, pages, given.handed)
+                given = await hand_out_on(conn, lagging, now_ms, lock_all=True,
+                                          content_for=lambda h: _entry_keys(pages, h))
+                return given.more, await _pages_on(conn, pages, given.handed, given.content)
 
         return await _again_after_deadlock(run)
 
@@ -154,7 +155,31 @@ class Delivery(PostgresBase):
         return out
 
 
-async def _pages_on(db: Any, asks: Sequence[Page], handed: dict[Key, Handed] | None = None
+def _handed_plans(asks: Sequence[Page], handed: Mapping[Key, Handed] | None
+                  ) -> dict[int, list[Slot]]:
+    """The pages (by place in ``asks``) whose seqs a hand-out's spans tell: those of pumps
+    that had sent their member everything before a hand-out that gave it only topic
+    entries (``Handed.whole``)."""
+    plans: dict[int, list[Slot]] = {}
+    for i, a in enumerate(asks):
+        h = (handed or {}).get((a[0], a[1]))
+        if h is not None and h.whole and h.epoch == a[2] and h.last_seq == a[3]:
+            plans[i] = _expand(h.spans, [], a[3], a[4])
+    return plans
+
+
+def _entry_keys(asks: Sequence[Page], handed: Mapping[Key, Handed]
+                ) -> list[tuple[str, str, int]]:
+    """The logged entries the pages ``_handed_plans`` knows will hold, each once."""
+    keys: dict[tuple[str, str, int], None] = {}
+    for i, plan in _handed_plans(asks, handed).items():
+        for slot in plan:
+            keys[(asks[i][0], slot[1], slot[2])] = None
+    return list(keys)
+
+
+async def _pages_on(db: Any, asks: Sequence[Page], handed: dict[Key, Handed] | None = None,
+                    content: Mapping[tuple[str, str, int], Any] | None = None
                     ) -> list[list[DeliveryRow]]:
     """The pages of many pumps on ``db`` (a pool or a connection), each message's content
     read once however many of the pages hold it (a topic message's burst to N members had
@@ -162,12 +187,9 @@ async def _pages_on(db: Any, asks: Sequence[Page], handed: dict[Key, Handed] | N
     all its member was given before a hand-out that gave it only topic entries
     (``Handed.whole``: a lone topic message to N connected members, the usual wake-up)
     knows them from that hand-out's spans; the others read their window (rows and spans,
-    no content). Then the content of all the pages at once. A lone page is one query."""
-    plans: dict[int, list[Slot]] = {}
-    for i, a in enumerate(asks):
-        h = (handed or {}).get((a[0], a[1]))
-        if h is not None and h.whole and h.epoch == a[2] and h.last_seq == a[3]:
-            plans[i] = _expand(h.spans, [], a[3], a[4])
+    no content). Then the content of all the pages at once, but for what the hand-out's write
+    read already (``content``). A lone page is one query."""
+    plans = _handed_plans(asks, handed)
     windows = [(i, a) for i, a in enumerate(asks) if i not in plans]
     if len(asks) == 1 and windows:
         return [[DeliveryRow.of_record(r) for r in await db.fetch(DELIVERIES_SQL, *asks[0])]]
@@ -185,7 +207,7 @@ async def _pages_on(db: Any, asks: Sequence[Page], handed: dict[Key, Handed] | N
                 spans[i].append(Span(r[1], int(r[4]), int(r[2]), int(r[3]), 0))
         for i, a in windows:
             plans[i] = _expand(spans[i], rows[i], a[3], a[4])
-    out = await _filled(db, asks, plans)
+    out = await _filled(db, asks, plans, content or {})
     missing = [i for i, page in enumerate(out) if page is None]
     for i in missing:   # content pruned meanwhile: DELIVERIES_SQL pages past it
         out[i] = [DeliveryRow.of_record(r) for r in await db.fetch(DELIVERIES_SQL, *asks[i])]
@@ -211,20 +233,21 @@ def _expand(spans: Sequence[Span], rows: Sequence[Slot], after: int, limit: int
     return slots[:limit]
 
 
-async def _filled(db: Any, asks: Sequence[Page], plans: dict[int, list[Slot]]
-                  ) -> list[list[DeliveryRow] | None]:
-    """Each plan's rows with their content, each message read once; None for a page one of
-    whose messages is gone (pruned since its seqs were read)."""
+async def _filled(db: Any, asks: Sequence[Page], plans: dict[int, list[Slot]],
+                  known: Mapping[tuple[str, str, int], Any]) -> list[list[DeliveryRow] | None]:
+    """Each plan's rows with their content, each message read once (none of those in
+    ``known``); None for a page one of whose messages is gone (pruned since its seqs were
+    read)."""
     entries: dict[tuple[str, str, int], None] = {}
     messages: dict[tuple[str, str], None] = {}
     for i, plan in plans.items():
         mesh = asks[i][0]
         for slot in plan:
-            if slot[1]:
-                entries[(mesh, slot[1], slot[2])] = None
-            else:
+            if not slot[1]:
                 messages[(mesh, slot[3])] = None
-    content: dict[Any, Any] = {}
+            elif (mesh, slot[1], slot[2]) not in known:
+                entries[(mesh, slot[1], slot[2])] = None
+    content: dict[Any, Any] = dict(known)
     if entries:
         keys = list(entries)
         content.update({(r[0], r[1], int(r[2])): r for r in await db.fetch(
@@ -336,15 +359,7 @@ ORDER BY d.seq LIMIT $5
 
 # The entries (mesh, topic, position) of spans just handed out, each once, with what a
 # delivery of it carries (DELIVERIES_SQL's columns for a topic entry).
-ENTRIES_SQL = """
-SELECT t.mesh_id, t.topic, t.log_pos, t.id, h.history_id, t.sender_pubkey,
-       t.client_message_id, t.body, t.body_encoding, t.priority, t.meta, t.reply_to,
-       t.created_at, m.display_name, t.traceparent
-FROM unnest($1::text::text[], $2::text::text[], $3::text::bigint[]) AS k(m, n, pos)
-JOIN mesh.topic_message t ON t.mesh_id = k.m AND t.topic = k.n AND t.log_pos = k.pos
-LEFT JOIN mesh.message_history h ON h.broker_message_id = t.id
-LEFT JOIN mesh.member m ON m.mesh_id = t.mesh_id AND m.pubkey = t.sender_pubkey
-"""
+ENTRIES_SQL = entries_sql(1)
 
 # Which seqs each of many (mesh, member, epoch, after, limit) pages holds, without their
 # content: its rows of delivery_queue (topic NULL: seq, broker_message_id, created_at,

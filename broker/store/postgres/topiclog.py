@@ -12,7 +12,7 @@ order is kept by the writer instead, and positions stay dense, so a span is arit
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,17 +43,26 @@ class Given:
     more: set[Key] = field(default_factory=set)
     seqs: dict[tuple[Key, str], tuple[int, int]] = field(default_factory=dict)
     handed: dict[Key, Handed] = field(default_factory=dict)
+    # The entries ``content_for`` asked for, read by the hand-out's write: (mesh, topic,
+    # position) → the row as ENTRIES_SQL gives it.
+    content: dict[tuple[str, str, int], Any] = field(default_factory=dict)
+
+
+# Which logged entries a pump's page will hold, from what its hand-out gave (``Given.handed``):
+# their content is read by the hand-out's own write (one round trip fewer on a message's path).
+ContentFor = Callable[[Mapping[Key, Handed]], Sequence[tuple[str, str, int]]]
 
 
 async def hand_out_on(conn: Any, keys: Sequence[Key], now_ms: int, *,
                       lock_all: bool = False,
-                      own: Mapping[Key, Sequence[Own]] | None = None) -> Given:
+                      own: Mapping[Key, Sequence[Own]] | None = None,
+                      content_for: ContentFor | None = None) -> Given:
     """Give each of ``keys`` (mesh, member) what its topics logged since it was last given
     any. One read of each topic's new entries serves all its subscribers here; a member
     with nothing new costs no write, unless ``lock_all`` (all ``keys`` are locked and
     handed out). ``own``: the DM and queue deliveries the accept is giving some of them
     (all their topics' entries are handed out then, uncapped, so each takes its seq in
-    order among them)."""
+    order among them). ``content_for``: the entries whose content the write reads too."""
     given = Given()
     if not keys:
         return given
@@ -100,9 +109,12 @@ async def hand_out_on(conn: Any, keys: Sequence[Key], now_ms: int, *,
                                           out.compacted_seq == compacted)
         if out.more:
             given.more.add((m, p))
-    await conn.execute(WRITE_SQL, *(_column(spans, i) for i in range(8)),
-                       *(_column(moved, i) for i in range(4)),
-                       *(_column(bumped, i) for i in range(4)), now_ms)
+    wanted = list(content_for(given.handed)) if content_for is not None else []
+    rows = await conn.fetch(WRITE_SQL, *(_column(spans, i) for i in range(8)),
+                            *(_column(moved, i) for i in range(4)),
+                            *(_column(bumped, i) for i in range(4)), now_ms,
+                            *(_column(wanted, i) for i in range(3)))
+    given.content = {(r[0], r[1], int(r[2])): r for r in rows}
     return given
 
 
@@ -164,8 +176,26 @@ CROSS JOIN LATERAL (SELECT * FROM mesh.topic_message e
                       AND e.log_pos <= w.upto OFFSET 0) e
 """
 
+def entries_sql(first: int) -> str:
+    """The content of logged entries, keyed by the (mesh, topic, position) arrays at
+    parameters ``first`` to ``first + 2``: each entry with its history id and its sender's
+    name (the columns ``delivery._filled`` reads)."""
+    return f"""
+SELECT t.mesh_id, t.topic, t.log_pos, t.id, h.history_id, t.sender_pubkey,
+       t.client_message_id, t.body, t.body_encoding, t.priority, t.meta, t.reply_to,
+       t.created_at, m.display_name, t.traceparent
+FROM unnest(${first}::text::text[], ${first + 1}::text::text[], ${first + 2}::text::bigint[])
+     AS k(m, n, pos)
+JOIN mesh.topic_message t ON t.mesh_id = k.m AND t.topic = k.n AND t.log_pos = k.pos
+LEFT JOIN mesh.message_history h ON h.broker_message_id = t.id
+LEFT JOIN mesh.member m ON m.mesh_id = t.mesh_id AND m.pubkey = t.sender_pubkey
+"""  # noqa: S608 - only parameter numbers go in
+
+
 # The spans, the subscriptions' positions and the cursors' seqs in one statement (one round
-# trip: with 1,000 members' pumps and acks on the event loop, each costs a turn of it).
+# trip: with 1,000 members' pumps and acks on the event loop, each costs a turn of it); it
+# returns the content of the entries $18-$20 (``entries_sql``), already committed by
+# their accepts: a pump's first page needs no read of its own.
 WRITE_SQL = """
 WITH spans AS (
   INSERT INTO mesh.topic_delivery (mesh_id, recipient_pubkey, epoch, seq_last, seq_first,
@@ -178,9 +208,9 @@ WITH spans AS (
   FROM unnest($9::text::text[], $10::text::text[], $11::text::text[], $12::text::bigint[])
        AS u(m, n, p, pos)
   WHERE s.mesh_id = u.m AND s.topic = u.n AND s.member_pubkey = u.p
-)
-UPDATE mesh.recipient_cursor c SET last_seq = u.l, compacted_seq = u.c, updated_at = $17
-FROM unnest($13::text::text[], $14::text::text[], $15::text::bigint[], $16::text::bigint[])
-     AS u(m, p, l, c)
-WHERE c.mesh_id = u.m AND c.recipient_pubkey = u.p
-"""
+), bumped AS (
+  UPDATE mesh.recipient_cursor c SET last_seq = u.l, compacted_seq = u.c, updated_at = $17
+  FROM unnest($13::text::text[], $14::text::text[], $15::text::bigint[], $16::text::bigint[])
+       AS u(m, p, l, c)
+  WHERE c.mesh_id = u.m AND c.recipient_pubkey = u.p
+)""" + entries_sql(18)  # noqa: S608 - constants only
