@@ -169,10 +169,14 @@ class PgAcceptPort:
                                     text_array([k[1] for k in keys]), now)
         topic = [a for a in items if a.kind == "topic"]
         positions = await self._positions(topic)
-        orders = sorted(int(r[0]) for r in await self.conn.fetch(ORDERS_SQL, len(items)))
-        order_of = {a.broker_message_id: o for a, o in zip(items, orders, strict=True)}
+        # Without a DM or queue delivery to order among them, the topic messages draw their
+        # orders in the insert itself (in batch order): one round trip fewer.
+        order_of: dict[str, int] = {}
+        if rows:
+            orders = sorted(int(r[0]) for r in await self.conn.fetch(ORDERS_SQL, len(items)))
+            order_of = {a.broker_message_id: o for a, o in zip(items, orders, strict=True)}
         await self.conn.execute(MESSAGES_SQL, *_message_args(
-            items, positions, [order_of[a.broker_message_id] for a in topic]))
+            items, positions, [order_of[a.broker_message_id] for a in topic] if rows else []))
         by_message: dict[str, list[Delivery]] = {}
         if rows:
             own: dict[tuple[str, str], list[Own]] = {}
@@ -276,15 +280,20 @@ WHERE t.mesh_id = l.mesh_id AND t.name = l.name
 RETURNING t.mesh_id, t.name, t.last_pos
 """
 
-# Messages and their history rows in one statement.
+# Messages and their history rows in one statement. A topic message without an order in
+# $34 (empty: the batch has no DM or queue delivery) draws one here, row by row in batch
+# order, after the topics' locks as ORDERS_SQL would (COALESCE draws none when it has one).
 MESSAGES_SQL = """
 WITH tm AS (
   INSERT INTO mesh.topic_message (id, mesh_id, sender_pubkey, client_message_id, topic, body,
       body_encoding, priority, meta, reply_to, created_at, traceparent, log_pos, log_order)
-  SELECT * FROM unnest($1::text::text[], $2::text::text[], $3::text::text[], $4::text::text[],
-                       $5::text::text[], $6::bytea[], $7::text::text[], $8::text::text[],
-                       $9::text::text[], $10::text::text[], $11::text::bigint[],
-                       $31::text::text[], $33::text::bigint[], $34::text::bigint[])
+  SELECT u.id, u.m, u.s, u.c, u.n, u.b, u.be, u.pr, u.me, u.r, u.at, u.tp, u.pos,
+         COALESCE(u.ord, nextval('mesh.topic_log_order'))
+  FROM unnest($1::text::text[], $2::text::text[], $3::text::text[], $4::text::text[],
+              $5::text::text[], $6::bytea[], $7::text::text[], $8::text::text[],
+              $9::text::text[], $10::text::text[], $11::text::bigint[],
+              $31::text::text[], $33::text::bigint[], $34::text::bigint[])
+       AS u(id, m, s, c, n, b, be, pr, me, r, at, tp, pos, ord)
 ), mq AS (
   INSERT INTO mesh.message_queue (id, mesh_id, sender_pubkey, client_message_id,
       destination_kind, destination_ref, body, body_encoding, priority, meta, reply_to,
