@@ -26,6 +26,9 @@ server on 4222 (default: acks before any fsync), and a private ``nats-server`` w
     .venv/bin/python bench/latency.py [--messages 200] [--recipients 1,4]
                                       [--stores sqlite,postgres] [--pg-dsn DSN] [--pace-ms 0]
                                       [--spans]
+
+BENCH_PG_LOG=1 has PostgreSQL log every statement of the run's database with its duration
+(``log_min_duration_statement = 0`` on that database only).
 """
 
 from __future__ import annotations
@@ -477,6 +480,8 @@ def _fresh_pg(dsn: str, made: list[str]) -> str:
     name = f"tm_lat_{secrets.token_hex(4)}"
     _pg_statement(dsn, f'CREATE DATABASE "{name}"')
     made.append(name)
+    if os.environ.get("BENCH_PG_LOG"):   # every statement's duration in the server's log
+        _pg_statement(dsn, f'ALTER DATABASE "{name}" SET log_min_duration_statement = 0')
     return dsn.rsplit("/", 1)[0] + "/" + name
 
 

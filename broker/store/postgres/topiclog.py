@@ -109,11 +109,11 @@ async def hand_out_on(conn: Any, keys: Sequence[Key], now_ms: int, *,
                                           out.compacted_seq == compacted)
         if out.more:
             given.more.add((m, p))
-    wanted = list(content_for(given.handed)) if content_for is not None else []
+    entry_keys = list(content_for(given.handed)) if content_for is not None else []
     rows = await conn.fetch(WRITE_SQL, *(_column(spans, i) for i in range(8)),
                             *(_column(moved, i) for i in range(4)),
                             *(_column(bumped, i) for i in range(4)), now_ms,
-                            *(_column(wanted, i) for i in range(3)))
+                            *(_column(entry_keys, i) for i in range(3)))
     given.content = {(r[0], r[1], int(r[2])): r for r in rows}
     return given
 
