@@ -130,10 +130,45 @@ class Sender:
         self.inflight = 0
         self.slot_freed = asyncio.Event()
         link.on_batch = metrics.send_batch.labels(mesh=metrics.mesh).observe
+        # While the claim loop waits idle with room, a lone send's accept may claim its row
+        # and hand it here (``OutboxService.Hand``): the task group it is sent in.
+        self._waiting: asyncio.TaskGroup | None = None
 
     async def run(self) -> None:
-        s, outbox = self.settings, self.outbox
         await self.dead.announce()
+        self.outbox.hand = self
+        try:
+            await self._claim_loop()
+        finally:
+            if self.outbox.hand is self:
+                self.outbox.hand = None
+
+    def reserve(self) -> bool:
+        if (self._waiting is None or self.link.closed or self.outbox.accepted.is_set()
+                or self.inflight >= self.settings.window or self.hold.draining
+                or self.hold.until_ms / 1000 > self.clock()):
+            return False
+        self.inflight += 1
+        return True
+
+    def take(self, row: Claimed) -> bool:
+        tg = self._waiting
+        if tg is None or self.link.closed:
+            self.release()
+            return False
+        try:
+            tg.create_task(self._send([row]))
+        except RuntimeError:   # the task group is ending with the session
+            self.release()
+            return False
+        return True
+
+    def release(self) -> None:
+        self.inflight -= 1
+        self.slot_freed.set()
+
+    async def _claim_loop(self) -> None:
+        s, outbox = self.settings, self.outbox
         async with asyncio.TaskGroup() as tg:
             while not self.link.closed:
                 held_s = self.hold.until_ms / 1000 - self.clock()
@@ -159,9 +194,9 @@ class Sender:
                         await self.dead.announce()
                     if len(claimed) == want:
                         continue
-                await self._idle(free > 0)
+                await self._idle(tg, free > 0)
 
-    async def _idle(self, has_room: bool) -> None:
+    async def _idle(self, tg: asyncio.TaskGroup, has_room: bool) -> None:
         self.slot_freed.clear()
         timeout = self.settings.idle_poll_s
         if has_room:
@@ -169,7 +204,12 @@ class Sender:
             if due is not None:
                 timeout = min(timeout, max(0.0, due / 1000 - self.clock()))
         more = self.outbox.accepted if has_room else self.slot_freed
-        await race.first(self.link.wait_closed(), more.wait(), within=timeout)
+        # Rows may be handed over only while everything due was claimed (has room, waiting).
+        self._waiting = tg if has_room else None
+        try:
+            await race.first(self.link.wait_closed(), more.wait(), within=timeout)
+        finally:
+            self._waiting = None
 
     async def _send(self, rows: list[Claimed]) -> None:
         limit = self.settings.send_timeout_s

@@ -11,9 +11,10 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
+import structlog
 
 from tidemesh.core.accept import Action
 from tidemesh.core.errors import InvalidRequest, TidemeshError
@@ -32,11 +33,30 @@ from tidemesh.daemon.records import (
 from tidemesh.daemon.store import outbox
 from tidemesh.daemon.store.db import Connection, Database
 
+log = structlog.get_logger(__name__)
 Clock = Callable[[], float]
 # (recipient ed25519 pubkey hex, body, body_encoding) -> sealed bytes
 Sealer = Callable[[SendRequest, str], SendRequest]  # (request, client_message_id): sealed
 # Raises to refuse a send before it is stored (the pre-send hook: 403 send_vetoed).
 Gate = Callable[[SendRequest], Awaitable[None]]
+
+
+
+
+class Hand(Protocol):
+    """The sender of the live link, offering to take a lone send straight from its accept:
+    the row is inserted already claimed (inflight) in the accept's own transaction, so an
+    idle daemon's message costs no claim transaction of its own before it goes out."""
+
+    def reserve(self) -> bool:
+        """A place on the wire for one row, if the sender waits idle with room and nothing
+        accepted before is still waiting for its claim (so the row keeps its place)."""
+
+    def take(self, row: Claimed) -> bool:
+        """Put the reserved row on the wire; False if the session ended meanwhile."""
+
+    def release(self) -> None:
+        """Give a reserved place back (the accept inserted nothing, or failed)."""
 
 
 # The accept table's actions as the service reports them.
@@ -110,20 +130,22 @@ class OutboxService:
         self.admit = admit
         # Set when a new row lands, so the sender wakes without polling.
         self.accepted = asyncio.Event()
+        # The live link's sender while it runs (``Hand``); None between sessions.
+        self.hand: Hand | None = None
 
     def _now_ms(self) -> int:
         return int(self.clock() * 1000)
 
     def _new_row(
         self, req: SendRequest, cmid: str, supersedes: str | None = None,
-        row_id: str | None = None, now: int | None = None,
+        row_id: str | None = None, now: int | None = None, claimed: bool = False,
     ) -> outbox.NewRow:
         now = self._now_ms() if now is None else now
         return outbox.NewRow(
             id=row_id or ordered_ulid(now), client_message_id=cmid,
             fingerprint=fingerprint_of(req),
             payload=orjson.dumps(self._sealed(req, cmid).to_payload()), dest_kind=req.to.kind.value,
-            dest_ref=req.to.ref, now_ms=now, supersedes=supersedes,
+            dest_ref=req.to.ref, now_ms=now, supersedes=supersedes, claimed=claimed,
         )
 
     def _sealed(self, req: SendRequest, cmid: str) -> SendRequest:
@@ -142,8 +164,27 @@ class OutboxService:
             self.admit()
         if self.gate is not None:
             await self.gate(req)
-        new = self._new_row(req, req.client_message_id or new_ulid())
-        return self._outcome(await self.db.submit(outbox.ACCEPT, new), new)
+        hand = self.hand
+        if hand is None or not hand.reserve():
+            new = self._new_row(req, req.client_message_id or new_ulid())
+            return self._outcome(await self.db.submit(outbox.ACCEPT, new), new)
+        try:
+            new = self._new_row(req, req.client_message_id or new_ulid(), claimed=True)
+            res = await self.db.submit(outbox.ACCEPT, new)
+        except BaseException:
+            hand.release()
+            raise
+        if res.outcome.action is not Action.INSERT:
+            hand.release()
+        elif not hand.take(Claimed(new.id, new.client_message_id, new.payload, 1)):
+            # The session ended between the reservation and the commit: the row waits,
+            # pending, for the next one (whose start may already have released the rest).
+            try:
+                await self.db.write(lambda conn: outbox.unclaim(conn, new.id), durable=False)
+            except TidemeshError as exc:   # the send is stored: a restart releases the row
+                log.warning("outbox_unclaim_failed", outbox_id=new.id, error=str(exc))
+            self.accepted.set()
+        return self._outcome(res, new)
 
     async def submit_many(self, items: Sequence[BatchItem]) -> list[SendOutcome | TidemeshError]:
         """Accept a batch as if each send came on its own, in order, and all in one outbox
@@ -186,7 +227,7 @@ class OutboxService:
 
     def _outcome(self, res: outbox.AcceptResult, new: outbox.NewRow) -> SendOutcome:
         oc = res.outcome
-        if oc.action is Action.INSERT:
+        if oc.action is Action.INSERT and not new.claimed:
             self.accepted.set()
         return SendOutcome(
             KINDS[oc.action], new.client_message_id, prefix(new.fingerprint), _bound(res, new),

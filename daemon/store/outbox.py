@@ -29,6 +29,11 @@ _INSERT_MANY = (
 )
 _ROW_MARKS = "(?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?)"
 _INSERT = _INSERT_MANY + _ROW_MARKS
+_INSERT_CLAIMED = (
+    "INSERT INTO outbox (id, client_message_id, request_fingerprint, payload, dest_kind,"
+    " dest_ref, enqueued_at, next_attempt_at, status, supersedes, attempts)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'inflight', ?, 1)"
+)
 
 
 @record
@@ -43,6 +48,9 @@ class NewRow:
     dest_ref: str
     now_ms: int
     supersedes: str | None = None
+    # Inserted already claimed for the wire (inflight, one attempt): the sender waited idle
+    # with room and takes the row from the accept (``OutboxService.submit``).
+    claimed: bool = False
 
 
 @record
@@ -89,9 +97,13 @@ def accept_many(conn: sqlite3.Connection, news: Sequence[NewRow]) -> list[Accept
         prior = None if known is None else Prior(OutboxStatus(known.status), known.fingerprint)
         outcome = decide(prior, new.fingerprint)
         if outcome.action is Action.INSERT:
-            inserts.append(_insert_args(new))
-            found[new.client_message_id] = Existing(new.id, "pending", new.fingerprint,
-                                                    dest_kind=new.dest_kind)
+            if new.claimed:
+                conn.execute(_INSERT_CLAIMED, _insert_args(new))
+            else:
+                inserts.append(_insert_args(new))
+            found[new.client_message_id] = Existing(
+                new.id, "inflight" if new.claimed else "pending", new.fingerprint,
+                dest_kind=new.dest_kind)
             results.append(AcceptResult(outcome, None, new.id))
         else:
             assert known is not None
@@ -252,6 +264,13 @@ def claim_due(
         [(c.id,) for c in claimed],
     )
     return claimed, dead
+
+
+def unclaim(conn: sqlite3.Connection, row_id: str) -> bool:
+    """A row its accept claimed that no sender took goes back to pending; not one a later
+    session released and claimed again (it has another attempt by then)."""
+    return conn.execute("UPDATE outbox SET status = 'pending', attempts = 0 WHERE id = ?"
+                        " AND status = 'inflight' AND attempts = 1", (row_id,)).rowcount == 1
 
 
 def next_due(conn: sqlite3.Connection) -> int | None:

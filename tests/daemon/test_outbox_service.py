@@ -6,14 +6,16 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import orjson
 import pytest
 
-from tidemesh.core.errors import InsufficientStorage, InvalidRequest, SendVetoed
+from tidemesh.core.errors import InsufficientStorage, InvalidRequest, SendVetoed, Unavailable
 from tidemesh.core.outcome import Kind, Settlement
 from tidemesh.core.send import SendRequest, parse_send_request
 from tidemesh.daemon.process.stores import open_outbox
-from tidemesh.daemon.records import SendKind, SendOutcome
+from tidemesh.daemon.records import Claimed, SendKind, SendOutcome
 from tidemesh.daemon.service.outbox import OutboxService
+from tidemesh.daemon.store import outbox as outbox_store
 
 
 @pytest.fixture
@@ -135,3 +137,95 @@ async def test_settling_takes_each_claimed_row_once_and_leaves_the_rest(
     assert [(rows[r]["status"], rows[r]["broker_message_id"]) for r in (a, b, c, pending)] == [
         ("done", "bm-a"), ("pending", None), ("done", "bm-c"), ("pending", None)]
     assert rows[a]["last_error"] is None and rows[b]["last_error"] == "TimeoutError"
+
+
+class Hand:
+    """A sender as ``OutboxService.hand`` sees it: offers ``places`` rows, takes them while
+    ``live``; what it was given and given back."""
+
+    def __init__(self, places: int = 1, live: bool = True) -> None:
+        self.places, self.live = places, live
+        self.taken: list[Claimed] = []
+        self.released = 0
+
+    def reserve(self) -> bool:
+        if self.places <= 0:
+            return False
+        self.places -= 1
+        return True
+
+    def take(self, row: Claimed) -> bool:
+        if not self.live:
+            self.release()
+            return False
+        self.taken.append(row)
+        return True
+
+    def release(self) -> None:
+        self.places += 1
+        self.released += 1
+
+
+async def test_a_lone_send_to_an_idle_sender_is_claimed_by_its_own_accept(
+        outbox: OutboxService) -> None:
+    outbox.hand = hand = Hand()
+    out = await outbox.submit(_req("hi"))
+    assert (out.kind, out.queue_status) == (SendKind.NEW, "queued"), "the caller sees a new send"
+    [row] = hand.taken
+    assert (row.id, row.client_message_id, row.attempts) == (out.row.id, "id-1", 1)
+    assert orjson.loads(row.payload)["body"] == "hi"
+    stored = await outbox.inspect(out.row.id)
+    assert (stored["status"], stored["attempts"]) == ("inflight", 1)
+    assert not outbox.accepted.is_set(), "the sender has it: no claim to wake for"
+    assert (await outbox.claim(10, 3_600_000))[0] == [], "nor is it claimed a second time"
+
+
+async def test_a_send_the_sender_has_no_room_for_waits_pending_and_wakes_it(
+        outbox: OutboxService) -> None:
+    outbox.hand = hand = Hand(places=1)
+    await outbox.submit(_req("one", "id-1"))
+    second = await outbox.submit(_req("two", "id-2"))
+    assert [r.client_message_id for r in hand.taken] == ["id-1"]
+    assert (await outbox.inspect(second.row.id))["status"] == "pending"
+    assert outbox.accepted.is_set()
+    assert [c.client_message_id for c in (await outbox.claim(10, 3_600_000))[0]] == ["id-2"]
+
+
+async def test_a_replay_gives_its_place_back(outbox: OutboxService) -> None:
+    outbox.hand = hand = Hand(places=2)
+    first = await outbox.submit(_req("hi"))
+    again = await outbox.submit(_req("hi"))
+    assert (again.kind, again.row.id) == (SendKind.REPLAY, first.row.id)
+    assert (len(hand.taken), hand.released, hand.places) == (1, 1, 1)
+
+
+async def test_a_claimed_row_no_sender_took_goes_back_to_pending(
+        outbox: OutboxService) -> None:
+    outbox.hand = Hand(live=False)   # the session ended between the reservation and the commit
+    out = await outbox.submit(_req("hi"))
+    stored = await outbox.inspect(out.row.id)
+    assert (stored["status"], stored["attempts"]) == ("pending", 0)
+    assert outbox.accepted.is_set(), "the next sender claims it"
+    [row] = (await outbox.claim(10, 3_600_000))[0]
+    assert (row.id, row.attempts) == (out.row.id, 1)
+
+
+async def test_a_row_released_and_claimed_again_is_not_unclaimed_by_a_late_accept(
+        outbox: OutboxService) -> None:
+    hand = outbox.hand = Hand()
+    out = await outbox.submit(_req("hi"))
+    assert await outbox.release_inflight() == 1   # the next session starts
+    assert [r.id for r in (await outbox.claim(10, 3_600_000))[0]] == [out.row.id]
+    assert await outbox.db.write(lambda c: outbox_store.unclaim(c, out.row.id)) is False
+    assert (await outbox.inspect(out.row.id))["status"] == "inflight"
+    assert hand.taken[0].id == out.row.id
+
+
+async def test_an_accept_that_fails_gives_its_place_back(tmp_path: Path) -> None:
+    db = await open_outbox(tmp_path / "o.db", 64)
+    service = OutboxService(db)
+    service.hand = hand = Hand()
+    await db.close()
+    with pytest.raises(Unavailable):
+        await service.submit(_req("hi"))
+    assert (hand.taken, hand.released, hand.places) == ([], 1, 1)
