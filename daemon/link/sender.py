@@ -144,8 +144,11 @@ class Sender:
                 self.outbox.hand = None
 
     def reserve(self) -> bool:
-        if (self._waiting is None or self.link.closed or self.outbox.accepted.is_set()
-                or self.inflight >= self.settings.window or self.hold.draining
+        # Only with nothing on the wire: sends that arrive together while one is on its way
+        # wait for the claim loop, which puts them in one frame (a row handed over is a
+        # frame of its own: under load every row was, and alice's sends/frame fell).
+        if (self._waiting is None or self.inflight or self.link.closed
+                or self.outbox.accepted.is_set() or self.hold.draining
                 or self.hold.until_ms / 1000 > self.clock()):
             return False
         self.inflight += 1
