@@ -41,16 +41,14 @@ Sealer = Callable[[SendRequest, str], SendRequest]  # (request, client_message_i
 Gate = Callable[[SendRequest], Awaitable[None]]
 
 
-
-
 class Hand(Protocol):
     """The sender of the live link, offering to take a lone send straight from its accept:
     the row is inserted already claimed (inflight) in the accept's own transaction, so an
     idle daemon's message costs no claim transaction of its own before it goes out."""
 
     def reserve(self) -> bool:
-        """A place on the wire for one row, if the sender waits idle with room and nothing
-        accepted before is still waiting for its claim (so the row keeps its place)."""
+        """A place on the wire for one row, if the sender waits with nothing on the wire and
+        nothing accepted before is still waiting for its claim (so the row keeps its place)."""
 
     def take(self, row: Claimed) -> bool:
         """Put the reserved row on the wire; False if the session ended meanwhile."""
