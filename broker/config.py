@@ -87,6 +87,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("clone.policy", str, "warn", "One member key from two hosts (a cloned data dir): "
             "warn (both stay, the newest gets the deliveries), refuse_new (the new hello is "
             "closed 4013 clone_suspected) or refuse_both (the other host's sessions too)."),
+    Setting("clone.quarantine_s", float, 120.0, "Under clone.policy refuse_both: a member's "
+            "key seen from two hosts is refused from every host until only one host has "
+            "presented it this long; longer than the daemons' reconnect.max_backoff_ms."),
     Setting("watchdog.stall_s", float, 5.0, "An event loop that does not turn for this long is "
             "a stall: every thread's stack is logged once, and /healthz answers 503 stalled."),
     Setting("watchdog.exit_after_s", float, 60.0, "A stall this long ends the broker with exit "
@@ -135,6 +138,7 @@ class BrokerSettings:
     cluster_heartbeat_s: float
     cluster_session_expiry_s: float
     clone_policy: str
+    clone_quarantine_s: float
     watchdog_stall_s: float
     watchdog_exit_after_s: float
     shutdown_grace_s: float
@@ -209,8 +213,7 @@ def _validate(s: BrokerSettings) -> None:
     if s.limits_profile_rate <= 0 or s.limits_profile_burst < 1:
         raise ConfigError("limits.profile_rate must be > 0 and limits.profile_burst >= 1",
                           field="limits.profile_rate")
-    if s.clone_policy not in CLONE_POLICIES:
-        raise ConfigError(f"clone.policy must be one of {CLONE_POLICIES}", field="clone.policy")
+    _validate_clone(s)
     _validate_server(s)
     if s.limits_member_burst < 1:
         raise ConfigError("limits.member_burst must be >= 1", field="limits.member_burst")
@@ -219,6 +222,13 @@ def _validate(s: BrokerSettings) -> None:
         s.host_port  # noqa: B018
     except ValueError as exc:
         raise ConfigError("broker.listen must be HOST:PORT", field="broker.listen") from exc
+
+
+def _validate_clone(s: BrokerSettings) -> None:
+    if s.clone_policy not in CLONE_POLICIES:
+        raise ConfigError(f"clone.policy must be one of {CLONE_POLICIES}", field="clone.policy")
+    if s.clone_quarantine_s <= 0:
+        raise ConfigError("clone.quarantine_s must be > 0", field="clone.quarantine_s")
 
 
 def _validate_server(s: BrokerSettings) -> None:

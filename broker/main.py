@@ -135,6 +135,7 @@ async def _run(settings: BrokerSettings, url: str, stop: asyncio.Event,
                             profile_rate=Rate(settings.limits_profile_rate,
                                               settings.limits_profile_burst),
                             clone_policy=ClonePolicy(settings.clone_policy),
+                            clone_quarantine_s=settings.clone_quarantine_s,
                             file_limits=FileLimits(settings.files_max_bytes,
                                                    settings.files_member_quota_bytes,
                                                    settings.files_retention_days * 86_400_000))

@@ -48,7 +48,7 @@ class BrokerService:
                  stall_window_hours: int = 24, member_rate: Rate = UNLIMITED,
                  cluster: Cluster | SingleBroker | None = None,
                  session_expiry_s: float = 15.0, profile_rate: Rate = PROFILE_RATE,
-                 clone_policy: ClonePolicy = ClonePolicy.WARN,
+                 clone_policy: ClonePolicy = ClonePolicy.WARN, clone_quarantine_s: float = 120.0,
                  file_limits: FileLimits = FILE_LIMITS) -> None:
         self.store = store
         self.limits = limits
@@ -62,7 +62,8 @@ class BrokerService:
         self.connections.resync_failed = self.metrics.background_errors.labels(
             task="presence_resync", kind="transient").inc
         self.auth = Auth(store, self.metrics, self.connections)
-        self.clones = Clones(clone_policy, self.connections, self.metrics, self.peering)
+        self.clones = Clones(clone_policy, self.connections, self.metrics, self.peering,
+                             quarantine_s=clone_quarantine_s)
         self.limiter = Limiter(member_rate, store)
         self.sends = Sends(store, limits, self.metrics, self.connections, self.limiter)
         self.deliveries = Deliveries(store, self.metrics, self.connections)

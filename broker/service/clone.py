@@ -11,11 +11,16 @@ daemon that sent no mark (an older daemon) is never judged. ``clone.policy`` dec
   when the newest ends, the newest remaining one takes the deliveries over.
 - ``refuse_new``: the new hello is closed 4013 ``clone_suspected``; the live session stays.
 - ``refuse_both``: the new hello and the live sessions of the other host are closed 4013.
+  The member's key is then quarantined here while two hosts keep presenting it: each hello
+  is refused, whichever host it comes from, until only one host has been seen in the last
+  ``clone.quarantine_s`` (``Sightings``). Without it the two would take turns: whichever
+  retried first while the other was backing off would be let in, and refused at the next
+  turn, so neither could say steadily that it is a clone.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING
@@ -51,10 +56,12 @@ class CloneVerdict:
 NOT_SUSPECTED = CloneVerdict(False)
 
 
-def judge(policy: ClonePolicy, new_host: str | None,
-          live_hosts: Iterable[str | None]) -> CloneVerdict:
-    """What to do with a new session marked ``new_host`` beside the member's live ones."""
-    if new_host is None or not any(h is not None and h != new_host for h in live_hosts):
+def judge(policy: ClonePolicy, new_host: str | None, live_hosts: Iterable[str | None],
+          recent_hosts: Iterable[str] = ()) -> CloneVerdict:
+    """What to do with a new session marked ``new_host`` beside the member's live ones;
+    under ``refuse_both`` the hosts of its quarantine (``recent_hosts``) count as live."""
+    hosts = [*live_hosts, *recent_hosts] if policy is ClonePolicy.REFUSE_BOTH else live_hosts
+    if new_host is None or not any(h is not None and h != new_host for h in hosts):
         return NOT_SUSPECTED
     if policy is ClonePolicy.REFUSE_NEW:
         return CloneVerdict(True, refuse_new=True)
@@ -63,14 +70,51 @@ def judge(policy: ClonePolicy, new_host: str | None,
     return CloneVerdict(True, mute_live=True)
 
 
+class Sightings:
+    """The hosts each quarantined member's key was seen from, and when (``refuse_both``).
+
+    A member is quarantined once judged a clone; every marked hello of it then counts as a
+    sighting of its host. Only hosts seen in the last ``window_ms`` count, and only the host
+    actually seen is refreshed: when one copy stops (re-minted, shut down), its sightings age
+    out and the other is let in again; a member with one recent host left is forgotten."""
+
+    def __init__(self, window_ms: int) -> None:
+        self.window_ms = window_ms
+        self._seen: dict[tuple[str, str], dict[str, int]] = {}
+
+    def recent(self, key: tuple[str, str], now: int) -> list[str]:
+        hosts = self._seen.get(key)
+        if hosts is None:
+            return []
+        for host, at in list(hosts.items()):
+            if now - at > self.window_ms:
+                del hosts[host]
+        if len(hosts) < 2:
+            del self._seen[key]
+            return []
+        return list(hosts)
+
+    def saw(self, key: tuple[str, str], hosts: Iterable[str | None], now: int) -> None:
+        seen = self._seen.setdefault(key, {})
+        for host in hosts:
+            if host is not None:
+                seen[host] = now
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+
 def is_other_host(new_host: str | None, live_host: str | None) -> bool:
     return new_host is not None and live_host is not None and live_host != new_host
 
 
 class Clones:
     def __init__(self, policy: ClonePolicy, connections: Connections, metrics: Metrics,
-                 peering: Peering) -> None:
+                 peering: Peering, *, quarantine_s: float = 120.0,
+                 clock: Callable[[], int] = now_ms) -> None:
         self.policy = policy
+        self.sightings = Sightings(int(quarantine_s * 1000))
+        self.clock = clock
         self.connections = connections
         self.metrics = metrics
         self.peering = peering
@@ -81,14 +125,21 @@ class Clones:
         live = list(self.connections.conns.get((mesh_id, pubkey), ()))
         # With several brokers, the member's session may be held by another one.
         remote = await self.peering.remote_session(mesh_id, pubkey) if host else None
-        verdict = judge(self.policy, host, [*(c.host for c in live),
-                                            remote.host if remote else None])
+        live_hosts = [*(c.host for c in live), remote.host if remote else None]
+        now = self.clock()
+        recent = (self.sightings.recent((mesh_id, pubkey), now)
+                  if self.policy is ClonePolicy.REFUSE_BOTH else [])
+        verdict = judge(self.policy, host, live_hosts, recent)
         if not verdict.suspected:
             return verdict
+        if self.policy is ClonePolicy.REFUSE_BOTH:
+            # Only the hosts seen now are refreshed (see Sightings).
+            self.sightings.saw((mesh_id, pubkey), [host, *live_hosts], now)
         others = [c for c in live if is_other_host(host, c.host)]
         self.metrics.clones.labels(policy=self.policy.value).inc()
         log.warning("member_clone_suspected", mesh_id=mesh_id, pubkey=pubkey,
                     policy=self.policy.value, live_sessions=[c.session_id for c in others],
+                    quarantined_hosts=len(recent),
                     other_broker=remote.broker_id if remote is not None
                     and is_other_host(host, remote.host) else None,
                     hint="two hosts present this member's key with different host "

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from tidemesh.broker.service.clone import NOT_SUSPECTED, ClonePolicy, CloneVerdict, judge
+from tidemesh.broker.service.clone import (
+    NOT_SUSPECTED,
+    ClonePolicy,
+    CloneVerdict,
+    Sightings,
+    judge,
+)
 from tidemesh.broker.service.connections import Connections
 from tidemesh.core import handshake
 
@@ -23,6 +29,32 @@ def test_another_host_is_judged_by_the_policy() -> None:
                                                                               refuse_new=True)
     assert judge(ClonePolicy.REFUSE_BOTH, "h2", ["h2", "h1"]) == CloneVerdict(
         True, refuse_new=True, close_live=True)
+
+
+def test_only_refuse_both_counts_the_quarantines_hosts_as_live() -> None:
+    both = CloneVerdict(True, refuse_new=True, close_live=True)
+    # Neither twin is connected now: each is refused while the other was seen lately.
+    assert judge(ClonePolicy.REFUSE_BOTH, "h1", [], ["h1", "h2"]) == both
+    assert judge(ClonePolicy.REFUSE_BOTH, "h2", [None], ["h1", "h2"]) == both
+    assert judge(ClonePolicy.REFUSE_BOTH, "h1", [], ["h1"]) == NOT_SUSPECTED
+    for policy in (ClonePolicy.WARN, ClonePolicy.REFUSE_NEW):
+        assert judge(policy, "h1", [], ["h1", "h2"]) == NOT_SUSPECTED
+
+
+def test_a_quarantine_holds_while_two_hosts_keep_coming_and_ends_when_one_stops() -> None:
+    key = ("m", "k")
+    seen = Sightings(window_ms=1000)
+    assert seen.recent(key, 0) == []
+    seen.saw(key, ["h2", "h1", None], 0)
+    # Both retry within the window: both stay in, each refreshing only itself.
+    for t, host in ((400, "h2"), (800, "h1"), (1200, "h2"), (1600, "h1")):
+        assert sorted(seen.recent(key, t)) == ["h1", "h2"]
+        seen.saw(key, [host], t)
+    # h2 stops (say it was re-minted): once its last sighting is a window old, h1 is let in
+    # and the member is forgotten.
+    assert sorted(seen.recent(key, 2200)) == ["h1", "h2"]
+    assert seen.recent(key, 2201) == []
+    assert len(seen) == 0
 
 
 def test_the_host_mark_depends_on_key_and_host_only() -> None:

@@ -142,9 +142,19 @@ async def test_clone_is_noticed_and_the_policy_decides(policy_mesh: Mesh,
         assert await _daemon_metric(b, "cm_daemon_clone_suspected_total") >= 2
         assert _closes(a, 4013) == 0 and _closes(a, 4011) == 0
     else:
-        # refuse_both: the live session of the other host is closed with the same reason.
+        # refuse_both: the live session of the other host is closed with the same reason,
+        # and the key stays quarantined: a's reconnects are refused too, and neither twin
+        # gets in while the other keeps trying (they took turns before).
         await wait_for(lambda: _closes(a, 4013) >= 1)
+        await wait_for(lambda: _events(a, "clone_suspected"))
+        for n in (2, 3):
+            for d in (a, b):
+                await wait_for(lambda d=d, n=n: d.log.read_text().count(  # type: ignore[misc]
+                    '"event": "clone_suspected"') >= n)
+                health = await _health(d)
+                assert health["connected"] is False and health["clone_suspected"] is True
         assert a.proc.poll() is None and b.proc.poll() is None
+        assert len(_events(a, "clone_suspected")) == 1 and len(_events(b, "clone_suspected")) == 1
 
 
 async def _has_body(d: RunningDaemon, body: str) -> bool:
