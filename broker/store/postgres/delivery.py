@@ -79,10 +79,20 @@ class Delivery(PostgresBase):
             return set(), await _pages_on(pool, pages)
 
         async def run() -> tuple[set[Key], list[list[DeliveryRow]]]:
+            # The plans are worked out once, in the write's ask for content (at 1,000
+            # members, 1,000 pages' seqs expanded), and serve the pages' read after it.
+            known: dict[str, dict[int, list[Slot]]] = {}
+
+            def content_for(handed: Mapping[Key, Handed]) -> list[tuple[str, str, int]]:
+                known["plans"] = _handed_plans(pages, handed)
+                return _entry_keys(pages, known["plans"])
+
             async with pool.acquire() as conn, conn.transaction():
                 given = await hand_out_on(conn, lagging, now_ms, lock_all=True,
-                                          content_for=lambda h: _entry_keys(pages, h))
-                return given.more, await _pages_on(conn, pages, given.handed, given.content)
+                                          content_for=content_for)
+                plans = (known["plans"] if "plans" in known
+                         else _handed_plans(pages, given.handed))
+                return given.more, await _pages_on(conn, pages, plans, given.content)
 
         return await _again_after_deadlock(run)
 
@@ -168,17 +178,18 @@ def _handed_plans(asks: Sequence[Page], handed: Mapping[Key, Handed] | None
     return plans
 
 
-def _entry_keys(asks: Sequence[Page], handed: Mapping[Key, Handed]
+def _entry_keys(asks: Sequence[Page], plans: Mapping[int, list[Slot]]
                 ) -> list[tuple[str, str, int]]:
-    """The logged entries the pages ``_handed_plans`` knows will hold, each once."""
+    """The logged entries the pages of ``plans`` (``_handed_plans``) will hold, each once."""
     keys: dict[tuple[str, str, int], None] = {}
-    for i, plan in _handed_plans(asks, handed).items():
+    for i, plan in plans.items():
         for slot in plan:
             keys[(asks[i][0], slot[1], slot[2])] = None
     return list(keys)
 
 
-async def _pages_on(db: Any, asks: Sequence[Page], handed: dict[Key, Handed] | None = None,
+async def _pages_on(db: Any, asks: Sequence[Page],
+                    handed_plans: Mapping[int, list[Slot]] | None = None,
                     content: Mapping[tuple[str, str, int], Any] | None = None
                     ) -> list[list[DeliveryRow]]:
     """The pages of many pumps on ``db`` (a pool or a connection), each message's content
@@ -188,8 +199,9 @@ async def _pages_on(db: Any, asks: Sequence[Page], handed: dict[Key, Handed] | N
     (``Handed.whole``: a lone topic message to N connected members, the usual wake-up)
     knows them from that hand-out's spans; the others read their window (rows and spans,
     no content). Then the content of all the pages at once, but for what the hand-out's write
-    read already (``content``). A lone page is one query."""
-    plans = _handed_plans(asks, handed)
+    read already (``content``). A lone page is one query. ``handed_plans``: the hand-out's
+    (``_handed_plans``)."""
+    plans = dict(handed_plans or {})
     windows = [(i, a) for i, a in enumerate(asks) if i not in plans]
     if len(asks) == 1 and windows:
         return [[DeliveryRow.of_record(r) for r in await db.fetch(DELIVERIES_SQL, *asks[0])]]
