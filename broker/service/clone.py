@@ -115,9 +115,17 @@ class Clones:
         self.policy = policy
         self.sightings = Sightings(int(quarantine_s * 1000))
         self.clock = clock
+        peering.clone_seen = self.seen_elsewhere
         self.connections = connections
         self.metrics = metrics
         self.peering = peering
+
+    def seen_elsewhere(self, mesh_id: str, pubkey: str, hosts: list[str]) -> None:
+        """Another broker judged these hosts' sessions of the member clones and had this one
+        close its own (refuse_both): the key is quarantined here too, or the host closed
+        here would be let straight back in."""
+        if self.policy is ClonePolicy.REFUSE_BOTH:
+            self.sightings.saw((mesh_id, pubkey), hosts, self.clock())
 
     async def check(self, mesh_id: str, pubkey: str, host: str | None) -> CloneVerdict:
         """Judge a new, authenticated session of this member marked ``host``, and act on the
@@ -154,7 +162,7 @@ class Clones:
             await c.peer.send_frame({"type": "clone_suspected", "mesh_id": mesh_id,
                                      "pubkey": pubkey, "policy": self.policy.value,
                                      "receives_deliveries": not c.muted, "at": now_ms()})
-        if remote is not None and is_other_host(host, remote.host):
+        if remote is not None and host is not None and is_other_host(host, remote.host):
             # Its sessions are not muted: across brokers both hosts receive the deliveries.
-            await self.peering.act_on_clone(remote, verdict.close_live, self.policy.value)
+            await self.peering.act_on_clone(remote, host, verdict.close_live, self.policy.value)
         return verdict

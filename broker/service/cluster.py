@@ -41,6 +41,8 @@ class Peering:
         self.single = isinstance(cluster, SingleBroker)
         self.unreleased: list[Conn] = []
         self.cluster: Cluster | SingleBroker = cluster
+        # Set by service/clone.py: another broker closed a clone's sessions here (refuse_both).
+        self.clone_seen: Callable[[str, str, list[str]], None] = lambda m, p, hosts: None
         if not isinstance(cluster, SingleBroker):
             self.shared: Cluster = cluster
             connections.elsewhere = self
@@ -141,15 +143,19 @@ class Peering:
         row = await self.shared.session_of(mesh_id, pubkey, now_ms() - self.expiry_ms)
         return None if row is None or row.broker_id == self.shared.broker_id else row
 
-    async def act_on_clone(self, row: SessionRow, close: bool, policy: str) -> None:
+    async def act_on_clone(self, row: SessionRow, new_host: str, close: bool,
+                           policy: str) -> None:
         if row.host is not None:
             await self.shared.publish_clone(row.broker_id, row.mesh_id, row.pubkey, row.host,
-                                            close, policy)
+                                            new_host, close, policy)
 
-    async def on_clone(self, mesh_id: str, pubkey: str, host: str, close: bool,
-                       policy: str) -> None:
-        """Another broker judged a new session of this member a clone of ours from ``host``:
-        close those sessions (refuse_both) or tell them (they keep their deliveries)."""
+    async def on_clone(self, mesh_id: str, pubkey: str, host: str, new_host: str | None,
+                       close: bool, policy: str) -> None:
+        """Another broker judged a new session of this member (from ``new_host``) a clone of
+        ours from ``host``: close those sessions (refuse_both, and the key is quarantined
+        here too: ``clone_seen``) or tell them (they keep their deliveries)."""
+        if close and new_host is not None:
+            self.clone_seen(mesh_id, pubkey, [host, new_host])
         for c in list(self.connections.conns.get((mesh_id, pubkey), ())):
             if c.host != host:
                 continue

@@ -40,8 +40,8 @@ class ClusterEvents(Protocol):
 
     async def on_revoked(self, mesh_id: str, pubkey: str) -> None: ...
 
-    async def on_clone(self, mesh_id: str, pubkey: str, host: str, close: bool,
-                       policy: str) -> None: ...
+    async def on_clone(self, mesh_id: str, pubkey: str, host: str, new_host: str | None,
+                       close: bool, policy: str) -> None: ...
 
 
 class Cluster(Protocol):
@@ -63,8 +63,9 @@ class Cluster(Protocol):
         ...
 
     async def publish_clone(self, broker_id: str, mesh_id: str, pubkey: str, host: str,
-                            close: bool, policy: str) -> None:
-        """Ask ``broker_id`` to close (else tell) its sessions of this member from ``host``."""
+                            new_host: str, close: bool, policy: str) -> None:
+        """Ask ``broker_id`` to close (else tell) its sessions of this member from ``host``;
+        ``new_host`` is the mark of the hello judged a clone of them."""
         ...
 
     async def session_of(self, mesh_id: str, pubkey: str, alive_after: int) -> SessionRow | None:

@@ -197,8 +197,12 @@ async def test_clones_on_two_brokers_do_not_take_the_session_from_each_other(
         await wait_for(lambda: _events(b, "clone_suspected"))
         assert _broker_metric(y, "cm_broker_clone_suspected_total") >= 1
         if policy == "refuse_both":
-            # y asks x, over NOTIFY, to close a's session with the same reason.
+            # y asks x, over NOTIFY, to close a's session with the same reason, and x
+            # quarantines the key too: a is refused when it comes back, instead of getting
+            # straight back in until b's next retry closes it again.
             await wait_for(lambda: _closes(a, 4013) >= 1)
+            await wait_for(lambda: _events(a, "clone_suspected"))
+            assert (await _health(a))["connected"] is False
             assert a.proc.poll() is None and b.proc.poll() is None
             return
         await wait_for(lambda: _events(a, "clone_suspected"))   # told across the brokers

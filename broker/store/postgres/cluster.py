@@ -153,9 +153,10 @@ class PostgresCluster:
         return None if row is None else _session(row)
 
     async def publish_clone(self, broker_id: str, mesh_id: str, pubkey: str, host: str,
-                            close: bool, policy: str) -> None:
+                            new_host: str, close: bool, policy: str) -> None:
         await self._notify(SESSION_CHANNEL, {"b": broker_id, "m": mesh_id, "p": pubkey,
-                                             "h": host, "clone": "close" if close else "tell",
+                                             "h": host, "n": new_host,
+                                             "clone": "close" if close else "tell",
                                              "policy": policy})
 
     async def save_profile(self, mesh_id: str, pubkey: str, profile: str) -> None:
@@ -254,8 +255,12 @@ class PostgresCluster:
                 if message["b"] != self.broker_id:  # only the holder acts on its session
                     return
                 if "clone" in message:
+                    # "n" is absent from a broker of an earlier version.
+                    new_host = message.get("n")
                     self._spawn(events.on_clone(str(message["m"]), str(message["p"]),
-                                                str(message["h"]), message["clone"] == "close",
+                                                str(message["h"]),
+                                                None if new_host is None else str(new_host),
+                                                message["clone"] == "close",
                                                 str(message["policy"])))
                 else:
                     self._spawn(events.on_taken_over(str(message["m"]), str(message["p"]),
