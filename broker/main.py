@@ -31,7 +31,7 @@ from tidemesh.broker.service.clone import ClonePolicy
 from tidemesh.broker.store import open_cluster, open_store, sqlite_file
 from tidemesh.broker.store.base import Store
 from tidemesh.broker.store.files import FileLimits
-from tidemesh.core import tracing
+from tidemesh.core import collector, tracing
 from tidemesh.core.errors import InvalidRequest, TidemeshError
 from tidemesh.core.exitcodes import Exit
 from tidemesh.core.ids import new_ulid
@@ -218,6 +218,7 @@ def up(settings: BrokerSettings) -> None:
                     settings.metrics_otel_export_delay_ms)
 
     record = running.record_path(os.environ)
+    collector.tune_for_server()
 
     def ready(port: int) -> None:
         host = settings.host_port[0]
