@@ -108,6 +108,36 @@ async def test_a_snapshot_names_the_last_flush_and_the_next_batches_come_numbere
     assert "connections" not in single.told[0]
 
 
+async def test_newcomers_between_two_flushes_share_one_read_of_the_registry() -> None:
+    """The snapshots made between two flushes share one read of who is present: each holds
+    its own member too (even hidden), and who came or went since is in the next batch."""
+    conns = Connections(presence_window_s=3600)
+    early, _ = conns.register(Listener(), "m1", "bob")
+    await conns.announce(early, "peer_join")
+    conns.flush()
+    first, _ = conns.register(Listener(), "m1", "dave")
+    await conns.announce(first, "peer_join")
+    [a] = [json.loads(t) for t in await conns.snapshot(first)]
+    assert [p["pubkey"] for p in a["peers"]] == ["bob", "dave"]
+    # Between the same flushes: carol comes (hidden) and bob leaves. Her snapshot is the
+    # shared read plus herself, in pubkey order; bob's leave and carol's absence from dave's
+    # view are what the next batch tells.
+    second, _ = conns.register(Listener(), "m1", "carol")
+    await conns.set_profile(second, {"id": "r1", "profile": {"visible": False}})
+    conns.unregister(early)
+    await conns.announce(early, "peer_leave")
+    [b] = [json.loads(t) for t in await conns.snapshot(second)]
+    assert b["seq"] == a["seq"] == conns.seq
+    assert [p["pubkey"] for p in b["peers"]] == ["bob", "carol", "dave"]
+    assert [p["pubkey"] for p in (await conns.peers(first, {"id": "p"}))["peers"]] == ["dave"]
+    # After the flush the next newcomer reads again: bob gone, hidden carol not shown.
+    conns.flush()
+    third, _ = conns.register(Listener(), "m1", "erin")
+    [c] = [json.loads(t) for t in await conns.snapshot(third)]
+    assert c["seq"] == conns.seq == a["seq"] + 1
+    assert [p["pubkey"] for p in c["peers"]] == ["dave", "erin"]
+
+
 async def test_an_update_folds_into_a_pending_join_and_a_leave_swallows_it() -> None:
     conns = Connections(presence_window_s=3600)
     plain = Listener()
