@@ -135,8 +135,8 @@ class Clones:
         remote = await self.peering.remote_session(mesh_id, pubkey) if host else None
         live_hosts = [*(c.host for c in live), remote.host if remote else None]
         now = self.clock()
-        recent = (self.sightings.recent((mesh_id, pubkey), now)
-                  if self.policy is ClonePolicy.REFUSE_BOTH else [])
+        # Only refuse_both fills the sightings, and only it counts them (judge).
+        recent = self.sightings.recent((mesh_id, pubkey), now)
         verdict = judge(self.policy, host, live_hosts, recent)
         if not verdict.suspected:
             return verdict

@@ -346,7 +346,7 @@ class Connections:
                            ) -> tuple[int, list[str], list[str]]:
         """The visible members of the mesh, this broker's read at once (nothing awaited
         between the last flush's number and the read), the other brokers' after."""
-        entries = [(key[1], self._entry(key)[1]) for key, conns in list(self.conns.items())
+        entries = [(key[1], self._entry(key)[1]) for key, conns in self.conns.items()
                    if key[0] == mesh_id and conns and not self._hidden(key)]
         if self.elsewhere is not None:
             local = {pubkey for pubkey, _ in entries}

@@ -149,7 +149,7 @@ async def test_clone_is_noticed_and_the_policy_decides(policy_mesh: Mesh,
         await wait_for(lambda: _events(a, "clone_suspected"))
         for n in (2, 3):
             for d in (a, b):
-                await wait_for(lambda d=d, n=n: d.log.read_text().count(  # type: ignore[misc]
+                await wait_for(lambda d=d, n=n: d.log.read_text().count(
                     '"event": "clone_suspected"') >= n)
                 health = await _health(d)
                 assert health["connected"] is False and health["clone_suspected"] is True

@@ -81,17 +81,18 @@ class Delivery(PostgresBase):
         async def run() -> tuple[set[Key], list[list[DeliveryRow]]]:
             # The plans are worked out once, in the write's ask for content (at 1,000
             # members, 1,000 pages' seqs expanded), and serve the pages' read after it.
-            known: dict[str, dict[int, list[Slot]]] = {}
+            plans: dict[int, list[Slot]] | None = None
 
             def content_for(handed: Mapping[Key, Handed]) -> list[tuple[str, str, int]]:
-                known["plans"] = _handed_plans(pages, handed)
-                return _entry_keys(pages, known["plans"])
+                nonlocal plans
+                plans = _handed_plans(pages, handed)
+                return _entry_keys(pages, plans)
 
             async with pool.acquire() as conn, conn.transaction():
                 given = await hand_out_on(conn, lagging, now_ms, lock_all=True,
                                           content_for=content_for)
-                plans = (known["plans"] if "plans" in known
-                         else _handed_plans(pages, given.handed))
+                if plans is None:   # the hand-out gave nothing, so it asked for nothing
+                    plans = _handed_plans(pages, given.handed)
                 return given.more, await _pages_on(conn, pages, plans, given.content)
 
         return await _again_after_deadlock(run)
