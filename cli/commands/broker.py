@@ -33,7 +33,7 @@ from tidemesh.core.errors import Conflict, InvalidRequest, NotFound, TidemeshErr
 from tidemesh.core.exitcodes import Exit
 from tidemesh.core.paths import DaemonPaths
 from tidemesh.daemon import admin as admin_daemon
-from tidemesh.daemon.admin import AlreadyRunning, LinkError, join
+from tidemesh.daemon.admin import AlreadyRunning
 
 T = TypeVar("T")
 
@@ -294,8 +294,8 @@ def join_cmd(invite: str, mesh: str | None, display_name: str | None,
         local = mesh or parsed.mesh
         paths = paths_for(local)
         ephemeral = _ephemeral_join(paths, persistent)
-        joined = asyncio.run(join(invite, paths, local, display_name, broker_urls, move_aside,
-                                  ephemeral=ephemeral, remint=remint))
+        joined = asyncio.run(admin_daemon.join(invite, paths, local, display_name, broker_urls,
+                                               move_aside, ephemeral=ephemeral, remint=remint))
     except TidemeshError as exc:
         fail(exc, as_json)
     except AlreadyRunning as exc:
@@ -303,7 +303,7 @@ def join_cmd(invite: str, mesh: str | None, display_name: str | None,
                       "--move-aside, --remint and an ephemeral join change no files under a "
                       "running daemon"),
              as_json, Exit.ALREADY_RUNNING)
-    except LinkError as exc:
+    except admin_daemon.LinkError as exc:
         code = Exit.REJECTED if not exc.retryable else Exit.FAILURE
         if as_json:
             # The broker's close reason (invite_used_up, member_revoked …) is the code.

@@ -20,7 +20,8 @@ from tidemesh.core.errors import TidemeshError
 from tidemesh.core.exitcodes import Exit
 from tidemesh.core.ids import client_message_id_problem
 from tidemesh.core.send import Destination
-from tidemesh.daemon.admin import AlreadyRunning, coldpath
+from tidemesh.daemon import admin
+from tidemesh.daemon.admin import AlreadyRunning
 
 PROBE_TIMEOUT_S = 0.5
 # How long a send waits for the holder of the mesh's lock: a daemon to answer, or another
@@ -167,7 +168,7 @@ def _deliver(mesh: str, req: dict[str, Any], client_id: str | None) -> tuple[Any
             raise   # no cold path without a joined mesh: the daemon's versions are the news
         click.echo(f"{exc.message}; trying the cold path", err=True)
         try:
-            return coldpath.send(mesh, req, client_id, os.environ), "cold"
+            return admin.coldpath.send(mesh, req, client_id, os.environ), "cold"
         except AlreadyRunning as held:
             raise IncompatibleDaemon(
                 f"{exc.message}, and the cold path does not run while that daemon (pid "
@@ -192,7 +193,7 @@ def _cold(mesh: str, req: dict[str, Any], client_id: str | None) -> tuple[Any, s
     deadline = time.monotonic() + HOLDER_WAIT_S
     while True:
         try:
-            return coldpath.send(mesh, req, client_id, os.environ), "cold"
+            return admin.coldpath.send(mesh, req, client_id, os.environ), "cold"
         except AlreadyRunning as held:
             pid = held.pid
         try:

@@ -39,3 +39,20 @@ def test_version_loads_no_daemon_broker_or_network_code() -> None:
 @pytest.mark.parametrize("args", [("daemon", "status"), ("daemon", "ps")])
 def test_looking_at_a_stopped_daemon_loads_no_daemon_internals(args: tuple[str, ...]) -> None:
     assert _imports(*args, *(["--mesh", "nosuch"] if args[1] == "status" else []))["heavy"] == []
+
+
+def test_a_send_loads_the_cold_path_only_when_it_takes_it() -> None:
+    # `send` to a running daemon is one IPC call; the cold path (the WebSocket link, the
+    # pre-send hook, the stores) is for when no daemon answers. Its options are enough to
+    # show what the command module itself imports.
+    heavy = _imports("send", "--help")["heavy"]
+    assert isinstance(heavy, list)
+    assert not [m for m in heavy if m.startswith(("tidemesh.daemon.offline.coldpath",
+                                                   "tidemesh.daemon.link", "websockets"))]
+
+
+def test_broker_admin_commands_load_no_daemon_link() -> None:
+    # `daemon join` lives in the same command module; only it dials a broker.
+    heavy = _imports("broker", "invite", "--help")["heavy"]
+    assert isinstance(heavy, list)
+    assert not [m for m in heavy if m.startswith("tidemesh.daemon.link")]
