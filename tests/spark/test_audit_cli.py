@@ -14,8 +14,11 @@ from tests.conftest import unavailable
 from tests.spark.broker_stores import DAY, TTL_DAYS, WATERMARK, Damage, fill
 
 TIDEMESH = [sys.executable, "-m", "tidemesh"]
+# One Spark run in its own JVM took 55-65 s with the suite's three workers on two cores
+# (15-20 s alone); a test here makes up to two.
+SPARK_RUN_S = 200
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(2 * SPARK_RUN_S + 60)]
 
 # No sends older than the dedupe retention: these runs use the real clock, which is earlier
 # than the fixed one of the fill, so an expired dedupe row would look young to them.
@@ -30,7 +33,7 @@ def test_audit_orphans_cli_exits_11_and_writes_report(tmp_path: Path) -> None:
         [*TIDEMESH, "audit", "orphans", "--store", url, "--out", str(out),
          "--master", "local[2]", "--watermark-ms", str(WATERMARK),
          "--dedupe-retention-days", str(TTL_DAYS)],
-        capture_output=True, text=True, timeout=100, check=False,
+        capture_output=True, text=True, timeout=SPARK_RUN_S, check=False,
         env={**os.environ, "TIDEMESH_AUDIT_PARTITIONS": "2"},
     )
     assert proc.returncode == 11, proc.stderr[-3000:]
@@ -73,7 +76,7 @@ def test_orphan_audit_job_runs_under_spark_submit(tmp_path: Path) -> None:
         [str(submit), "--master", "local[2]", "--jars", jar, str(job), "--store", url,
          "--out", str(tmp_path / "out"), "--watermark-ms", str(WATERMARK),
          "--dedupe-retention-days", str(TTL_DAYS)],
-        capture_output=True, text=True, timeout=100, check=False,
+        capture_output=True, text=True, timeout=SPARK_RUN_S, check=False,
         env={**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"},
     )
     assert proc.returncode == 11, proc.stderr[-3000:]
@@ -96,7 +99,7 @@ def test_audit_orphans_cli_failure_exits_1_without_leaking_password(tmp_path: Pa
         [*TIDEMESH, "audit", "orphans", "--store",
          "postgresql://audit:s3cret-pw@127.0.0.1:9/nowhere", "--out", str(tmp_path),
          "--master", "local[1]"],
-        capture_output=True, text=True, timeout=100, check=False,
+        capture_output=True, text=True, timeout=SPARK_RUN_S, check=False,
         env={**os.environ, "TIDEMESH_AUDIT_LOG_FORMAT": "json"},
     )
     assert proc.returncode == 1, proc.stderr[-3000:]
@@ -109,7 +112,8 @@ def test_audit_orphans_cli_failure_exits_1_without_leaking_password(tmp_path: Pa
 
 def _audit(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*TIDEMESH, "audit", "orphans", *args], capture_output=True,
-                          text=True, timeout=100, check=False, env={**os.environ, **(env or {})})
+                          text=True, timeout=SPARK_RUN_S, check=False,
+                          env={**os.environ, **(env or {})})
 
 
 def test_a_missing_jdbc_driver_is_one_line_naming_the_package(tmp_path: Path) -> None:
