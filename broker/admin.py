@@ -1,14 +1,25 @@
-"""Operator actions on the store (the CLI's cold path): meshes, invites, members, topics."""
+"""Operator actions on the store (the CLI's cold path): the settings, opening the store,
+meshes, invites, members, topics. The server is ``broker.main``'s, loaded only to serve."""
 
 from __future__ import annotations
 
+import os
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from tidemesh.broker import config as settings
 from tidemesh.broker import running
-from tidemesh.broker.config import BrokerSettings, broker_home
+from tidemesh.broker.config import (
+    BrokerSettings,
+    broker_home,
+    config_file,
+    load,
+    read_file,
+    store_url,
+)
+from tidemesh.broker.store import open_store
 from tidemesh.broker.store.base import SQLITE_MIGRATIONS, Member, Mesh, MeshLimits, Store
 from tidemesh.core.errors import InvalidRequest, NotFound
 from tidemesh.core.invite import (
@@ -26,8 +37,38 @@ __all__ = ["SQLITE_MIGRATIONS", "BrokerSettings", "SchemaBehind", "SchemaTooNew"
            "broker_home", "running", "settings"]
 
 
+T = TypeVar("T")
+
+
 def now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def settings_from(flags: Mapping[str, Any], environ: Mapping[str, str] | None = None
+                  ) -> BrokerSettings:
+    env = os.environ if environ is None else environ
+    settings, _ = load(read_file(config_file(env)), env, flags)
+    return settings
+
+
+async def with_store(settings: BrokerSettings, fn: Callable[[Store], Awaitable[T]],
+                     environ: Mapping[str, str] | None = None) -> T:
+    """Open the configured store (migrating it forward), run ``fn``, close it."""
+    env = os.environ if environ is None else environ
+    store = await open_store(store_url(settings, env), pool_size=2)
+    try:
+        return await fn(store)
+    finally:
+        await store.close()
+
+
+def public_url(settings: BrokerSettings) -> str:
+    return served_url(settings, settings.host_port[1])
+
+
+def served_url(settings: BrokerSettings, port: int) -> str:
+    """``broker.public_url`` if set, else the address listened on (``port`` once bound)."""
+    return settings.broker_public_url or f"ws://{settings.host_port[0]}:{port}"
 
 
 async def mesh_by_name(store: Store, name: str) -> Mesh:

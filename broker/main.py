@@ -13,7 +13,7 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
 
 import structlog
@@ -24,7 +24,7 @@ from tidemesh.broker import admin, running
 from tidemesh.broker import log as broker_log
 from tidemesh.broker.accept import Limits
 from tidemesh.broker.background import Jobs
-from tidemesh.broker.config import BrokerSettings, config_file, load, read_file, store_url
+from tidemesh.broker.config import BrokerSettings, store_url
 from tidemesh.broker.server import BrokerServer
 from tidemesh.broker.service import BrokerService
 from tidemesh.broker.service.clone import ClonePolicy
@@ -42,33 +42,6 @@ from tidemesh.storage.sqlite import share_gil_with_writers
 
 T = TypeVar("T")
 log = structlog.get_logger(__name__)
-
-
-def settings_from(flags: Mapping[str, Any], environ: Mapping[str, str] | None = None
-                  ) -> BrokerSettings:
-    env = os.environ if environ is None else environ
-    settings, _ = load(read_file(config_file(env)), env, flags)
-    return settings
-
-
-async def with_store(settings: BrokerSettings, fn: Callable[[Store], Awaitable[T]],
-                     environ: Mapping[str, str] | None = None) -> T:
-    """Open the configured store (migrating it forward), run ``fn``, close it."""
-    env = os.environ if environ is None else environ
-    store = await open_store(store_url(settings, env), pool_size=2)
-    try:
-        return await fn(store)
-    finally:
-        await store.close()
-
-
-def public_url(settings: BrokerSettings) -> str:
-    return served_url(settings, settings.host_port[1])
-
-
-def served_url(settings: BrokerSettings, port: int) -> str:
-    """``broker.public_url`` if set, else the address listened on (``port`` once bound)."""
-    return settings.broker_public_url or f"ws://{settings.host_port[0]}:{port}"
 
 
 class WriterStopped(Exception):
@@ -160,7 +133,7 @@ async def _run(settings: BrokerSettings, url: str, stop: asyncio.Event,
         await service.refresh_limits()   # the meshes' own budgets before the first send
         await server.start(*settings.host_port)
         # Invites made from the CLI read this, so they name the port really listened on.
-        await admin.record_public_url(store, served_url(settings, server.port))
+        await admin.record_public_url(store, admin.served_url(settings, server.port))
         if ready is not None:
             ready(server.port)
         try:
@@ -226,7 +199,7 @@ def up(settings: BrokerSettings) -> None:
         try:
             running.write_both(record, running.RunningBroker(
                 os.getpid(), store_url(settings, os.environ), f"{host}:{port}",
-                served_url(settings, port)))
+                admin.served_url(settings, port)))
         except OSError as exc:  # serving matters more; operators can still pass --store
             log.warning("broker_record_not_written", path=str(record), error=str(exc))
         print(json.dumps({"event": "broker_ready", "url": f"ws://{host}:{port}", "port": port}),

@@ -17,7 +17,6 @@ from typing import Any, TypeVar
 import click
 
 from tidemesh.broker import admin
-from tidemesh.broker import main as broker_main
 from tidemesh.broker.admin import (
     SQLITE_MIGRATIONS,
     BrokerSettings,
@@ -40,7 +39,7 @@ T = TypeVar("T")
 
 def _settings(flags: Mapping[str, Any]) -> BrokerSettings:
     try:
-        return broker_main.settings_from(flags)
+        return admin.settings_from(flags)
     except TidemeshError as exc:
         fail(exc)
 
@@ -64,7 +63,7 @@ def _operator_settings(store: str | None, creates: bool = False
 def _run(store: str | None, fn: Callable[[Store], Awaitable[T]], creates: bool = False) -> T:
     settings, _ = _operator_settings(store, creates)
     try:
-        return asyncio.run(broker_main.with_store(settings, fn))
+        return asyncio.run(admin.with_store(settings, fn))
     except TidemeshError as exc:
         fail(exc)
     except (OSError, SchemaTooNew, SchemaBehind) as exc:
@@ -100,6 +99,10 @@ def broker_group() -> None:
 @click.option("--public-url", default=None, help="ws(s):// address to print into invites.")
 def up(store: str | None, listen: str | None, public_url: str | None) -> None:
     """Serve the broker in the foreground (prints one JSON line when ready)."""
+    # Only here: the server, the service and their loops are the slow part of a start, and
+    # the operator commands below open the store without them.
+    from tidemesh.broker import main as broker_main
+
     broker_main.up(_settings({"broker.store": store, "broker.listen": listen,
                               "broker.public_url": public_url}))
 
@@ -186,7 +189,7 @@ def invite_create(store: str | None, mesh: str, uses: int, expires: str, urls: t
 
     async def make(s: Store) -> admin.CreatedInvite:
         chosen = urls or (served or await admin.invite_url(
-            s, settings.broker_public_url, broker_main.public_url(settings)),)
+            s, settings.broker_public_url, admin.public_url(settings)),)
         return await admin.create_invite(s, mesh, chosen, uses, expires)
 
     created = _run(settings.broker_store, make)

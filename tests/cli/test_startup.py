@@ -51,8 +51,11 @@ def test_a_send_loads_the_cold_path_only_when_it_takes_it() -> None:
                                                    "tidemesh.daemon.link", "websockets"))]
 
 
-def test_broker_admin_commands_load_no_daemon_link() -> None:
-    # `daemon join` lives in the same command module; only it dials a broker.
+def test_broker_admin_commands_load_neither_the_daemon_link_nor_the_broker_server() -> None:
+    # `daemon join` lives in the same command module; only it dials a broker. Only
+    # `broker up` serves.
     heavy = _imports("broker", "invite", "--help")["heavy"]
     assert isinstance(heavy, list)
-    assert not [m for m in heavy if m.startswith("tidemesh.daemon.link")]
+    assert not [m for m in heavy if m.startswith(("tidemesh.daemon.link",
+                                                   "tidemesh.broker.server",
+                                                   "tidemesh.broker.main"))]
