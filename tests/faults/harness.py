@@ -429,8 +429,10 @@ class FaultRun:
                                  *(self._sender(lbl, ops) for lbl, ops in by_sender.items()))
             sent_at = time.monotonic()
             expected = self._expected_deliveries()
-            with contextlib.suppress(AssertionError):
+            try:
                 await wait_for(lambda: self._settled(expected), self.cfg.settle_timeout, 0.2)
+            except AssertionError:
+                await self._describe_unsettled()
             for task in background:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
@@ -449,6 +451,21 @@ class FaultRun:
             for task in background:
                 task.cancel()
             await self.teardown()
+
+    async def _describe_unsettled(self) -> None:
+        """What a run that did not settle leaves to read (the checker then counts the rows):
+        each daemon's health and the end of its log, on stdout, which pytest shows with the
+        failure. The run's folder is gone by the time anyone looks."""
+        for node in self.nodes.values():
+            try:
+                async with node.daemon.session() as s, s.get("/v1/health") as r:
+                    health = await r.text()
+            except (aiohttp.ClientError, OSError) as exc:
+                health = f"(no answer: {exc!r})"
+            statuses = Counter(r["status"] for r in node.daemon.outbox_rows())
+            tail = node.daemon.log.read_text(errors="replace").splitlines()[-40:]
+            print(f"--- daemon {node.label} did not settle: outbox {dict(statuses)}\n"
+                  f"health: {health}\nlog tail:\n" + "\n".join(tail))
 
     def _ledger(self) -> Ledger:
         return Ledger(seed=self.plan.seed, results=[self.results[i] for i in sorted(self.results)],
