@@ -28,9 +28,10 @@ demo: setup
 # pytest (the Python SDK and its conformance run included), then the TypeScript and Go SDKs'
 # suites: each is its own toolchain's test runner, so scripts/sdk-tests runs them as they are
 # run by hand (docs/testing.md, "The SDKs").
-# Three pytest workers on two cores: a test mostly waits for the brokers, daemons and CLIs it
-# started, and one worker left the cores half idle (docs/testing.md, "How long the suite takes").
-TEST_WORKERS ?= 3
+# Two pytest workers: a test mostly waits for the brokers, daemons and CLIs it started, and
+# one worker left two cores half idle; three overloaded them (docs/testing.md, "How long the
+# suite takes").
+TEST_WORKERS ?= 2
 test: setup-full
 	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist worksteal
 	bash scripts/sdk-tests
