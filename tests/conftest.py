@@ -16,8 +16,10 @@ import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import structlog
 
 REPO = Path(__file__).resolve().parents[1]
 PG_DSN = os.environ.get("TIDEMESH_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
@@ -40,6 +42,24 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         "tool"]["setuptools"]["package-dir"].values()
     for folder in folders:
         compileall.compile_dir(REPO / folder, quiet=1)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _loggers_never_cached() -> Iterator[None]:
+    """Our ``log.configure`` functions cache each logger on first use, as a process should.
+    In the test process a test that configures logging (``tests/security/test_log_secrets``)
+    would then pin every logger used after it to its own output, and a later
+    ``capture_logs`` would see nothing; which tests that hits depends on the order tests run
+    in, which differs between xdist workers. Under pytest nothing is cached."""
+    configure = structlog.configure
+
+    def uncached(*args: Any, **kwargs: Any) -> None:
+        kwargs["cache_logger_on_first_use"] = False
+        configure(*args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(structlog, "configure", uncached)
+        yield
 
 
 def in_ci() -> bool:
