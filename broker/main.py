@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 import structlog
 from prometheus_client import Counter
@@ -40,7 +40,6 @@ from tidemesh.core.watchdog import LoopWatchdog, StallPolicy
 from tidemesh.storage.lock import AlreadyRunning, InstanceLock
 from tidemesh.storage.sqlite import share_gil_with_writers
 
-T = TypeVar("T")
 log = structlog.get_logger(__name__)
 
 

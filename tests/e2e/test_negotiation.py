@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 from tests.daemon.harness import run_cli, spawn, start_daemon
-from tests.e2e.harness import Broker
+from tests.e2e.harness import Broker, connected, wait_for
 from tidemesh.core.exitcodes import Exit
 
 
-def test_override_above_the_dedupe_window_stops_the_daemon_with_10(short_tmp: Path) -> None:
+async def test_override_above_the_dedupe_window_stops_the_daemon_with_10(short_tmp: Path) -> None:
     home = short_tmp / "broker"
     home.mkdir()
     broker = Broker(home, f"sqlite://{home}/broker.db",
@@ -30,10 +29,7 @@ def test_override_above_the_dedupe_window_stops_the_daemon_with_10(short_tmp: Pa
         # time, keeps a loaded machine from stopping it before it could start.
         ok = start_daemon(d, "m", {"TIDEMESH_OUTBOX_MAX_AGE_HOURS_OVERRIDE": "48"})
         try:
-            deadline = time.monotonic() + 30
-            while not ok.client.health()["connected"] and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert ok.client.health()["connected"]
+            await wait_for(lambda: connected(ok))
             assert ok.proc.poll() is None
         finally:
             assert ok.stop() == 0
