@@ -29,8 +29,8 @@ demo: setup
 # suites: each is its own toolchain's test runner, so scripts/sdk-tests runs them as they are
 # run by hand (docs/testing.md, "The SDKs").
 # pytest in one process by default; TEST_WORKERS=2 runs it on two xdist workers in about half
-# the time, but one full run there lost two log-capturing tests to the order tests ran in
-# (docs/testing.md, "How long the suite takes").
+# the time. One run there lost two log-capturing tests to test order (fixed since), the next
+# was clean; one clean run is not yet enough to make it the default (docs/testing.md).
 TEST_WORKERS ?= 0
 test: setup-full
 	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist worksteal
