@@ -29,6 +29,9 @@ class Broker:
     proc: subprocess.Popen[bytes] | None = None
     env: dict[str, str] = field(default_factory=dict)
     launcher: tuple[str, ...] = (sys.executable, "-m", "tidemesh")
+    # Each mesh's shared invite, made on first use: one CLI process per mesh, not one per
+    # joined daemon (each costs ~0.7 s of CPU, and the suite starts hundreds).
+    _invites: dict[str, str] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
@@ -68,7 +71,15 @@ class Broker:
         assert res.returncode == 0, res.stderr + res.stdout
         return res.stdout.strip()
 
-    def invite(self, mesh: str, uses: int = 10) -> str:
+    def invite(self, mesh: str, uses: int | None = None) -> str:
+        """A fresh invite to ``mesh`` with ``uses``; without, the mesh's shared one (64 uses)."""
+        if uses is not None:
+            return self._create_invite(mesh, uses)
+        if mesh not in self._invites:
+            self._invites[mesh] = self._create_invite(mesh, 64)
+        return self._invites[mesh]
+
+    def _create_invite(self, mesh: str, uses: int) -> str:
         return self.cli("invite", "create", "--mesh", mesh, "--uses", str(uses), "--url", self.url)
 
 
