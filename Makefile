@@ -28,10 +28,10 @@ demo: setup
 # pytest (the Python SDK and its conformance run included), then the TypeScript and Go SDKs'
 # suites: each is its own toolchain's test runner, so scripts/sdk-tests runs them as they are
 # run by hand (docs/testing.md, "The SDKs").
-# pytest in one process by default; TEST_WORKERS=2 runs it on two xdist workers in about half
-# the time. One run there lost two log-capturing tests to test order (fixed since), the next
-# was clean; one clean run is not yet enough to make it the default (docs/testing.md).
-TEST_WORKERS ?= 0
+# pytest on two xdist workers (--dist worksteal): a test here mostly waits for the processes
+# it starts, and one pytest process left the two cores half idle. TEST_WORKERS=0 runs it in
+# one process (about three times as long; docs/testing.md).
+TEST_WORKERS ?= 2
 test: setup-full
 	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist worksteal
 	bash scripts/sdk-tests
