@@ -40,9 +40,11 @@ from tidemesh.daemon.link.peerset import PeerSet
 Frame = dict[str, Any]
 Position = tuple[int, int]   # (epoch, seq)
 W = TypeVar("W")
-# A broker with requests of ours waiting that sends no frame at all for this long has stalled
-# (its loop or its store is stuck while its socket stays open): the link is cut and the relay
-# reconnects. A busy broker still answers something well within it.
+# A request of ours the broker leaves unanswered this long means it has stalled (its loop, or
+# what answers our requests, is stuck while its socket stays open), whatever else it still
+# sends: its presence feed runs on its own task and may keep talking while nothing answers.
+# The link is cut and the relay reconnects (to the next broker, if the mesh has one). A busy
+# broker answers each request well within it.
 STALL_TIMEOUT_S = 30.0
 
 
@@ -185,11 +187,11 @@ class Unreadable:
 
 @dataclass(frozen=True, slots=True)
 class Stalled:
-    """Requests wait and the broker said nothing for longer than the stall timeout: drop the
-    connection (the relay reconnects)."""
+    """A request waited longer than the stall timeout for its answer: drop the connection
+    (the relay reconnects). ``waited_s``: how long the oldest request waited."""
 
     waiting: int
-    quiet_s: float
+    waited_s: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,6 +210,7 @@ Output = (Send | Close | Ready | Failed | Answered[W] | Settled[W] | Delivered |
 class Pending(Generic[W]):
     waiter: W
     items: list[str] | None = None   # a batch's send ids, in order; None for a single request
+    since: float = 0.0               # when it went out
 
 
 # -- the machine ---------------------------------------------------------------------------
@@ -231,7 +234,9 @@ class LinkState(Generic[W]):
     broker_version: str | None = None
     pending: dict[str, Pending[W]] = field(default_factory=dict)
     held: bool = False                           # our own deliveries queue is full
-    quiet_since: float = 0.0                     # the last frame, or when waiting began
+    # When our full deliveries queue last stopped holding the broker's frames back: answers
+    # wait behind those, so no request's wait counts from before it.
+    released_at: float = 0.0
     deadline: float = 0.0                        # the handshake's
     # Who is present, from the broker's snapshot and batches (``presence_snapshot``
     # negotiated); None with a broker that sends none.
@@ -240,14 +245,12 @@ class LinkState(Generic[W]):
 
     def __post_init__(self) -> None:
         self.deadline = self.now + self.handshake_timeout
-        self.quiet_since = self.now
 
     # -- frames in -----------------------------------------------------------------------
 
     def on_frame(self, raw: str | bytes, now: float) -> list[Output[W]]:
         if self.phase is Phase.CLOSED:
             return []
-        self.quiet_since = now
         handshaking = self.phase is not Phase.READY
         try:
             frame = decode(raw)
@@ -274,8 +277,8 @@ class LinkState(Generic[W]):
         return [Ended(waiters, LinkClosed(f"the broker link closed ({code}): {reason}"))]
 
     def tick(self, now: float) -> list[Output[W]]:
-        """Time passed: a handshake past its deadline fails; a broker that leaves our requests
-        unanswered and says nothing else for ``stall_timeout`` has stalled."""
+        """Time passed: a handshake past its deadline fails; a broker that leaves a request
+        of ours unanswered for ``stall_timeout`` has stalled, even if it says other things."""
         if self.phase is Phase.CLOSED:
             return []
         if self.phase is not Phase.READY:
@@ -285,11 +288,12 @@ class LinkState(Generic[W]):
                                         f"handshake within {self.handshake_timeout:g} s"))
         if not self.pending or self.held:   # idle, or the broker waits for us: no stall
             return []
-        quiet = now - self.quiet_since
-        if quiet <= self.stall_timeout:
+        oldest = min(p.since for p in self.pending.values())
+        waited = now - max(oldest, self.released_at)
+        if waited <= self.stall_timeout:
             return []
         self.phase = Phase.CLOSED
-        return [Stalled(len(self.pending), quiet)]
+        return [Stalled(len(self.pending), waited)]
 
     def hold(self) -> None:
         """Our deliveries queue is full: the broker's next frames wait for us (no stall)."""
@@ -297,7 +301,7 @@ class LinkState(Generic[W]):
 
     def release(self, now: float) -> None:
         self.held = False
-        self.quiet_since = now
+        self.released_at = now
 
     # -- requests out --------------------------------------------------------------------
 
@@ -342,8 +346,7 @@ class LinkState(Generic[W]):
     def _wait(self, request_id: str, pending: Pending[W], now: float) -> None:
         if self.phase is not Phase.READY:
             raise LinkClosed("the broker link is closed")
-        if not self.pending:
-            self.quiet_since = now   # the broker owes us nothing until now
+        pending.since = now
         self.pending[request_id] = pending
 
     def _send_item(self, cmid: str, payload: Frame | bytes, rid: str) -> Frame | bytes:
@@ -462,7 +465,6 @@ class LinkState(Generic[W]):
         if features.presence_snapshot(self.supported, (*self.require, *self.optional)):
             self.peerset = PeerSet(str(self.hello_ack["pubkey"]))
         self.phase = Phase.READY
-        self.quiet_since = self.now
         return [Ready(self.hello_ack, self.supported, self.broker_version)]
 
     def _fail(self, error: LinkError) -> list[Output[W]]:

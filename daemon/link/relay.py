@@ -16,7 +16,7 @@ import asyncio
 import random
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import structlog
@@ -266,7 +266,12 @@ class Relay:
                                             "receives_deliveries": frame["receives_deliveries"]})
 
     def _sender(self, link: BrokerLink, max_age_ms: int) -> Sender:
-        return Sender(link, self.outbox, self.dead, self.settings.sender, self.metrics.sender,
+        # The link cuts itself when a frame waits ``stall_timeout_s`` for its answer, and then
+        # the sender's frames end unanswered; its own limit is a backstop that must not come
+        # first: a frame given up on while the link stays open is sent again on that link.
+        settings = replace(self.settings.sender,
+                           send_timeout_s=2 * self.settings.stall_timeout_s)
+        return Sender(link, self.outbox, self.dead, settings, self.metrics.sender,
                       max_age_ms, self.settings.backoff, self.clock, self.rng, self.send_hold)
 
     def _receiver(self, link: BrokerLink) -> Receiver:

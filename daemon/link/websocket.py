@@ -366,15 +366,15 @@ class BrokerLink:
                              return_exceptions=True)
 
     async def _watch_stall(self) -> None:
-        """Tick the machine; cut a link whose broker leaves our requests unanswered and says
-        nothing else (``LinkState.tick`` decides)."""
+        """Tick the machine; cut a link whose broker leaves a request of ours unanswered too
+        long (``LinkState.tick`` decides)."""
         interval = max(0.05, self.state.stall_timeout / 4)
         while True:
             await asyncio.sleep(interval)
             for out in self.state.tick(self._loop.time()):
                 if isinstance(out, Stalled):
                     log.warning("broker_link_stalled", waiting_requests=out.waiting,
-                                quiet_s=round(out.quiet_s, 1))
+                                waited_s=round(out.waited_s, 1))
                     self.ws.transport.abort()
                     return
 

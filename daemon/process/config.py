@@ -91,8 +91,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("reconnect.jitter_pct", int, 25, "Random spread of each retry delay, in percent."),
     Setting("reconnect.handshake_timeout_s", float, 10.0, "A broker that does not finish the "
             "opening handshake (challenge, hello, features) within this is retried."),
-    Setting("reconnect.stall_timeout_s", float, 30.0, "A broker link with requests waiting and "
-            "no frame from the broker for this long is cut and reconnected."),
+    Setting("reconnect.stall_timeout_s", float, 30.0, "A broker link with a request of ours "
+            "unanswered this long is cut and reconnected, whatever else the broker sends."),
     Setting("crypto.key_grace_period_days", int, 7, "After `daemon rotate-keypair`, how many "
             "days the old key's X25519 half stays in keypair-archive.json so that DMs sealed "
             "to it still open (0 to 30)."),

@@ -348,18 +348,38 @@ def test_every_frame_the_broker_starts_has_a_route() -> None:
 
 # -- the stall, decided on now ---------------------------------------------------------------
 
-def test_a_broker_that_leaves_a_request_unanswered_and_says_nothing_has_stalled() -> None:
+def test_a_broker_that_leaves_a_request_unanswered_has_stalled() -> None:
     m = _ready()
     assert m.tick(1000) == []                       # idle: nothing owed, no stall
-    m.call({"type": "peers"}, 1000, "w")           # the quiet clock starts here
+    m.call({"type": "peers"}, 1000, "w")           # its wait starts here
     assert m.tick(1030) == []
-    m.on_frame(_join(), 1020)                       # any frame says the broker lives
-    assert m.tick(1050) == []
-    [stalled] = m.tick(1050.5)
+    [stalled] = m.tick(1030.5)
     assert stalled == Stalled(1, 30.5)
     assert m.phase is Phase.CLOSED and m.tick(2000) == []
     [ended] = m.on_closed(None, "aborted")          # the link cut: the request learns it
     assert isinstance(ended, Ended) and ended.waiters == ["w"]
+
+
+def test_a_broker_that_talks_but_never_answers_has_stalled_too() -> None:
+    # Its presence feed runs on while what answers our requests is stuck: frames keep
+    # coming, and the request still waits.
+    m = _ready()
+    m.call({"type": "profile", "profile": {}}, 1000, "w")
+    for t in range(1001, 1031):
+        m.on_frame(_join(), t)
+    assert m.tick(1030) == []
+    assert m.tick(1031) == [Stalled(1, 31)]
+
+
+def test_the_oldest_request_decides_and_answered_ones_are_forgotten() -> None:
+    m = _ready()
+    first = m.call({"type": "peers"}, 1000, "a")
+    m.call({"type": "peers"}, 1020, "b")
+    [answered] = m.on_frame(orjson.dumps({"type": "peers", "id": first.frame["id"],
+                                          "peers": []}), 1025)
+    assert isinstance(answered, Answered) and answered.waiter == "a"
+    assert m.tick(1045) == []                       # b has waited 25 s
+    assert m.tick(1050.5) == [Stalled(1, 30.5)]
 
 
 def test_no_stall_while_the_broker_waits_for_our_full_queue() -> None:

@@ -2,7 +2,10 @@
 
 Its ``stall_on``-th connection (counted from 1) forwards frames both ways until the daemon
 sends a frame of the chosen type, drops that frame and everything after it, and keeps the
-socket open (it still answers pings: a stalled broker process whose sockets stay up).
+socket open (it still answers pings: a stalled broker process whose sockets stay up). With
+``talking``, the stalled connection keeps sending the daemon frames that answer nothing (a
+late answer to an unknown request, every 0.2 s): a broker whose presence feed runs on while
+what answers requests is stuck.
 ``"open"`` stalls right after the WebSocket handshake, before the broker's challenge. Other
 connections pass through. It runs on a thread of its own, so that a test blocking its own
 loop cannot hold it up.
@@ -22,8 +25,10 @@ from websockets.exceptions import ConnectionClosed
 
 
 class StallProxy:
-    def __init__(self, upstream: str, stall_at: str, stall_on: int = 1) -> None:
+    def __init__(self, upstream: str, stall_at: str, stall_on: int = 1,
+                 talking: bool = False) -> None:
         self.upstream = upstream
+        self.talking = talking
         self.stall_at = stall_at
         self.stall_on = stall_on
         self.connections = 0
@@ -69,18 +74,27 @@ class StallProxy:
                     if stall and json.loads(raw).get("type") == self.stall_at:
                         quiet.set()
                         self.stalled.set()
+                        if self.talking:
+                            tasks.append(asyncio.create_task(self._chatter(ws)))
                         continue
                     await up.send(raw)
 
             tasks = [asyncio.create_task(down()), asyncio.create_task(upward())]
             with contextlib.suppress(ConnectionClosed):
-                await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait(tasks[:2], return_when=asyncio.FIRST_COMPLETED)
             if quiet.is_set():
-                # The broker may give up on us meanwhile; the daemon must still see silence.
+                # The broker may give up on us meanwhile; the daemon must still see no answer.
                 await ws.wait_closed()
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+
+    @staticmethod
+    async def _chatter(ws: ServerConnection) -> None:
+        with contextlib.suppress(ConnectionClosed):
+            while True:
+                await ws.send(json.dumps({"type": "result", "id": "r999999", "ok": True}))
+                await asyncio.sleep(0.2)
 
     @contextlib.contextmanager
     def running(self) -> Iterator[StallProxy]:
