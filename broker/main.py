@@ -36,7 +36,7 @@ from tidemesh.core.errors import InvalidRequest, TidemeshError
 from tidemesh.core.exitcodes import Exit
 from tidemesh.core.ids import new_ulid
 from tidemesh.core.ratelimit import Rate
-from tidemesh.core.watchdog import LoopWatchdog, StallPolicy
+from tidemesh.core.watchdog import LoopWatchdog, StallPolicy, log_tasks
 from tidemesh.storage.lock import AlreadyRunning, InstanceLock
 from tidemesh.storage.sqlite import share_gil_with_writers
 
@@ -212,6 +212,7 @@ def up(settings: BrokerSettings) -> None:
         # SIGHUP's default would kill the broker; it has nothing to reload (docs/configuration.md).
         loop.add_signal_handler(signal.SIGHUP, lambda: log.warning(
             "broker_reload_ignored", hint="settings are read only at start; restart the broker"))
+        loop.add_signal_handler(signal.SIGUSR1, log_tasks)
         watchdog = LoopWatchdog(StallPolicy(settings.watchdog_stall_s,
                                             settings.watchdog_exit_after_s),
                                 Exit.STALLED, lambda: None)

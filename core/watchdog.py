@@ -100,6 +100,34 @@ def thread_stacks() -> dict[str, str]:
             for ident, frame in sys._current_frames().items()}
 
 
+def awaiting(task: asyncio.Task[Any]) -> list[str]:
+    """Where ``task`` waits: each coroutine of its await chain, outermost first, as
+    ``file:line function``, then what the innermost awaits (a future, a sleep). A task's own
+    ``get_stack`` gives only its outermost coroutine's frame."""
+    chain: list[str] = []
+    step: Any = task.get_coro()
+    while step is not None:
+        frame = (getattr(step, "cr_frame", None) or getattr(step, "gi_frame", None)
+                 or getattr(step, "ag_frame", None))
+        if frame is None:   # a future, or an awaitable that is not a coroutine
+            chain.append(f"awaits {step!r:.200}")
+            break
+        chain.append(f"{frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_name}")
+        step = (getattr(step, "cr_await", None) or getattr(step, "gi_yieldfrom", None)
+                or getattr(step, "ag_await", None))
+    return chain
+
+
+def log_tasks() -> None:
+    """Log every task of the running loop and where it waits (SIGUSR1, daemon and broker):
+    for a process that turns its loop but seems stuck, where the watchdog has nothing to
+    show. One ``task_waiting`` line per task, then ``tasks_logged``."""
+    tasks = asyncio.all_tasks()
+    for task in sorted(tasks, key=lambda t: t.get_name()):
+        log.warning("task_waiting", task=task.get_name(), awaiting=awaiting(task))
+    log.warning("tasks_logged", count=len(tasks))
+
+
 class LoopWatchdog:
     """Watches one event loop from a daemon thread; ``exit_code`` is the process's code for a
     loop stalled past the limit, ``counted`` is called once per stall (a metric)."""

@@ -31,7 +31,7 @@ from tidemesh.core.ratelimit import Rate
 from tidemesh.core.retention import DAY_MS, HOUR_MS, InboxPolicy
 from tidemesh.core.sealing import seal_request
 from tidemesh.core.settings import ConfigError
-from tidemesh.core.watchdog import LoopWatchdog, StallPolicy
+from tidemesh.core.watchdog import LoopWatchdog, StallPolicy, log_tasks
 from tidemesh.daemon.api.connections import ConnectionLimits
 from tidemesh.daemon.api.keys import (
     BACKUP,
@@ -379,6 +379,7 @@ class Daemon:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
         loop.add_signal_handler(signal.SIGHUP, reloader.reload)
+        loop.add_signal_handler(signal.SIGUSR1, log_tasks)
         watchdog = self._watchdog(app[STATE])
         await server.start()
         if server.bound_port is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from tidemesh.core.watchdog import Action, LoopWatchdog, StallPolicy, StallTracker
+from tidemesh.core.watchdog import Action, LoopWatchdog, StallPolicy, StallTracker, awaiting
 
 POLICY = StallPolicy(stall_s=5.0, exit_after_s=60.0)
 
@@ -64,3 +64,25 @@ async def test_the_thread_sees_a_blocked_loop_and_an_overrun_stop() -> None:
         assert exits == [1]
     finally:
         dog.stop()
+
+
+async def test_a_waiting_task_shows_its_whole_await_chain_and_what_it_waits_on() -> None:
+    gate = asyncio.Event()
+
+    async def inner() -> None:
+        await gate.wait()
+
+    async def outer() -> None:
+        await inner()
+
+    task = asyncio.create_task(outer(), name="stuck-one")
+    await asyncio.sleep(0)
+    try:
+        chain = awaiting(task)
+        names = [step.rsplit(" ", 1)[-1] for step in chain[:-1]]
+        # outer → inner → Event.wait, then the future the event's wait is parked on
+        assert names == ["outer", "inner", "wait"], chain
+        assert chain[-1].startswith("awaits "), chain
+    finally:
+        gate.set()
+        await task

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import signal
 import sys
+import time
 from pathlib import Path
 
 import aiohttp
@@ -55,3 +57,23 @@ async def test_a_loop_stalled_past_the_limit_ends_the_daemon_with_its_code(
         assert '"loop_stall_limit_passed"' in d.log.read_text()
     finally:
         d.kill()
+
+
+async def test_sigusr1_logs_where_every_task_waits(short_tmp: Path) -> None:
+    # For a daemon that turns its loop and still seems stuck: the watchdog sees nothing then.
+    d = start_daemon(short_tmp, "t")
+    try:
+        d.proc.send_signal(signal.SIGUSR1)
+        deadline = time.monotonic() + 10
+        while '"tasks_logged"' not in d.log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        lines = [json.loads(line) for line in d.log.read_text().splitlines()]
+        waiting = {e["task"]: e["awaiting"] for e in lines if e.get("event") == "task_waiting"}
+        [done] = [e for e in lines if e.get("event") == "tasks_logged"]
+        assert done["count"] == len(waiting) > 0
+        # The retention job sleeps between sweeps; its chain names where.
+        assert "sqlite-writer-outbox.db" in waiting and "retention" in waiting, sorted(waiting)
+        assert any("sleep" in step for step in waiting["retention"]), waiting["retention"]
+        assert d.proc.poll() is None
+    finally:
+        assert d.stop() == 0

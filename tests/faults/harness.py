@@ -462,10 +462,30 @@ class FaultRun:
                     health = await r.text()
             except (aiohttp.ClientError, OSError) as exc:
                 health = f"(no answer: {exc!r})"
-            statuses = Counter(r["status"] for r in node.daemon.outbox_rows())
-            tail = node.daemon.log.read_text(errors="replace").splitlines()[-40:]
+            rows = node.daemon.outbox_rows()
+            statuses = Counter(r["status"] for r in rows)
+            now_ms = int(time.time() * 1000)
+            waiting = [f"  {r['client_message_id']} {r['status']} attempts={r['attempts']} "
+                       f"due_in_ms={r['next_attempt_at'] - now_ms} error={r['last_error']!r}"
+                       for r in rows if r["status"] in ("pending", "inflight")]
+            try:
+                async with node.daemon.session() as s, s.get("/v1/metrics") as r:
+                    sends = [line for line in (await r.text()).splitlines()
+                             if line.startswith(("cm_daemon_send_total",
+                                                 "cm_daemon_reconnects_total"))]
+            except (aiohttp.ClientError, OSError) as exc:
+                sends = [f"(no metrics: {exc!r})"]
+            # Where each of its tasks waits (SIGUSR1 logs them: core/watchdog.log_tasks).
+            if node.daemon.proc.poll() is None:
+                node.daemon.proc.send_signal(signal.SIGUSR1)
+                await asyncio.sleep(0.5)
+            lines = node.daemon.log.read_text(errors="replace").splitlines()
+            tasks = [line for line in lines if '"task_waiting"' in line]
+            tail = [line for line in lines if '"task_waiting"' not in line][-40:]
             print(f"--- daemon {node.label} did not settle: outbox {dict(statuses)}\n"
-                  f"health: {health}\nlog tail:\n" + "\n".join(tail))
+                  f"health: {health}\nrows waiting:\n" + "\n".join(waiting)
+                  + "\nmetrics:\n" + "\n".join(sends) + "\nlog tail:\n" + "\n".join(tail)
+                  + "\ntasks:\n" + "\n".join(tasks))
 
     def _ledger(self) -> Ledger:
         return Ledger(seed=self.plan.seed, results=[self.results[i] for i in sorted(self.results)],
