@@ -22,6 +22,8 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar, cast
 
+from tidemesh.core.cancelling import being_cancelled
+
 A = TypeVar("A")
 T = TypeVar("T")
 
@@ -92,8 +94,13 @@ class GroupCommit(Generic[A, T]):
             batch, self._queued = self._queued[:self._max], self._queued[self._max:]
             try:
                 results = await self._run([i.arg for i in batch])
-            except Exception as exc:  # the store's: every caller of the batch hears it
-                for i in batch:
+            except Exception as exc:
+                if being_cancelled():
+                    # The leader's cancel came as a store error (core/cancelling.py): the
+                    # leader stops, the others run their items again.
+                    self._queued[:0] = [i for i in batch if not i.done]
+                    raise asyncio.CancelledError from exc
+                for i in batch:   # the store's: every caller of the batch hears it
                     i.answer(None, exc)
             except BaseException:
                 # This task was cancelled, not the batch failed: the others run it again.

@@ -29,6 +29,7 @@ from typing import Any, Protocol
 import structlog
 
 from tidemesh.broker.service.coalesce import Coalescer
+from tidemesh.core.cancelling import being_cancelled
 from tidemesh.core.features import PRESENCE_BATCH_MAX_COUNT, PRESENCE_SNAPSHOT_MAX_BYTES
 from tidemesh.core.ids import new_ulid
 from tidemesh.core.ratelimit import Rate
@@ -386,6 +387,8 @@ class Connections:
             try:
                 texts = await self.snapshot(conn)
             except Exception as exc:  # the other brokers' sessions unreadable: a store outage
+                if being_cancelled():   # the cancel came as a store error: stop, not retry
+                    raise asyncio.CancelledError from exc
                 self.resync_failed()
                 log.warning("broker_presence_resync_failed", mesh_id=conn.mesh_id,
                             pubkey=conn.pubkey, error=repr(exc))

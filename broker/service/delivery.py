@@ -28,6 +28,7 @@ from tidemesh.broker.session import ResumeResult, decide_resume
 from tidemesh.broker.store.base import DeliveryRow, Store
 from tidemesh.core import heap, tracing
 from tidemesh.core.backoff import Backoff
+from tidemesh.core.cancelling import being_cancelled
 from tidemesh.core.features import DELIVER_BATCH_MAX_BYTES, DELIVER_BATCH_MAX_COUNT
 
 log = structlog.get_logger(__name__)
@@ -90,6 +91,8 @@ class Deliveries:
             try:
                 await self._send_due(conn)
             except self.store.outage_errors as exc:
+                if being_cancelled():   # the cancel came as a store error: stop, not retry
+                    raise asyncio.CancelledError from exc
                 failures += 1
                 delay = PUMP_BACKOFF.delay(failures, self._rng)
                 self.metrics.background_errors.labels(task="pump", kind="transient").inc()

@@ -95,3 +95,41 @@ async def test_a_waiter_cancelled_as_the_batch_ends_leaves_the_lead_to_the_next(
         assert await first == "A" and await kept == "KEPT"
     assert gone.cancelled()
     assert runs.batches == [["a"], ["kept"]]
+
+
+class CancelAsStoreError:
+    """A ``run`` whose cancel comes back as a store error, as asyncpg's does for a query on
+    a connection PostgreSQL just dropped."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[str]] = []
+        self.leaders: list[asyncio.Task[Any] | None] = []
+        self.release = asyncio.Event()
+
+    async def __call__(self, args: Sequence[str]) -> list[str]:
+        self.batches.append(list(args))
+        self.leaders.append(asyncio.current_task())
+        try:
+            await self.release.wait()
+        except asyncio.CancelledError:
+            raise ConnectionResetError("connection was closed in the middle of operation") from None
+        return [a.upper() for a in args]
+
+
+async def test_a_leader_cancelled_as_a_store_error_stops_and_the_others_run_again() -> None:
+    runs = CancelAsStoreError()
+    group: GroupCommit[str, str] = GroupCommit(runs)
+    tasks = {x: asyncio.create_task(group.submit(x)) for x in ("a", "b")}
+    await asyncio.sleep(0)
+    while not runs.batches:
+        await asyncio.sleep(0)
+    leader = next(x for x, t in tasks.items() if t is runs.leaders[0])
+    other = "b" if leader == "a" else "a"
+    tasks[leader].cancel()
+    await asyncio.sleep(0)
+    runs.release.set()
+    # Before: the leader's submit raised the store error (a retrying caller then went on
+    # as if never cancelled) and the other heard it too.
+    assert await tasks[other] == other.upper()
+    assert tasks[leader].cancelled()
+    assert runs.batches[1:] == [[other]]
