@@ -20,7 +20,6 @@ import structlog
 from prometheus_client import Counter
 
 from tidemesh.core.backoff import Backoff
-from tidemesh.core.cancelling import being_cancelled
 
 log = structlog.get_logger(__name__)
 
@@ -43,8 +42,6 @@ class Jobs:
             try:
                 await fn()
             except Exception as exc:
-                if being_cancelled():   # the cancel came as a store error: stop, not retry
-                    raise asyncio.CancelledError from exc
                 failures += 1
                 delay = min(interval_s, self._failed(name, exc, failures))
                 continue
@@ -60,8 +57,6 @@ class Jobs:
                 await fn()
                 return
             except Exception as exc:
-                if being_cancelled():
-                    raise asyncio.CancelledError from exc
                 failures += 1
                 await asyncio.sleep(self._failed(name, exc, failures))
 

@@ -24,7 +24,6 @@ from nacl.signing import SigningKey
 from prometheus_client import Counter
 
 from tidemesh.core.backoff import Backoff
-from tidemesh.core.cancelling import being_cancelled
 from tidemesh.core.exitcodes import Exit
 from tidemesh.core.failover import BrokerRotation
 from tidemesh.core.features import DEDUPE
@@ -175,8 +174,6 @@ class Relay:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # sorted by fatal_of; the rest is retried
-                if being_cancelled():   # the cancel came as another error: stop, not retry
-                    raise asyncio.CancelledError from exc
                 fatal = fatal_of(exc)
                 if fatal is not None:
                     raise fatal from None

@@ -20,7 +20,6 @@ import structlog
 from aiohttp import web
 
 from tidemesh.core.backoff import Backoff
-from tidemesh.core.cancelling import being_cancelled
 from tidemesh.core.ratelimit import Rate
 from tidemesh.core.settings import ConfigError
 from tidemesh.daemon.api.keys import IpcState
@@ -157,8 +156,6 @@ async def kept_running(name: str, fn: Callable[[], Awaitable[Any]], backoff: Bac
             await fn()
             return
         except Exception as exc:  # transient by decision (DESIGN: transient or fatal)
-            if being_cancelled():   # the cancel came as another error: stop, not retry
-                raise asyncio.CancelledError from exc
             if time.monotonic() - started > backoff.maximum_s:
                 attempt = 0   # it ran a good while: a fresh failure, not the same one
             attempt += 1

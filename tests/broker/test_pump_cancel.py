@@ -1,9 +1,8 @@
-"""The broker's retry loops stop when cancelled, even when the cancel reaches them as a store
-error (asyncpg turns a query cancelled on a connection PostgreSQL just dropped into a
-connection error). A connection's delivery pump used to take that for an outage, back off
-and go on: the connection's TaskGroup then waited for it for good, and the broker read
-nothing more from that member while its socket stayed open (found by the three-broker fault
-run, after a PostgreSQL restart)."""
+"""A connection's delivery pump stops when cancelled, even when the cancel reaches it as a
+store error (asyncpg turns a query cancelled on a connection PostgreSQL just dropped into a
+connection error). It used to take that for an outage, back off and go on: the connection's
+TaskGroup then waited for it for good, and the broker read nothing more from that member
+while its socket stayed open (found by the three-broker fault run, a PostgreSQL restart)."""
 
 from __future__ import annotations
 
@@ -11,7 +10,6 @@ import asyncio
 from types import SimpleNamespace
 from typing import Any
 
-from tidemesh.broker.background import Jobs
 from tidemesh.broker.service.connections import Conn
 from tidemesh.broker.service.delivery import Deliveries
 from tidemesh.core.errors import Unavailable
@@ -48,22 +46,3 @@ async def test_a_pump_cancelled_mid_query_stops_even_if_the_store_says_outage() 
     pump.cancel()
     done, _ = await asyncio.wait([pump], timeout=2)
     assert pump in done and pump.cancelled()
-
-
-async def test_a_background_job_cancelled_mid_query_stops_too() -> None:
-    # The broker's stop cancels its jobs; one that took the cancel for an outage slept and
-    # went on, and the stop waited for the watchdog's deadline.
-    store = CancelAsOutage()
-    jobs = Jobs(SimpleNamespace(), store.outage_errors)  # type: ignore[arg-type]
-
-    async def sweep() -> None:
-        await store.hand_out_page()
-
-    for run in (jobs.every(0.0, "sweep", sweep), jobs.restarted("listen", sweep)):
-        task = asyncio.create_task(run)
-        while not store.calls:
-            await asyncio.sleep(0)
-        store.calls = 0
-        task.cancel()
-        done, _ = await asyncio.wait([task], timeout=2)
-        assert task in done and task.cancelled()
