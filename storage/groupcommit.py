@@ -94,17 +94,16 @@ class GroupCommit(Generic[A, T]):
             batch, self._queued = self._queued[:self._max], self._queued[self._max:]
             try:
                 results = await self._run([i.arg for i in batch])
-            except Exception as exc:
-                if being_cancelled():
-                    # The leader's cancel came as a store error (core/cancelling.py): the
-                    # leader stops, the others run their items again.
-                    self._queued[:0] = [i for i in batch if not i.done]
-                    raise asyncio.CancelledError from exc
-                for i in batch:   # the store's: every caller of the batch hears it
-                    i.answer(None, exc)
-            except BaseException:
-                # This task was cancelled, not the batch failed: the others run it again.
+            except BaseException as exc:
+                if isinstance(exc, Exception) and not being_cancelled():
+                    for i in batch:   # the store's: every caller of the batch hears it
+                        i.answer(None, exc)
+                    return
+                # This task was cancelled, not the batch failed (the cancel may have come as
+                # a store error, core/cancelling.py): the others run it again.
                 self._queued[:0] = [i for i in batch if not i.done]
+                if isinstance(exc, Exception):
+                    raise asyncio.CancelledError from exc
                 raise
             else:
                 for i, r in zip(batch, results, strict=True):

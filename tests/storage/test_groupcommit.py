@@ -13,16 +13,25 @@ from tidemesh.storage.groupcommit import GroupCommit
 class Runs:
     """A ``run`` that records each batch and holds it until released."""
 
-    def __init__(self, fail: Exception | None = None) -> None:
+    def __init__(self, fail: Exception | None = None,
+                 cancelled_as: Exception | None = None) -> None:
         self.batches: list[list[str]] = []
         self.leaders: list[asyncio.Task[Any] | None] = []
         self.release = asyncio.Event()
         self.fail = fail
+        # What a cancel while it waits comes back as, if not CancelledError (asyncpg's for a
+        # query on a connection PostgreSQL just dropped: a connection error).
+        self.cancelled_as = cancelled_as
 
     async def __call__(self, args: Sequence[str]) -> list[str]:
         self.batches.append(list(args))
         self.leaders.append(asyncio.current_task())
-        await self.release.wait()
+        try:
+            await self.release.wait()
+        except asyncio.CancelledError:
+            if self.cancelled_as is None:
+                raise
+            raise self.cancelled_as from None
         if self.fail is not None:
             raise self.fail
         return [a.upper() for a in args]
@@ -97,32 +106,12 @@ async def test_a_waiter_cancelled_as_the_batch_ends_leaves_the_lead_to_the_next(
     assert runs.batches == [["a"], ["kept"]]
 
 
-class CancelAsStoreError:
-    """A ``run`` whose cancel comes back as a store error, as asyncpg's does for a query on
-    a connection PostgreSQL just dropped."""
-
-    def __init__(self) -> None:
-        self.batches: list[list[str]] = []
-        self.leaders: list[asyncio.Task[Any] | None] = []
-        self.release = asyncio.Event()
-
-    async def __call__(self, args: Sequence[str]) -> list[str]:
-        self.batches.append(list(args))
-        self.leaders.append(asyncio.current_task())
-        try:
-            await self.release.wait()
-        except asyncio.CancelledError:
-            raise ConnectionResetError("connection was closed in the middle of operation") from None
-        return [a.upper() for a in args]
-
-
 async def test_a_leader_cancelled_as_a_store_error_stops_and_the_others_run_again() -> None:
-    runs = CancelAsStoreError()
+    runs = Runs(cancelled_as=ConnectionResetError("connection was closed in the middle of "
+                                                  "operation"))
     group: GroupCommit[str, str] = GroupCommit(runs)
     tasks = {x: asyncio.create_task(group.submit(x)) for x in ("a", "b")}
-    await asyncio.sleep(0)
-    while not runs.batches:
-        await asyncio.sleep(0)
+    await started(runs, 1)
     leader = next(x for x, t in tasks.items() if t is runs.leaders[0])
     other = "b" if leader == "a" else "a"
     tasks[leader].cancel()
