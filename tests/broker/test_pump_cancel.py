@@ -28,15 +28,14 @@ class CancelAsOutage:
         try:
             await asyncio.Event().wait()
         except asyncio.CancelledError:
-            raise ConnectionResetError("connection was closed in the middle of operation")\
-                from None
+            raise ConnectionResetError("connection closed in the middle of operation") from None
         raise AssertionError("unreachable")
 
 
 async def test_a_pump_cancelled_mid_query_stops_even_if_the_store_says_outage() -> None:
     store = CancelAsOutage()
     service = Deliveries(store, SimpleNamespace(),  # type: ignore[arg-type]
-                              SimpleNamespace(count=1))  # type: ignore[arg-type]
+                         SimpleNamespace(count=1))  # type: ignore[arg-type]
     conn = Conn(peer=SimpleNamespace(), mesh_id="m", pubkey="p",  # type: ignore[arg-type]
                 session_id="s", pumping=True)
     pump = asyncio.create_task(service.pump(conn))

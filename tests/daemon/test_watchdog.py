@@ -7,12 +7,12 @@ import contextlib
 import json
 import signal
 import sys
-import time
 from pathlib import Path
 
 import aiohttp
 
 from tests.daemon.harness import start_daemon
+from tests.e2e.harness import wait_for
 
 RIG = (sys.executable, str(Path(__file__).with_name("rigged_daemon.py")))
 
@@ -64,9 +64,7 @@ async def test_sigusr1_logs_where_every_task_waits(short_tmp: Path) -> None:
     d = start_daemon(short_tmp, "t")
     try:
         d.proc.send_signal(signal.SIGUSR1)
-        deadline = time.monotonic() + 10
-        while '"tasks_logged"' not in d.log.read_text() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        await wait_for(lambda: '"tasks_logged"' in d.log.read_text(), timeout=10)
         lines = [json.loads(line) for line in d.log.read_text().splitlines()]
         waiting = {e["task"]: e["awaiting"] for e in lines if e.get("event") == "task_waiting"}
         [done] = [e for e in lines if e.get("event") == "tasks_logged"]
