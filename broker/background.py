@@ -19,6 +19,7 @@ from typing import Any
 import structlog
 from prometheus_client import Counter
 
+from tidemesh.core import cancelling
 from tidemesh.core.backoff import Backoff
 
 log = structlog.get_logger(__name__)
@@ -42,6 +43,7 @@ class Jobs:
             try:
                 await fn()
             except Exception as exc:
+                _stop_if_asked(exc)
                 failures += 1
                 delay = min(interval_s, self._failed(name, exc, failures))
                 continue
@@ -57,6 +59,7 @@ class Jobs:
                 await fn()
                 return
             except Exception as exc:
+                _stop_if_asked(exc)
                 failures += 1
                 await asyncio.sleep(self._failed(name, exc, failures))
 
@@ -72,3 +75,10 @@ class Jobs:
             log.error("broker_background_failed", task=name, error=repr(exc),
                       failures=failures, exc_info=True)
         return delay
+
+
+def _stop_if_asked(exc: Exception) -> None:
+    """A job the broker's stop cancelled ends, even when the cancel came back as a store
+    error (asyncpg on a dropped connection): retried, it would hold the stop for good."""
+    if cancelling.asked_to_stop():
+        raise asyncio.CancelledError from exc

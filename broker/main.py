@@ -31,7 +31,7 @@ from tidemesh.broker.service.clone import ClonePolicy
 from tidemesh.broker.store import open_cluster, open_store, sqlite_file
 from tidemesh.broker.store.base import Store
 from tidemesh.broker.store.files import FileLimits
-from tidemesh.core import collector, tracing
+from tidemesh.core import cancelling, collector, tracing
 from tidemesh.core.errors import InvalidRequest, TidemeshError
 from tidemesh.core.exitcodes import Exit
 from tidemesh.core.ids import new_ulid
@@ -180,7 +180,7 @@ async def _serve(settings: BrokerSettings, service: BrokerService, store: Store,
                  tg.create_task(_watch_writers(store.writer_tasks))]
         await stop.wait()
         for t in loops:
-            t.cancel()
+            cancelling.stop(t)
 
 
 def up(settings: BrokerSettings) -> None:

@@ -23,6 +23,7 @@ import structlog
 from nacl.signing import SigningKey
 from prometheus_client import Counter
 
+from tidemesh.core import cancelling
 from tidemesh.core.backoff import Backoff
 from tidemesh.core.exitcodes import Exit
 from tidemesh.core.failover import BrokerRotation
@@ -174,6 +175,8 @@ class Relay:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # sorted by fatal_of; the rest is retried
+                if cancelling.asked_to_stop():   # the stop's cancel came back as this error
+                    raise asyncio.CancelledError from exc
                 fatal = fatal_of(exc)
                 if fatal is not None:
                     raise fatal from None

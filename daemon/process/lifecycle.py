@@ -19,6 +19,7 @@ from typing import Any
 import structlog
 from aiohttp import web
 
+from tidemesh.core import cancelling
 from tidemesh.core.backoff import Backoff
 from tidemesh.core.ratelimit import Rate
 from tidemesh.core.settings import ConfigError
@@ -122,7 +123,7 @@ async def finish(tasks: Mapping[asyncio.Task[Any], str], within: float) -> list[
     cancel (or waits in a thread) is left behind: the process exits without it, and every
     commit it may have made is atomic."""
     for task in tasks:
-        task.cancel()
+        cancelling.stop(task)
     if not tasks:
         return []
     done, pending = await asyncio.wait(tasks, timeout=max(within, 0.01))
@@ -156,6 +157,8 @@ async def kept_running(name: str, fn: Callable[[], Awaitable[Any]], backoff: Bac
             await fn()
             return
         except Exception as exc:  # transient by decision (DESIGN: transient or fatal)
+            if cancelling.asked_to_stop():   # the stop's cancel came back as this error
+                raise asyncio.CancelledError from exc
             if time.monotonic() - started > backoff.maximum_s:
                 attempt = 0   # it ran a good while: a fresh failure, not the same one
             attempt += 1

@@ -10,38 +10,31 @@ import asyncio
 from types import SimpleNamespace
 from typing import Any
 
+from tests.lost_cancel import CancelAsOutage
 from tidemesh.broker.service.connections import Conn
 from tidemesh.broker.service.delivery import Deliveries
 from tidemesh.core.errors import Unavailable
 
 
-class CancelAsOutage:
+class PumpStore(CancelAsOutage):
     """The one store call a pump makes first, whose cancel comes back as an outage."""
 
     outage_errors = (Unavailable, ConnectionResetError)
 
-    def __init__(self) -> None:
-        self.calls = 0
-
     async def hand_out_page(self, *_: Any, **__: Any) -> tuple[bool, list[Any]]:
-        self.calls += 1
-        try:
-            await asyncio.Event().wait()
-        except asyncio.CancelledError:
-            raise ConnectionResetError("connection closed in the middle of operation") from None
+        await self.call()
         raise AssertionError("unreachable")
 
 
 async def test_a_pump_cancelled_mid_query_stops_even_if_the_store_says_outage() -> None:
-    store = CancelAsOutage()
+    store = PumpStore()
     service = Deliveries(store, SimpleNamespace(),  # type: ignore[arg-type]
                          SimpleNamespace(count=1))  # type: ignore[arg-type]
     conn = Conn(peer=SimpleNamespace(), mesh_id="m", pubkey="p",  # type: ignore[arg-type]
                 session_id="s", pumping=True)
     pump = asyncio.create_task(service.pump(conn))
     conn.wake.set()
-    while not store.calls:
-        await asyncio.sleep(0)
+    await store.called()
     pump.cancel()
     done, _ = await asyncio.wait([pump], timeout=2)
     assert pump in done and pump.cancelled()

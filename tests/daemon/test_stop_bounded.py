@@ -9,15 +9,24 @@ process forever. Here a daemon carries such a task on purpose (``rigged_daemon.p
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+from nacl.signing import SigningKey
 
 from tests.daemon.harness import run_cli, start_daemon
+from tests.lost_cancel import CancelAsOutage
+from tidemesh.core.backoff import Backoff
+from tidemesh.daemon.link.relay import Relay, RelaySettings
+from tidemesh.daemon.link.websocket import BrokerLink
+from tidemesh.daemon.membership.join import MeshConfig
+from tidemesh.daemon.process.lifecycle import finish, kept_running
 
 RIG = (sys.executable, str(Path(__file__).with_name("rigged_daemon.py")))
 GRACE_S = 2.0
@@ -101,3 +110,34 @@ async def test_a_background_task_that_fails_is_started_again_not_fatal(short_tmp
         assert '"background_task_stopped"' not in d.log.read_text()
     finally:
         assert d.stop() == 0
+
+
+async def test_a_task_whose_cancel_comes_back_as_a_store_error_ends_on_stop() -> None:
+    """``kept_running`` took such an error for a failure and started the task again: the
+    stop then waited out its whole budget and reported the task cut off."""
+    store = CancelAsOutage()
+    task = asyncio.create_task(kept_running("retention", store.call, Backoff(0.01, 0.05)))
+    await store.called()
+    assert await finish({task: "retention"}, 2.0) == []
+    assert task.cancelled() and store.calls == 1
+
+
+async def test_the_relay_ends_on_stop_when_its_cancel_comes_back_as_a_link_error() -> None:
+    store = CancelAsOutage()
+
+    class StuckConnecting(Relay):
+        async def _connect(self) -> BrokerLink:
+            await store.call()
+            raise AssertionError("unreachable")
+
+    mesh = MeshConfig("ws://127.0.0.1:9", "mesh-id", "t", "pubkey", 0)
+    relay = StuckConnecting(mesh, SigningKey.generate(), None, None,  # type: ignore[arg-type]
+                            RelaySettings(Backoff(0.01, 0.05)), _status)
+    task = asyncio.create_task(relay.run())
+    await store.called()
+    assert await finish({task: "relay"}, 2.0) == []
+    assert task.cancelled() and store.calls == 1
+
+
+async def _status(_connected: bool, _detail: dict[str, Any]) -> None:
+    return None
