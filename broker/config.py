@@ -28,6 +28,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("store.pool_size", int, 4, "PostgreSQL pool for everything but accepts."),
     Setting("store.batch_max", int, 512, "Most sends group-committed in one transaction."),
     Setting("store.writers", int, 2, "PostgreSQL accept writers (batches committing at once)."),
+    Setting("store.command_timeout_s", float, 60.0, "Longest a PostgreSQL statement may go "
+            "unanswered before its connection counts as an outage (503, retried); 0: no limit. "
+            "Migrations at start have none."),
     Setting("dedupe.mode", str, "retention_scoped", "retention_scoped (keys kept "
             "dedupe.retention_days) or permanent (kept forever); daemons refuse a broker whose "
             "mode they cannot work with."),
@@ -110,6 +113,7 @@ class BrokerSettings:
     store_pool_size: int
     store_batch_max: int
     store_writers: int
+    store_command_timeout_s: float
     dedupe_mode: str
     dedupe_retention_days: int
     retention_message_days: int
@@ -215,6 +219,9 @@ def _validate(s: BrokerSettings) -> None:
                           field="limits.profile_rate")
     _validate_clone(s)
     _validate_server(s)
+    if s.store_command_timeout_s < 0:
+        raise ConfigError("store.command_timeout_s must be >= 0 (0: no limit)",
+                          field="store.command_timeout_s")
     if s.limits_member_burst < 1:
         raise ConfigError("limits.member_burst must be >= 1", field="limits.member_burst")
     tracing.check_settings(s.metrics_otel_endpoint, s.metrics_otel_export_delay_ms)

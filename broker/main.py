@@ -95,7 +95,8 @@ async def run(settings: BrokerSettings, stop: asyncio.Event,
 async def _run(settings: BrokerSettings, url: str, stop: asyncio.Event,
                ready: Callable[[int], None] | None, watchdog: LoopWatchdog | None) -> None:
     store = await open_store(url, batch_max=settings.store_batch_max,
-                             pool_size=settings.store_pool_size, writers=settings.store_writers)
+                             pool_size=settings.store_pool_size, writers=settings.store_writers,
+                             command_timeout_s=settings.store_command_timeout_s or None)
     limits = Limits(settings.limits_inline_bytes, settings.dedupe_mode,
                     settings.dedupe_retention_days)
     service = BrokerService(store, limits, retention_days=settings.retention_message_days,

@@ -80,6 +80,9 @@ def storage_error(exc: BaseException, name: str, doing: str) -> TidemeshError:
     full (SQLSTATE 53100), else 503; ``name`` says which database, ``doing`` what failed."""
     if isinstance(exc, asyncpg.exceptions.DiskFullError):
         return InsufficientStorage(f"the {name} database is full: {exc}; nothing was stored")
+    if isinstance(exc, TimeoutError):
+        return Unavailable(f"the {name} database {doing}: no answer within the command "
+                           "timeout (the server busy, locked or gone); nothing was stored")
     return Unavailable(f"the {name} database {doing}: {exc}")
 
 
@@ -97,9 +100,10 @@ class Database(BatchCounters):
     outage_errors: tuple[type[Exception], ...] = (Unavailable, *DB_ERRORS)
 
     def __init__(self, dsn: str, pool: Any, *, name: str, batch_max: int, writers: int,
-                 generic_pool: Any = None) -> None:
+                 generic_pool: Any = None, command_timeout_s: float | None = None) -> None:
         super().__init__()
         self.dsn = dsn
+        self.command_timeout_s = command_timeout_s
         self.pool = pool
         self.generic_pool = generic_pool if generic_pool is not None else pool
         self.name = name
@@ -115,17 +119,26 @@ class Database(BatchCounters):
     @classmethod
     async def open(cls, dsn: str, setup: Callable[[Any], Awaitable[None]], *,
                    name: str, pool_size: int = 4, batch_max: int = 512,
-                   writers: int = 2, generic_pool_size: int = 0) -> Database:
-        """Create the pool, run ``setup`` (migrations, checks) on one connection, then start
-        the writers. ``generic_pool_size``: a second pool, ``generic_pool``, whose prepared
-        statements always run on their generic plan (planned once per connection), for
-        statements shaped for it (each key looked up by its index whatever the count). For
-        a handful of keys in ``unnest()`` arrays PostgreSQL keeps choosing a custom plan,
-        planned again at every run: for a page of deliveries that was 0.4 ms of a 0.6 ms
-        query, on the path of every message. Without it, ``generic_pool`` is ``pool``."""
+                   writers: int = 2, generic_pool_size: int = 0,
+                   command_timeout_s: float | None = None) -> Database:
+        """Create the pool, run ``setup`` (migrations, checks) on a connection of its own,
+        then start the writers.
+
+        ``command_timeout_s``: a statement of the pools or the writers left unanswered that
+        long raises ``TimeoutError``, an outage (asyncpg cancels it on the server; a writer
+        drops its connection), so a server that hangs cannot hold a caller for good.
+        ``setup`` has no limit: a migration of a big table may take long.
+
+        ``generic_pool_size``: a second pool, ``generic_pool``, whose prepared statements
+        always run on their generic plan (planned once per connection), for statements
+        shaped for it (each key looked up by its index whatever the count). For a handful of
+        keys in ``unnest()`` arrays PostgreSQL keeps choosing a custom plan, planned again
+        at every run: for a page of deliveries that was 0.4 ms of a 0.6 ms query, on the
+        path of every message. Without it, ``generic_pool`` is ``pool``."""
         try:
             pool = await asyncpg.create_pool(dsn, min_size=1, max_size=pool_size,
-                                             reset=_keep_session)
+                                             reset=_keep_session,
+                                             command_timeout=command_timeout_s)
         except DB_ERRORS as exc:
             raise open_error(exc, name, dsn) from exc
         generic = None
@@ -133,9 +146,15 @@ class Database(BatchCounters):
             if generic_pool_size:
                 generic = await asyncpg.create_pool(
                     dsn, min_size=1, max_size=generic_pool_size, reset=_keep_session,
+                    command_timeout=command_timeout_s,
                     server_settings={"plan_cache_mode": "force_generic_plan"})
-            async with pool.acquire() as conn:
+            conn = await asyncpg.connect(dsn)   # no command timeout: see above
+            try:
                 await setup(conn)
+            except BaseException:
+                conn.terminate()
+                raise
+            await conn.close()
         except DB_ERRORS as exc:
             await _close_pools(pool, generic)
             raise open_error(exc, name, dsn) from exc
@@ -143,7 +162,7 @@ class Database(BatchCounters):
             await _close_pools(pool, generic)
             raise
         db = cls(dsn, pool, name=name, batch_max=batch_max, writers=writers,
-                 generic_pool=generic)
+                 generic_pool=generic, command_timeout_s=command_timeout_s)
         db._tasks = [asyncio.create_task(db._run(q), name=f"pg-writer-{name}-{i}")
                      for i, q in enumerate(db._queues)]
         return db
@@ -255,7 +274,7 @@ class Database(BatchCounters):
     async def _commit(self, conn: Any, batch: list[_Pending]) -> Any:
         try:
             if conn is None or conn.is_closed():
-                conn = await asyncpg.connect(self.dsn)
+                conn = await asyncpg.connect(self.dsn, command_timeout=self.command_timeout_s)
             runs = _by_op(batch)
             if len(runs) == 1:
                 await self._run_op(conn, *runs[0], whole=True)

@@ -18,7 +18,9 @@ def sqlite_file(url: str) -> Path | None:
 
 
 async def open_store(url: str, *, batch_max: int = 512, pool_size: int = 4, writers: int = 2,
-                     migrate_now: bool = True) -> Store:
+                     migrate_now: bool = True, command_timeout_s: float | None = None) -> Store:
+    """``command_timeout_s``: PostgreSQL statements unanswered that long fail as an outage
+    (None: no limit; operator commands, whose statements may run long, keep none)."""
     if (path := sqlite_file(url)) is not None:
         from tidemesh.broker.store.sqlite import SqliteStore
 
@@ -27,7 +29,8 @@ async def open_store(url: str, *, batch_max: int = 512, pool_size: int = 4, writ
         from tidemesh.broker.store.postgres import PostgresStore
 
         return await PostgresStore.open(url, pool_size=pool_size, batch_max=batch_max,
-                                        writers=writers, migrate_now=migrate_now)
+                                        writers=writers, migrate_now=migrate_now,
+                                        command_timeout_s=command_timeout_s)
     raise InvalidRequest(f"store must be sqlite:///PATH or postgresql://…, not {url!r}",
                          field="store")
 

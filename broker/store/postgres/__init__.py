@@ -35,7 +35,8 @@ class PostgresStore(OnEngine[Database], Membership, Accept, Delivery, Retention,
 
     @classmethod
     async def open(cls, dsn: str, *, pool_size: int = 4, batch_max: int = 512,
-                   writers: int = 2, migrate_now: bool = True) -> PostgresStore:
+                   writers: int = 2, migrate_now: bool = True,
+                   command_timeout_s: float | None = None) -> PostgresStore:
         async def setup(conn: Any) -> None:
             if migrate_now:
                 await POSTGRES_MIGRATIONS.apply_postgres(conn)
@@ -47,7 +48,8 @@ class PostgresStore(OnEngine[Database], Membership, Accept, Delivery, Retention,
         # The pumps' hand-outs and pages on a pool of their own, on generic plans: a batch
         # of them at a time each (``delivery.py``).
         db = await Database.open(dsn, setup, name="broker", pool_size=pool_size,
-                                 batch_max=batch_max, writers=writers, generic_pool_size=2)
+                                 batch_max=batch_max, writers=writers, generic_pool_size=2,
+                                 command_timeout_s=command_timeout_s)
         return cls(dsn, db)
 
     async def set_info(self, key: str, value: str, now_ms: int) -> None:
