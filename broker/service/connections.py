@@ -20,7 +20,6 @@ and presence to the other brokers and lists the members they serve.
 from __future__ import annotations
 
 import asyncio
-import bisect
 import time
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
@@ -164,14 +163,13 @@ class Connections:
         self._entries: dict[Key, tuple[dict[str, Any], str]] = {}
         # The other brokers on the same database; one broker alone has nobody to tell.
         self.elsewhere: Elsewhere | None = None
-        # Per mesh, the other brokers' members as read while the last flush's number was
-        # ``seq``: the snapshots of a storm's newcomers share one read until the next flush.
-        self._remote: dict[str, tuple[int, asyncio.Future[list[dict[str, Any]]]]] = {}
-        # Per mesh, the snapshot's part shared by every newcomer as of the last flush (its
-        # number, then the visible members' pubkeys and encoded entries, sorted by pubkey):
-        # a storm's snapshots walked, filtered and sorted the whole registry for each
-        # newcomer, a sixth of the broker's CPU with 1,000 members connecting at once.
-        self._shared: dict[str, tuple[int, list[str], list[str]]] = {}
+        # Per mesh, the last flush's number and the read of who is present (this broker's
+        # members, then the other brokers') that every snapshot made until the next flush
+        # shares: a storm's snapshots walked, filtered and sorted the whole registry for
+        # each newcomer (a sixth of the broker's CPU with 1,000 members connecting at
+        # once), and each newcomer that came while the other brokers' part was being read
+        # did it again.
+        self._shared: dict[str, tuple[int, asyncio.Future[SharedSnapshot]]] = {}
         # Each member's profile changes and presence events, within their budgets.
         self.profile_changes = Coalescer[dict[str, Any]]("profile", profile_rate,
                                                          self._apply_profile)
@@ -331,51 +329,52 @@ class Connections:
         that number are the changes it does not hold; the other brokers' members are read
         after, and their changes meanwhile come in later batches."""
         seq = self.seq
-        shared = self._shared.get(conn.mesh_id)
-        if shared is None or shared[0] != seq:
-            shared = await self._shared_part(conn.mesh_id, seq)
-        pubkeys, texts = shared[1], shared[2]
+        cached = self._shared.get(conn.mesh_id)
+        if cached is None or cached[0] != seq:
+            cached = self._read_shared(conn.mesh_id, seq)
+        shared = await asyncio.shield(cached[1])
         # Its own member is in its snapshot even when hidden, or connected since the shared
-        # part was made (the others who did are in the next batch, after ``seq``).
-        at = bisect.bisect_left(pubkeys, conn.pubkey)
+        # part was made (the others who did are in the next batch, after ``seq``): then
+        # the shared frames go as they are encoded once, and a last frame of its own.
         own = (conn.mesh_id, conn.pubkey)
-        if (at == len(pubkeys) or pubkeys[at] != conn.pubkey) and self.conns.get(own):
-            texts = [*texts[:at], self._entry(own)[1], *texts[at:]]
-        return snapshot_texts(conn.mesh_id, seq, texts)
+        if conn.pubkey in shared.pubkeys or not self.conns.get(own):
+            return shared.frames(conn.mesh_id, last=True)
+        return [*shared.frames(conn.mesh_id, last=False),
+                *snapshot_texts(conn.mesh_id, seq, [self._entry(own)[1]])]
 
-    async def _shared_part(self, mesh_id: str, seq: int
-                           ) -> tuple[int, list[str], list[str]]:
-        """The visible members of the mesh, this broker's read at once (nothing awaited
-        between the last flush's number and the read), the other brokers' after."""
+    def _read_shared(self, mesh_id: str, seq: int
+                     ) -> tuple[int, asyncio.Future[SharedSnapshot]]:
+        """Start the read that the snapshots made while the last flush is ``seq`` share:
+        this broker's visible members now (nothing awaited between the flush's number and
+        the read), the other brokers' after. A change of theirs committed after their read
+        is told in a flush after ``seq`` (its event comes by NOTIFY after its commit),
+        which the snapshots' daemons then apply. A read that fails is forgotten: the next
+        snapshot reads again."""
         entries = [(key[1], self._entry(key)[1]) for key, conns in self.conns.items()
                    if key[0] == mesh_id and conns and not self._hidden(key)]
-        if self.elsewhere is not None:
-            local = {pubkey for pubkey, _ in entries}
-            entries += [(str(p["pubkey"]), encode(p))
-                        for p in await self._remote_peers(mesh_id, seq)
-                        if str(p["pubkey"]) not in local]
-        entries.sort()
-        shared = (seq, [pubkey for pubkey, _ in entries], [text for _, text in entries])
-        self._shared[mesh_id] = shared
-        return shared
-
-    async def _remote_peers(self, mesh_id: str, seq: int) -> list[dict[str, Any]]:
-        """The other brokers' members of the mesh, read once for every snapshot made while
-        the last flush is ``seq``. A change of theirs committed after the read is told in a
-        flush after ``seq`` (its event comes by NOTIFY after its commit), which the
-        snapshots' daemons then apply; a newer flush makes the next snapshot read again."""
-        assert self.elsewhere is not None
-        cached = self._remote.get(mesh_id)
-        if cached is None or cached[0] != seq:
-            read = asyncio.ensure_future(self.elsewhere.remote_peers(mesh_id, set()))
-            self._remote[mesh_id] = cached = (seq, read)
+        read: asyncio.Future[SharedSnapshot]
+        if self.elsewhere is None:
+            read = asyncio.get_running_loop().create_future()
+            read.set_result(SharedSnapshot.of(seq, entries))
+        else:
+            read = asyncio.ensure_future(self._with_remote(mesh_id, seq, entries))
             read.add_done_callback(lambda f: self._forget_failed(mesh_id, f))
-        return await asyncio.shield(cached[1])
+        self._shared[mesh_id] = cached = (seq, read)
+        return cached
 
-    def _forget_failed(self, mesh_id: str, read: asyncio.Future[list[dict[str, Any]]]) -> None:
+    async def _with_remote(self, mesh_id: str, seq: int,
+                           entries: list[tuple[str, str]]) -> SharedSnapshot:
+        assert self.elsewhere is not None
+        local = {pubkey for pubkey, _ in entries}
+        entries += [(str(p["pubkey"]), encode(p))
+                    for p in await self.elsewhere.remote_peers(mesh_id, set())
+                    if str(p["pubkey"]) not in local]
+        return SharedSnapshot.of(seq, entries)
+
+    def _forget_failed(self, mesh_id: str, read: asyncio.Future[SharedSnapshot]) -> None:
         if (read.cancelled() or read.exception() is not None) and \
-                self._remote.get(mesh_id, (0, None))[1] is read:
-            del self._remote[mesh_id]
+                self._shared.get(mesh_id, (0, None))[1] is read:
+            del self._shared[mesh_id]
 
     async def resync(self, conn: Conn) -> None:
         """For as long as the connection lives: after a numbered batch was dropped from its
@@ -500,6 +499,33 @@ class Connections:
                 self.elsewhere.relay_presence(frame)
 
 
+@dataclass(slots=True)
+class SharedSnapshot:
+    """One read of a mesh's visible members (their pubkeys, and their encoded entries in
+    pubkey order), shared by the snapshots made until the next flush, and its frames,
+    encoded on first use: those of a snapshot that ends with them, or, for a newcomer
+    that is not among them, with ``more`` on each (its own last frame follows)."""
+
+    seq: int
+    pubkeys: frozenset[str]
+    entries: list[str]
+    _frames: dict[bool, list[str]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, seq: int, entries: list[tuple[str, str]]) -> SharedSnapshot:
+        """From (pubkey, encoded entry) pairs, in any order."""
+        entries.sort()
+        return cls(seq, frozenset(pubkey for pubkey, _ in entries),
+                   [text for _, text in entries])
+
+    def frames(self, mesh_id: str, *, last: bool) -> list[str]:
+        got = self._frames.get(last)
+        if got is None:
+            got = self._frames[last] = snapshot_texts(mesh_id, self.seq, self.entries,
+                                                      last=last)
+        return got
+
+
 class Flush:
     """One flush's pending events, encoded once per mesh for each kind of listener."""
 
@@ -547,10 +573,13 @@ def batch_texts(mesh_id: str, events: list[dict[str, Any]], seq: int | None = No
             for i in range(0, len(events), step)]
 
 
-def snapshot_texts(mesh_id: str, seq: int, entries: list[str]) -> list[str]:
+def snapshot_texts(mesh_id: str, seq: int, entries: list[str], *,
+                   last: bool = True) -> list[str]:
     """One snapshot, from its members' encoded entries, as encoded frames of at most about
     ``PRESENCE_SNAPSHOT_MAX_BYTES`` (a member's entry never split), ``more: true`` on all
-    but the last. Put together as text: each entry is encoded once, not once per frame."""
+    but the last; with ``last=False`` on all (none for no entries: frames that a last one
+    of the caller's follows). Put together as text: each entry is encoded once, not once
+    per frame."""
     head = encode({"type": "presence_snapshot", "mesh_id": mesh_id, "seq": seq})[:-1]
     texts: list[str] = []
     part: list[str] = []
@@ -561,7 +590,10 @@ def snapshot_texts(mesh_id: str, seq: int, entries: list[str]) -> list[str]:
             part, size = [], 0
         part.append(text)
         size += len(text) + 1
-    texts.append(f'{head},"peers":[{",".join(part)}]}}')
+    if last:
+        texts.append(f'{head},"peers":[{",".join(part)}]}}')
+    elif part:
+        texts.append(f'{head},"more":true,"peers":[{",".join(part)}]}}')
     return texts
 
 

@@ -120,15 +120,17 @@ async def test_newcomers_between_two_flushes_share_one_read_of_the_registry() ->
     [a] = [json.loads(t) for t in await conns.snapshot(first)]
     assert [p["pubkey"] for p in a["peers"]] == ["bob", "dave"]
     # Between the same flushes: carol comes (hidden) and bob leaves. Her snapshot is the
-    # shared read plus herself, in pubkey order; bob's leave and carol's absence from dave's
+    # shared read plus herself; bob's leave and carol's absence from dave's
     # view are what the next batch tells.
     second, _ = conns.register(Listener(), "m1", "carol")
     await conns.set_profile(second, {"id": "r1", "profile": {"visible": False}})
     conns.unregister(early)
     await conns.announce(early, "peer_leave")
-    [b] = [json.loads(t) for t in await conns.snapshot(second)]
-    assert b["seq"] == a["seq"] == conns.seq
-    assert [p["pubkey"] for p in b["peers"]] == ["bob", "carol", "dave"]
+    # The shared frame goes as it is (more: true), then a last frame of her own.
+    shared, own = [json.loads(t) for t in await conns.snapshot(second)]
+    assert shared["seq"] == own["seq"] == a["seq"] == conns.seq
+    assert (shared["more"], "more" in own) == (True, False)
+    assert [p["pubkey"] for f in (shared, own) for p in f["peers"]] == ["bob", "dave", "carol"]
     assert [p["pubkey"] for p in (await conns.peers(first, {"id": "p"}))["peers"]] == ["dave"]
     # After the flush the next newcomer reads again: bob gone, hidden carol not shown.
     conns.flush()

@@ -105,10 +105,13 @@ async def test_a_newcomer_gets_one_snapshot_of_fifty_members_not_fifty_joins(
             while not any(f["type"] == "presence_batch" and f["events"][-1]["pubkey"]
                           == pub(newcomer) for f in frames):
                 frames.append(decode(await ws.recv()))
+        # One snapshot: its frames (the shared part, then the newcomer's own) end once.
         snapshots = [f for f in frames if f["type"] == "presence_snapshot"]
-        assert len(snapshots) == 1
-        assert {p["pubkey"] for p in snapshots[0]["peers"]} == {pub(k) for k in
-                                                                 (*keys, newcomer)}
+        assert [bool(f.get("more")) for f in snapshots][-1:] == [False]
+        assert not [f for f in snapshots[:-1] if not f.get("more")]
+        assert {f["seq"] for f in snapshots} == {snapshots[0]["seq"]}
+        assert {p["pubkey"] for f in snapshots for p in f["peers"]} == {
+            pub(k) for k in (*keys, newcomer)}
         assert not [f for f in frames if f["type"] in ("peer_join", "peer_leave")]
         told = [e["pubkey"] for f in frames if f["type"] == "presence_batch"
                 for e in f["events"]]
