@@ -30,7 +30,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("store.writers", int, 2, "PostgreSQL accept writers (batches committing at once)."),
     Setting("store.command_timeout_s", float, 60.0, "Longest a PostgreSQL statement may go "
             "unanswered before its connection counts as an outage (503, retried); 0: no limit. "
-            "Migrations at start have none."),
+            "Migrations and retention sweeps have none."),
     Setting("dedupe.mode", str, "retention_scoped", "retention_scoped (keys kept "
             "dedupe.retention_days) or permanent (kept forever); daemons refuse a broker whose "
             "mode they cannot work with."),

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable, Hashable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit
@@ -166,6 +166,22 @@ class Database(BatchCounters):
         db._tasks = [asyncio.create_task(db._run(q), name=f"pg-writer-{name}-{i}")
                      for i, q in enumerate(db._queues)]
         return db
+
+    @contextlib.asynccontextmanager
+    async def unbounded(self) -> AsyncIterator[Any]:
+        """A connection of its own without the command timeout, for work that may rightly
+        run long and runs rarely (a retention sweep over a backlog): under the timeout it
+        would fail the same way at every retry and never get done."""
+        try:
+            conn = await asyncpg.connect(self.dsn)
+        except DB_ERRORS as exc:
+            raise storage_error(exc, self.name, "could not be reached") from exc
+        try:
+            yield conn
+        except BaseException:
+            conn.terminate()
+            raise
+        await conn.close()
 
     @property
     def writer_tasks(self) -> Sequence[asyncio.Task[None]]:

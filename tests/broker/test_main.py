@@ -100,3 +100,25 @@ async def test_a_sweep_rides_out_a_database_that_refuses_connections(
         stop.set()
         await _admin(pg_dsn, f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
         await store.close()
+
+
+@pytest.mark.postgres
+async def test_a_sweep_is_not_cut_short_by_the_command_timeout(pg_database: str) -> None:
+    """A first sweep over a long backlog may rightly take longer than
+    ``store.command_timeout_s``: cut short, it would fail the same way at every retry and
+    never get done. Here it waits out a lock held for several timeouts, then sweeps."""
+    store = await open_store(pg_database, command_timeout_s=0.2)
+    service = BrokerService(store, LIMITS)
+    holder = await asyncpg.connect(pg_database)
+    try:
+        held = holder.transaction()
+        await held.start()
+        await holder.execute("LOCK TABLE mesh.client_message_dedupe IN ACCESS EXCLUSIVE MODE")
+        sweep = asyncio.create_task(service.sweep())
+        await asyncio.sleep(1.0)
+        assert not sweep.done(), sweep.exception()
+        await held.rollback()
+        await asyncio.wait_for(sweep, 10)
+    finally:
+        await holder.close()
+        await store.close()

@@ -82,3 +82,9 @@ async def test_setup_has_no_command_timeout(pg_database: str) -> None:
     d = await postgres.Database.open(pg_database, slow_setup, name="timeouts",
                                      command_timeout_s=TIMEOUT_S)
     await d.close()
+
+
+async def test_an_unbounded_connection_outlasts_the_command_timeout(
+        db: postgres.Database) -> None:
+    async with db.unbounded() as conn:
+        await conn.execute("SELECT pg_sleep($1)", 2 * TIMEOUT_S)

@@ -93,7 +93,8 @@ class Files(PostgresBase):
         return None if data is None else bytes(data)
 
     async def delete_expired_files(self, now_ms: int) -> int:
-        async with self.pool.acquire() as conn, conn.transaction():
+        # Part of the retention sweep: without the command timeout (``retention.py``).
+        async with self.db.unbounded() as conn, conn.transaction():
             gone = await conn.fetch("DELETE FROM mesh.file_object WHERE expires_at IS NOT NULL"
                                     " AND expires_at < $1 RETURNING mesh_id, id", now_ms)
             if gone:

@@ -7,13 +7,18 @@ from tidemesh.broker.store.postgres.base import PostgresBase
 
 
 class Retention(PostgresBase):
+    # On a connection without the command timeout (``Database.unbounded``): a first sweep
+    # over a long backlog may rightly take minutes, and bounded it would never get done.
+
     async def delete_expired_dedupe(self, now_ms: int) -> int:
-        done = await self.pool.execute("DELETE FROM mesh.client_message_dedupe"
-                                       " WHERE expires_at IS NOT NULL AND expires_at < $1", now_ms)
+        async with self.db.unbounded() as conn:
+            done = await conn.execute("DELETE FROM mesh.client_message_dedupe"
+                                      " WHERE expires_at IS NOT NULL AND expires_at < $1",
+                                      now_ms)
         return int(done.rsplit(" ", 1)[1])
 
     async def prune_messages(self, created_before: int, stall_before: int) -> int:
-        async with self.pool.acquire() as conn, conn.transaction():
+        async with self.db.unbounded() as conn, conn.transaction():
             ids: list[str] = []
             for sql in (LOG_PRUNABLE_SQL,
                         PRUNABLE_SQL.format(table="topic_message", only="m.log_pos IS NULL"),
