@@ -27,6 +27,7 @@ from nacl.signing import SigningKey
 from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
+from websockets.protocol import State
 
 from tidemesh.core import features
 from tidemesh.core.wire import encode
@@ -258,6 +259,7 @@ class BrokerLink:
             return await fut
         finally:
             self.state.forget(out.frame["id"])
+            _read_out(fut)
 
     async def _send(self, frame: dict[str, Any] | bytes) -> None:
         if self.closed:
@@ -347,11 +349,15 @@ class BrokerLink:
         """Close, bounded: a closing handshake that does not end within ``CLOSE_TIMEOUT_S``
         (a broker that stopped reading leaves the close frame waiting to be written) drops
         the connection instead; the link's tasks are then ended, not waited on."""
-        try:
-            async with asyncio.timeout(CLOSE_TIMEOUT_S):
-                await self.ws.close()
-        except TimeoutError:
-            self.ws.transport.abort()
+        # A connection already closed has nothing to close; asking anyway makes websockets
+        # abort its transport, which Python 3.11's own loop fails with AttributeError when
+        # the transport ended by writing out its buffer (a frame cut off mid-write).
+        if self.ws.state is not State.CLOSED:
+            try:
+                async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                    await self.ws.close()
+            except TimeoutError:
+                self.ws.transport.abort()
         if self._watch is not None:
             self._watch.cancel()
         # The reader may wait to put a frame into a full deliveries queue that nobody
@@ -423,3 +429,12 @@ async def _handshake(ws: ClientConnection, state: LinkState[Waiter]) -> Ready:
                 raise LinkError(f"the broker link closed during the handshake: {exc}") from exc
         if state.phase is Phase.CLOSED:   # every end says why (``Failed``); never read on
             raise LinkError("the broker link closed during the handshake")
+
+
+def _read_out(fut: Waiter) -> None:
+    """Mark the error a request's future holds as read. When the link ends while the
+    request's frame is still being written, the reader fails the future and the writer
+    raises its own error to the caller, so nobody reads the future's: asyncio would log
+    "Future exception was never retrieved" for each such request."""
+    if fut.done() and not fut.cancelled():
+        fut.exception()

@@ -37,7 +37,8 @@ def resume_ack(frame: dict[str, Any]) -> str:
 
 
 @asynccontextmanager
-async def linked(script: Script, delivery_buffer: int = 1024) -> AsyncIterator[BrokerLink]:
+async def linked(script: Script, delivery_buffer: int = 1024,
+                 link_class: type[BrokerLink] = BrokerLink) -> AsyncIterator[BrokerLink]:
     """A link to a broker that shakes hands and then runs ``script`` with the resume frame
     once the daemon sends it."""
     async def broker(ws: ServerConnection) -> None:
@@ -54,7 +55,7 @@ async def linked(script: Script, delivery_buffer: int = 1024) -> AsyncIterator[B
 
     async with serve(broker, "127.0.0.1", 0) as server:
         port = next(iter(server.sockets)).getsockname()[1]
-        link = await BrokerLink.connect(f"ws://127.0.0.1:{port}", ULID, SigningKey.generate(),
+        link = await link_class.connect(f"ws://127.0.0.1:{port}", ULID, SigningKey.generate(),
                                         open_timeout=5, delivery_buffer=delivery_buffer)
         try:
             yield link
