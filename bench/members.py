@@ -24,8 +24,8 @@ the broker and the database; its own CPU is printed for each phase: when it is n
 of a core, the figure is the load process's limit, not the server's.
 
     .venv/bin/python bench/members.py [--members 50,200,500,1000] [--store postgres|sqlite]
-                                      [--lone 20] [--burst 500] [--idle-s 25] [--no-jetstream]
-                                      [--trim-probe] [--again K]
+                                      [--lone 20] [--lone-gap-ms 0] [--burst 500]
+                                      [--idle-s 25] [--no-jetstream] [--trim-probe] [--again K]
 """
 
 from __future__ import annotations
@@ -138,9 +138,13 @@ async def _consume(link: BrokerLink, tally: Tally) -> None:
             tally.add([d["body"] for d in batch], time.perf_counter())
 
 
-async def _lone(tally: Tally, count: int, publish: Any) -> dict[str, list[float]]:
+async def _lone(tally: Tally, count: int, publish: Any, gap_s: float = 0.0
+                ) -> dict[str, list[float]]:
     """``count`` messages one at a time (after 2 that warm up), each once every member has
-    received + acked the one before: the accept and the all-acked times, in ms."""
+    received + acked the one before and ``gap_s`` more has passed (with a gap, the accept is
+    an idle server's; without, it queues behind the previous message's N acks, which the
+    members have sent but the server may still be reading): the accept and the all-acked
+    times, in ms."""
     accept, all_acked = [], []
     for i in range(count + 2):
         body = f"lone-{i}-{secrets.token_hex(3)}"
@@ -148,6 +152,7 @@ async def _lone(tally: Tally, count: int, publish: Any) -> dict[str, list[float]
         await publish(body)
         t_acc = time.perf_counter()
         await tally.until(lambda b=body: b in tally.done_at, 60)
+        await asyncio.sleep(gap_s)
         if i >= 2:
             accept.append((t_acc - t0) * 1000)
             all_acked.append((tally.done_at[body] - t0) * 1000)
@@ -210,6 +215,8 @@ async def run_tidemesh(store_kind: str, n: int, args: argparse.Namespace, root: 
     db = f"tm_members_{secrets.token_hex(4)}"
     if pg:   # a database of its own, dropped afterwards
         await _pg(args.pg_dsn, f'CREATE DATABASE "{db}"')
+        if os.environ.get("BENCH_PG_LOG"):   # every statement's duration in the server's log
+            await _pg(args.pg_dsn, f'ALTER DATABASE "{db}" SET log_min_duration_statement = 0')
     store_url = (args.pg_dsn.rsplit("/", 1)[0] + "/" + db if pg
                  else f"sqlite:///{root / f'broker-{n}.db'}")
     mesh_id, token = await _prepare(store_url, n)
@@ -266,15 +273,20 @@ async def run_tidemesh(store_kind: str, n: int, args: argparse.Namespace, root: 
                 await asyncio.sleep(args.idle_s)
         out["idle"] = idle
 
-        # Lone messages: the next once every member has received + acked the last.
-        async def publish(body: str) -> None:
-            r = await sender.send(body, _payload(body))
-            assert r.get("status") in (200, 201), r
-
-        async with _pyspy(broker.pid, n, "lone"):
-            with Meter(broker.pid, pg) as lone:
-                out.update(await _lone(tally, args.lone, publish))
-        out.update(lone=lone, lone_deliveries=n * (args.lone + 2))
+        # Lone messages: the next once every member has received + acked the last. They
+        # are sent by a process of its own, which times each accept without the wait this
+        # process adds (the N pushes reach its one loop with the answer).
+        await sender.close()
+        child = await SenderChild.start(url, mesh_id, sender_key)
+        try:
+            async with _pyspy(broker.pid, n, "lone"):
+                with Meter(broker.pid, pg) as lone:
+                    out.update(await _lone(tally, args.lone, child.publish,
+                                           args.lone_gap_ms / 1000))
+        finally:
+            await child.stop()
+        out.update(lone=lone, lone_deliveries=n * (args.lone + 2), accept_own=child.took[2:])
+        sender = await BrokerLink.connect(url, mesh_id, sender_key, open_timeout=60)
 
         out.update(await _burst(args, n, broker.pid, store_url if pg else None, tally,
                                 sender))
@@ -288,6 +300,57 @@ async def run_tidemesh(store_kind: str, n: int, args: argparse.Namespace, root: 
         if pg:
             await _pg(args.pg_dsn, f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
     return out
+
+
+class SenderChild:
+    """The member that sends the lone messages, in a process of its own: this process
+    writes each body on its stdin, it sends it and answers with the accept's time (ms) as it
+    saw it."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+        self.took: list[float] = []
+
+    @classmethod
+    async def start(cls, url: str, mesh_id: str, key: SigningKey) -> SenderChild:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, __file__, "--sender-child", url, mesh_id, bytes(key).hex(),
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        assert proc.stdout is not None
+        ready = await asyncio.wait_for(proc.stdout.readline(), 60)
+        assert ready == b"ready\n", ready
+        return cls(proc)
+
+    async def publish(self, body: str) -> None:
+        assert self.proc.stdin is not None
+        assert self.proc.stdout is not None
+        self.proc.stdin.write(body.encode() + b"\n")
+        await self.proc.stdin.drain()
+        self.took.append(float(await asyncio.wait_for(self.proc.stdout.readline(), 60)))
+
+    async def stop(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        await asyncio.wait_for(self.proc.wait(), 30)
+
+
+async def _sender_child(url: str, mesh_id: str, seed_hex: str) -> int:
+    """``SenderChild``'s process: one line in, one send, one line out."""
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+                        logger_factory=structlog.PrintLoggerFactory(sys.stderr))
+    link = await BrokerLink.connect(url, mesh_id, SigningKey(bytes.fromhex(seed_hex)),
+                                    open_timeout=60)
+    loop = asyncio.get_running_loop()
+    lines = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(lines), sys.stdin)
+    print("ready", flush=True)
+    while body := (await lines.readline()).decode().strip():
+        t0 = time.perf_counter()
+        r = await link.send(body, _payload(body))
+        assert r.get("status") in (200, 201), r
+        print(f"{(time.perf_counter() - t0) * 1000:.3f}", flush=True)
+    await link.close()
+    return 0
 
 
 async def _burst(args: argparse.Namespace, n: int, pid: int, pg_url: str | None, tally: Tally,
@@ -414,7 +477,7 @@ async def run_jetstream(pid: int, url: str, n: int, args: argparse.Namespace
             await js.publish(subject, body.encode(), headers={"Nats-Msg-Id": body})
 
         with Meter(pid, False) as lone:
-            out.update(await _lone(tally, args.lone, publish))
+            out.update(await _lone(tally, args.lone, publish, args.lone_gap_ms / 1000))
         out.update(lone=lone, lone_deliveries=n * (args.lone + 2))
         rss0 = _rss_mb(pid)
         base = tally.total
@@ -454,7 +517,9 @@ def _report(label: str, n: int, r: dict[str, Any]) -> None:
           f" over {idle.wall:.1f} s")
     print(f"    lone message       all received + acked p50 {_pct(r['all_acked'], .5):7.1f} ms"
           f"  p99 {_pct(r['all_acked'], .99):7.1f} ms;  accept p50 {_pct(r['accept'], .5):6.1f}"
-          f" ms  p99 {_pct(r['accept'], .99):6.1f} ms")
+          f" ms  p99 {_pct(r['accept'], .99):6.1f} ms"
+          + (f" (timed by the sending process itself: p50 {_pct(r['accept_own'], .5):.1f}"
+             f" ms, p99 {_pct(r['accept_own'], .99):.1f} ms)" if "accept_own" in r else ""))
     ld = r["lone_deliveries"]
     pgd = f", PostgreSQL {1e6 * lone.postgres / ld:6.0f}" if lone.postgres else ""
     print(f"      per delivery     server {1e6 * lone.server / ld:6.0f} µs CPU{pgd};"
@@ -501,11 +566,15 @@ async def amain(args: argparse.Namespace) -> int:
 
 
 def main() -> int:
+    if sys.argv[1:2] == ["--sender-child"]:
+        return asyncio.run(_sender_child(*sys.argv[2:5]))
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--members", default="50,200,500,1000")
     ap.add_argument("--store", choices=("postgres", "sqlite"), default="postgres")
     ap.add_argument("--pg-dsn", default=PG_DSN)
     ap.add_argument("--lone", type=int, default=20)
+    ap.add_argument("--lone-gap-ms", type=float, default=0.0,
+                    help="wait this long after each lone message is all acked before the next")
     ap.add_argument("--burst", type=int, default=500)
     ap.add_argument("--idle-s", type=float, default=25.0,
                     help="long enough for one round of keepalive pings (server.ping_interval_s)")
