@@ -422,3 +422,5 @@ class BrokerServer:
         finally:
             for _ in range(permits):
                 inflight.release()
+            # Whatever became of the answer, the topics the sends logged wake their readers.
+            await self.service.sends.wake_topics(conn)

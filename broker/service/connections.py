@@ -131,6 +131,9 @@ class Conn:
     # Woken for a topic message accepted for it: its topics logged, so its pump's hand-out
     # goes straight to its transaction (no query first to ask whether they did).
     logged: bool = False
+    # The topics this connection's sends logged whose subscribers are still to be woken
+    # (``Sends.wake_topics``, after the answer).
+    logged_topics: set[tuple[str, str]] = field(default_factory=set)
     # A numbered presence batch was pushed out of its full queue: its daemon's peer set
     # misses changes, and only a new snapshot puts it right (``Connections.resync``).
     presence_stale: asyncio.Event = field(default_factory=asyncio.Event)
@@ -222,6 +225,15 @@ class Connections:
         absent = self.wake_local(keys, logged)
         if absent and self.elsewhere is not None:
             self.elsewhere.relay_wake(absent)
+
+    def wake_meshes(self, mesh_ids: set[str]) -> None:
+        """Wake every pump here of these meshes, as for a topic message (when who subscribes
+        could not be read)."""
+        for (mesh_id, _), conns in self.conns.items():
+            if mesh_id in mesh_ids:
+                for c in conns:
+                    c.logged = True
+                    c.wake.set()
 
     def wake_local(self, keys: Iterable[tuple[str, str]], logged: bool = False
                    ) -> set[tuple[str, str]]:

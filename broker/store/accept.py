@@ -52,9 +52,10 @@ class AcceptPort(Protocol):
         """The dedupe row of each key, ours or an earlier send's."""
 
     def destinations(self, items: Sequence[AcceptInput]) -> dict[Destination, list[str]]:
-        """(kind, mesh, ref) → the live members it reaches (topic subscribers, the DM target,
-        queue consumers); a destination is present iff it exists (a revoked DM target: with
-        no members, so that the refusal can say revoked)."""
+        """(kind, mesh, ref) → the live members it reaches (the DM target, queue consumers;
+        a topic with none: its subscribers are not read in the transaction, see
+        ``Store.topic_subscribers``); a destination is present iff it exists (a revoked DM
+        target: with no members, so that the refusal can say revoked)."""
 
     def unclaim(self, broker_message_ids: Sequence[str]) -> None:
         """Delete the dedupe rows of sends refused by B2."""

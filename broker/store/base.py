@@ -270,6 +270,13 @@ class Store(FileStore, Protocol):
         transaction (PostgreSQL: one query for all of them)."""
         ...
 
+    async def topic_subscribers(self, topics: Sequence[tuple[str, str]]
+                                ) -> dict[tuple[str, str], list[str]]:
+        """(mesh, topic) → the live members subscribed to it, read outside any accept
+        transaction: whose pumps a topic message wakes once it is committed (the accept does
+        not list them; each is handed its entries by its own pump)."""
+        ...
+
     # fair load: per-mesh overrides of the member send budget
     async def mesh_limits(self) -> dict[str, MeshLimits]:
         """mesh_id → its override, for the meshes that have one."""

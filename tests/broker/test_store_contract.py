@@ -41,11 +41,19 @@ async def _handed(store: Store, w: World, at: int | None = None) -> None:
         await store.hand_out(w.mesh_id, pk, at or now_ms())
 
 
+async def _subscribers(store: Store, mesh_id: str, *topics: str) -> dict[str, list[str]]:
+    got = await store.topic_subscribers([(mesh_id, t) for t in topics])
+    return {t: sorted(members) for (_, t), members in got.items()}
+
+
 async def test_first_send_is_201_with_every_row(store: Store) -> None:
     w = await _world(store)
     r = await store.accept(accept_input(w.mesh_id, w.alice, "c1"))
     assert r.status == 201 and r.broker_message_id and r.history_id
-    assert sorted(d.recipient_pubkey for d in r.deliveries) == sorted([w.bob, w.carol])
+    # Its subscribers are not listed by the accept; they are read after it, to be woken.
+    assert r.deliveries == ()
+    assert await _subscribers(store, w.mesh_id, "ops", "none") == {
+        "ops": sorted([w.alice, w.bob, w.carol]), "none": []}
     counts = await store.counts()
     # A topic message is written once, whatever its subscribers (DESIGN §11).
     assert (counts["client_message_dedupe"], counts["topic_message"],
@@ -342,6 +350,13 @@ async def test_unknown_dm_recipient_and_consumerless_queue_are_b2(store: Store) 
     assert (await store.counts())["message_queue"] == 2
 
 
+async def test_a_revoked_member_is_no_subscriber_though_its_subscription_stays(
+        store: Store) -> None:
+    w = await _world(store)
+    assert await store.revoke_member(w.mesh_id, w.bob, now_ms())
+    assert await _subscribers(store, w.mesh_id, "ops") == {"ops": sorted([w.alice, w.carol])}
+
+
 async def test_a_dm_to_a_revoked_member_says_revoked(store: Store) -> None:
     w = await _world(store)
     assert await store.revoke_member(w.mesh_id, w.bob, now_ms())
@@ -519,8 +534,8 @@ async def test_a_member_that_leaves_is_revoked_with_its_memberships_and_deliveri
     assert removed == {"subscriptions": 1, "queues": 1, "deliveries": 1}
     member = await store.get_member(w.mesh_id, w.bob)
     assert member is not None and member.revoked_at is not None
-    r = await store.accept(accept_input(w.mesh_id, w.alice, "c2"))
-    assert [d.recipient_pubkey for d in r.deliveries] == [w.carol]
+    assert (await store.accept(accept_input(w.mesh_id, w.alice, "c2"))).status == 201
+    assert await _subscribers(store, w.mesh_id, "ops") == {"ops": sorted([w.alice, w.carol])}
     assert await store.leave_member(w.mesh_id, w.bob, now_ms()) is None   # once
 
 

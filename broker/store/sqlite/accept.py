@@ -58,6 +58,14 @@ class Accept(SqliteBase):
 
         return await self._read(fn) if keys else {}
 
+    async def topic_subscribers(self, topics: Sequence[tuple[str, str]]
+                                ) -> dict[tuple[str, str], list[str]]:
+        def fn(conn: sqlite3.Connection) -> dict[tuple[str, str], list[str]]:
+            return {k: [r[0] for r in conn.execute(SUBSCRIBERS_SQL, k)]
+                    for k in sorted(set(topics))}
+
+        return await self._read(fn) if topics else {}
+
     async def accept_batch(self, items: Sequence[AcceptInput]) -> list[AcceptResult]:
         """A frame bigger than the engine's ``HEAVY_CHUNK`` goes in as parts of that size,
         queued together: one transaction unless a lone send of another member arrives
@@ -150,9 +158,8 @@ class SqliteAcceptPort:
 
     def _members(self, kind: str, mesh_id: str, ref: str) -> list[str] | None:
         if kind == "topic":
-            if not self.conn.execute(TOPIC_SQL, (mesh_id, ref)).fetchone():
-                return None
-            return [r[0] for r in self.conn.execute(SUBSCRIBERS_SQL, (mesh_id, ref))]
+            # It exists; its subscribers are read after the commit (``topic_subscribers``).
+            return [] if self.conn.execute(TOPIC_SQL, (mesh_id, ref)).fetchone() else None
         if kind == "dm":
             known = self.conn.execute(MEMBER_SQL, (mesh_id, ref)).fetchone()
             return None if known is None else [ref] if known[0] else [known[1]] if known[1] else []
