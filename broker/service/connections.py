@@ -229,11 +229,7 @@ class Connections:
     def wake_meshes(self, mesh_ids: set[str]) -> None:
         """Wake every pump here of these meshes, as for a topic message (when who subscribes
         could not be read)."""
-        for (mesh_id, _), conns in self.conns.items():
-            if mesh_id in mesh_ids:
-                for c in conns:
-                    c.logged = True
-                    c.wake.set()
+        self.wake_local([key for key in self.conns if key[0] in mesh_ids], logged=True)
 
     def wake_local(self, keys: Iterable[tuple[str, str]], logged: bool = False
                    ) -> set[tuple[str, str]]:
