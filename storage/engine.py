@@ -3,7 +3,8 @@ caller hands it, the ``Engine`` protocol both implement, and the rules every bat
 
 A batch is what a writer drained from its queue. It runs in one transaction: each run of
 one op's args is one ``op.run`` under a savepoint. When that run raises (a statement failed,
-or the op refused with a ``TidemeshError``), the engine rolls back to the savepoint and
+the op refused with a ``TidemeshError``, or an arg could not be bound: an integer past 64
+bits is Python's ``OverflowError``), the engine rolls back to the savepoint and
 runs each of those args alone, under a savepoint of its own: only an arg that fails again
 gets an error (``one_arg_failed``), the others commit. An error that no arg alone can get
 past (a full disk, the connection or server gone: ``fails_batch``) fails the whole batch
@@ -95,6 +96,8 @@ def fail_batch(name: str, items: Iterable[Pending], err: BaseException, exc: Bas
         p.error = err
 
 
-def one_arg_failed(name: str, op: str, err: TidemeshError) -> None:
-    """A database error of one arg run alone (it alone gets ``err``): logged."""
-    log.error(f"{name}_write_failed", op=op, error=err.message)
+def one_arg_failed(name: str, op: str, err: BaseException) -> None:
+    """A database error of one arg run alone, or an arg the driver could not bind (it alone
+    gets ``err``; the writer goes on): logged."""
+    message = err.message if isinstance(err, TidemeshError) else repr(err)
+    log.error(f"{name}_write_failed", op=op, error=message)

@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 
 import asyncpg
 import structlog
+from asyncpg.exceptions._base import DataError as _EncodeError  # no public name: see _of_connection
 
 from tidemesh.core.errors import InsufficientStorage, TidemeshError, Unavailable
 from tidemesh.core.settings import ConfigError
@@ -316,7 +317,9 @@ class Database(BatchCounters):
                 results = await cast(Awaitable[list[Any]], op.run(conn, [p.arg for p in items]))
         except _CONNECTION_ERRORS:
             raise
-        except (asyncpg.PostgresError, TidemeshError) as exc:
+        except Exception as exc:
+            if _of_connection(exc):
+                raise
             if isinstance(exc, asyncpg.PostgresError) and fails_batch(
                     storage_error(exc, self.name, "could not commit")):
                 raise
@@ -341,6 +344,19 @@ class Database(BatchCounters):
             one_arg_failed(self.name, p.op.name, err)
         except TidemeshError as exc:
             p.error = exc
+        except Exception as exc:
+            if _of_connection(exc):
+                raise
+            p.error = exc   # e.g. an integer past 64 bits: this arg's fault, not the writer's
+            one_arg_failed(self.name, p.op.name, exc)
+
+
+def _of_connection(exc: Exception) -> bool:
+    """Whether ``exc`` is of the connection (the batch fails, the connection is replaced)
+    rather than of one arg. asyncpg's client-side ``DataError`` (a value it cannot encode)
+    is an ``InterfaceError`` like the connection's own, but it is the arg's."""
+    return (isinstance(exc, DB_ERRORS) and not isinstance(exc, asyncpg.PostgresError)
+            and not isinstance(exc, _EncodeError))
 
 
 def _split_by_key(batch: list[_Pending]) -> tuple[list[_Pending], list[_Pending]]:

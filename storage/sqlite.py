@@ -479,7 +479,7 @@ class Database(BatchCounters):
         conn.execute("SAVEPOINT run")
         try:
             results = cast(list[Any], op.run(conn, [it.arg for it in items]))
-        except (sqlite3.Error, TidemeshError) as exc:
+        except Exception as exc:
             conn.execute("ROLLBACK TO run")
             conn.execute("RELEASE run")
             if isinstance(exc, sqlite3.Error) and fails_batch(storage_error(exc, self.name)):
@@ -504,7 +504,11 @@ class Database(BatchCounters):
                 conn.execute("RELEASE item")
                 raise
             one_arg_failed(self.name, what, err)
+        except TidemeshError as exc:    # the op refused this arg: its answer, not a fault
+            conn.execute("ROLLBACK TO item")
+            item.error = exc
         except Exception as exc:
             conn.execute("ROLLBACK TO item")
             item.error = exc
+            one_arg_failed(self.name, what, exc)
         conn.execute("RELEASE item")

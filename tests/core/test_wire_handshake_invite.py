@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import Callable
 from importlib import resources
 
@@ -12,6 +13,7 @@ from nacl.signing import SigningKey
 from tidemesh.core import handshake
 from tidemesh.core.errors import InvalidRequest
 from tidemesh.core.invite import Invite, decode, parse_duration_ms
+from tidemesh.core.numbers import MAX_ID
 from tidemesh.core.wire import FrameType, InvalidFrame, check
 from tidemesh.core.wire import decode as decode_frame
 
@@ -30,6 +32,29 @@ def test_bad_frames_name_the_field() -> None:
         decode_frame(b"\xff")
     with pytest.raises(InvalidFrame):
         check({"type": "nope"})
+
+
+def test_every_integer_of_every_frame_fits_a_database_integer() -> None:
+    """An ack of seq 2**63 once reached the broker's store, which could not bind it, and the
+    broker stopped: each frame's integers are bounded where the frame is checked."""
+    check({"type": "ack", "epoch": 1, "seq": MAX_ID})
+    for field in ("epoch", "seq"):
+        with pytest.raises(InvalidFrame) as info:
+            check({"type": "ack", "epoch": 1, "seq": 1, field: 2**63})
+        assert info.value.details["field"] == field
+    for name in (p.name for p in (resources.files("tidemesh.schemas") / "ws").iterdir()):
+        text = (resources.files("tidemesh.schemas") / "ws" / name).read_text()
+        for spec in _integers(json.loads(text)):
+            assert spec.get("maximum", 2**63) <= MAX_ID, (name, spec)
+
+
+def _integers(node: object) -> list[dict[str, object]]:
+    if isinstance(node, list):
+        return [s for v in node for s in _integers(v)]
+    if not isinstance(node, dict):
+        return []
+    own = [node] if node.get("type") == "integer" else []
+    return own + [s for v in node.values() for s in _integers(v)]
 
 
 def _send(**extra: object) -> dict[str, object]:

@@ -26,7 +26,9 @@ def joined() -> Iterator[tuple[Broker, Path]]:
         res = run_cli(root / "m", "daemon", "join", broker.invite("team"), "--mesh", "t")
         assert res.returncode == 0, res.stderr
         yield broker, root / "m"
-        assert broker.proc is not None and broker.proc.poll() is None, "the broker died"
+        assert broker.proc is not None and broker.proc.poll() is None, (
+            f"the broker died ({broker.proc and broker.proc.returncode}): "
+            + (root / "broker" / "broker.out").read_text(errors="replace")[-4000:])
     finally:
         broker.stop()
         shutil.rmtree(root, ignore_errors=True)

@@ -156,6 +156,20 @@ async def test_an_op_refusing_one_arg_fails_that_arg_alone(engine: Subject) -> N
     assert not any(t.done() for t in engine.db.writer_tasks)
 
 
+async def test_an_arg_the_driver_cannot_bind_fails_that_arg_alone(engine: Subject) -> None:
+    """An integer past 64 bits is no statement's error but the driver's (``OverflowError``
+    in sqlite3, a client-side ``DataError`` in asyncpg): it fails its arg alone, and the
+    writer goes on taking writes (it used to stop, and the broker with it)."""
+    rows = [_row(i, v=2**63 if i == 5 else 1) for i in range(12)]
+
+    answers = await asyncio.gather(*(engine.submit(r) for r in rows), return_exceptions=True)
+
+    assert [i for i, a in enumerate(answers) if isinstance(a, BaseException)] == [5]
+    assert await engine.committed() == {r[0] for r in rows} - {"k0005"}
+    assert not any(t.done() for t in engine.db.writer_tasks)
+    assert await engine.submit(_row(99)) == "k0099"
+
+
 def _refusing_sync(conn: sqlite3.Connection, rows: Sequence[Row]) -> list[str]:
     if any(r[1] == 13 for r in rows):
         raise InvalidRequest("13 is refused", field="v")
