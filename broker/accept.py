@@ -183,11 +183,13 @@ def pick_queue_consumer(consumers: list[str], broker_message_id: str) -> str:
     return ordered[queue_pick_key(broker_message_id) % len(ordered)]
 
 
-def recipients_for(kind: str, ref: str, sender: str, topic_subscribers: list[str],
-                   queue_consumers: list[str], broker_message_id: str) -> list[str]:
-    """Who gets a delivery row: subscribers but the sender, the DM target, or one consumer."""
+def recipients_for(kind: str, ref: str, queue_consumers: list[str],
+                   broker_message_id: str) -> list[str]:
+    """Who gets a delivery row: the DM target, or one of a queue's consumers. A topic's
+    message gets none: it takes the next place in its topic's log, and each subscriber but
+    the sender reads it from there (``broker/topiclog``)."""
     if kind == "topic":
-        return sorted(p for p in set(topic_subscribers) if p != sender)
+        return []
     if kind == "dm":
         return [ref]
     return [pick_queue_consumer(queue_consumers, broker_message_id)]

@@ -171,8 +171,7 @@ def _recipients(a: AcceptInput, found: dict[Destination, list[str]]
                                   "receives nothing any more", field="to.ref")
     if a.kind == "dm":   # its key, or the one it was rotated out for (docs/broker.md)
         return members[:1]
-    return recipients_for(a.kind, a.ref, a.sender_pubkey, members, members,
-                          a.broker_message_id)
+    return recipients_for(a.kind, a.ref, members, a.broker_message_id)
 
 
 def run(port: AcceptPort, items: Sequence[AcceptInput]) -> list[AcceptResult]:

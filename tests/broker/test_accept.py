@@ -67,8 +67,9 @@ def test_prepare_sets_expiry_by_mode() -> None:
     assert prepare(send_frame("c"), "M", "p", Limits(99, "permanent", 0), 1).expires_at is None
 
 
-def test_topic_recipients_exclude_the_sender() -> None:
-    assert recipients_for("topic", "t", "a", ["a", "b", "b", "c"], [], "X") == ["b", "c"]
+def test_a_topic_message_gets_no_delivery_rows_a_dm_its_target() -> None:
+    assert recipients_for("topic", "t", [], "X") == []
+    assert recipients_for("dm", "b", ["b"], "X") == ["b"]
 
 
 def test_queue_consumer_pick_is_stable() -> None:

@@ -13,12 +13,13 @@ MESH = "01J0000000000000000000MESH"
 
 
 class MemoryPort:
-    """``accept.AcceptPort`` over dicts: one topic ``ops`` with one subscriber."""
+    """``accept.AcceptPort`` over dicts: one topic ``ops`` (as the stores answer B2 for a
+    topic: it exists, its subscribers are not read) and one member ``dm`` can reach."""
 
-    def __init__(self, subscriber: str) -> None:
+    def __init__(self, member: str) -> None:
         self.dedupe: dict[accept.Key, DedupeRow] = {}
         self.messages: list[str] = []
-        self.subscriber = subscriber
+        self.member = member
         self.calls: list[str] = []
 
     def claim(self, items: Sequence[AcceptInput]) -> int:
@@ -36,7 +37,13 @@ class MemoryPort:
     def destinations(self, items: Sequence[AcceptInput]
                      ) -> dict[accept.Destination, list[str]]:
         self.calls.append("destinations")
-        return {("topic", MESH, "ops"): [self.subscriber]}
+        found: dict[accept.Destination, list[str]] = {}
+        for a in items:
+            if a.kind == "topic" and a.ref == "ops":
+                found[(a.kind, MESH, a.ref)] = []
+            elif a.kind == "dm" and a.ref == self.member:
+                found[(a.kind, MESH, a.ref)] = [self.member]
+        return found
 
     def unclaim(self, broker_message_ids: Sequence[str]) -> None:
         self.calls.append("unclaim")
@@ -104,13 +111,13 @@ def test_steps_read_back_when_one_key_of_the_batch_was_held() -> None:
     assert port.calls[-4:] == ["claim", "read_back", "destinations", "insert"]
 
 
-def test_steps_leave_each_sender_out_of_its_own_topic_send_in_a_mixed_batch() -> None:
-    subscriber, other = new_pubkey(), new_pubkey()
-    port = MemoryPort(subscriber)
-    items = [accept_input(MESH, s, f"m{i}") for i, s in
-             enumerate([other, subscriber, other, subscriber])]
+def test_steps_give_a_dm_its_delivery_row_and_a_topic_send_none_in_a_mixed_batch() -> None:
+    member, sender = new_pubkey(), new_pubkey()
+    port = MemoryPort(member)
+    items = [accept_input(MESH, sender, "t0"), accept_input(MESH, sender, "d0", kind="dm",
+                                                             ref=member),
+             accept_input(MESH, sender, "t1")]
     results = accept.run(port, items)
-    assert [r.status for r in results] == [201] * 4
-    # The subscriber's own sends reach no one; the other member's reach the subscriber.
-    assert [[d.recipient_pubkey for d in r.deliveries] for r in results] == [
-        [subscriber], [], [subscriber], []]
+    assert [r.status for r in results] == [201] * 3
+    # The topic's sends are read from its log by each subscriber, not given rows here.
+    assert [[d.recipient_pubkey for d in r.deliveries] for r in results] == [[], [member], []]
