@@ -32,7 +32,8 @@ def main() -> int:
     ap.add_argument("--daemons", type=int, default=3, help="hosts, one daemon each")
     ap.add_argument("--concurrency", type=int, default=8, help="requests in flight per program")
     ap.add_argument("--max-stall", type=float, default=3.0,
-                    help="longest WebSocket stall, s (over 40 outlasts the keepalive)")
+                    help="longest WebSocket stall, s (over 40 outlasts the daemon's "
+                         "keepalive, over 60 the broker's server.idle_timeout_s)")
     ap.add_argument("--settle-timeout", type=float, default=600.0)
     ap.add_argument("--no-audit", action="store_true", help="skip the Spark orphan audit")
     ap.add_argument("--keep", action="store_true",

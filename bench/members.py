@@ -577,7 +577,7 @@ def main() -> int:
                     help="wait this long after each lone message is all acked before the next")
     ap.add_argument("--burst", type=int, default=500)
     ap.add_argument("--idle-s", type=float, default=25.0,
-                    help="long enough for one round of keepalive pings (server.ping_interval_s)")
+                    help="long enough for one round of the members' keepalive pings (20 s)")
     ap.add_argument("--no-jetstream", action="store_true")
     ap.add_argument("--trim-probe", action="store_true",
                     help="after the burst, have the broker call malloc_trim(0) and show "

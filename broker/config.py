@@ -72,10 +72,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("auth.hello_timeout_s", float, 10.0, "A connection must send a good hello within "
             "this, and once admitted be authenticated within it again (the wait for a "
             "handshake slot is not counted)."),
-    Setting("server.ping_interval_s", float, 20.0, "WebSocket keepalive: how often the broker "
-            "pings each connection (a dead peer is closed after one more interval without its "
-            "pong); each ping is a frame per member, so idle CPU grows with it at many "
-            "members."),
+    Setting("server.ping_interval_s", float, 0.0, "WebSocket keepalive pings of the broker's "
+            "own, this often (a peer is closed after one more interval without its pong); 0, "
+            "the default, sends none: members ping the broker (a daemon every 20 s), and "
+            "server.idle_timeout_s closes one gone silent. Each ping is a frame and a timer per "
+            "member: at 1,000 members they were most of an idle broker's CPU."),
+    Setting("server.idle_timeout_s", float, 60.0, "A connection the broker hears nothing from "
+            "(no frame, no ping, no pong) for this long is closed (4015 silent): a member "
+            "whose host or network went away, whose pings stopped coming."),
     Setting("server.handshake_concurrency", int, 64, "Hellos authenticated at once; the rest "
             "wait for a slot, off the hello clock (a connect storm is admitted, not timed "
             "out)."),
@@ -136,6 +140,7 @@ class BrokerSettings:
     limits_profile_burst: int
     auth_hello_timeout_s: float
     server_ping_interval_s: float
+    server_idle_timeout_s: float
     server_handshake_concurrency: int
     auth_recheck_s: float
     cluster_poll_s: float
@@ -239,8 +244,11 @@ def _validate_clone(s: BrokerSettings) -> None:
 
 
 def _validate_server(s: BrokerSettings) -> None:
-    if s.server_ping_interval_s <= 0:
-        raise ConfigError("server.ping_interval_s must be > 0", field="server.ping_interval_s")
+    if s.server_ping_interval_s < 0:
+        raise ConfigError("server.ping_interval_s must be >= 0 (0: no pings of the broker's own)",
+                          field="server.ping_interval_s")
+    if s.server_idle_timeout_s <= 0:
+        raise ConfigError("server.idle_timeout_s must be > 0", field="server.idle_timeout_s")
     if s.server_handshake_concurrency < 1:
         raise ConfigError("server.handshake_concurrency must be >= 1",
                           field="server.handshake_concurrency")

@@ -120,7 +120,8 @@ async def _run(settings: BrokerSettings, url: str, stop: asyncio.Event,
                           send_queue_frames=settings.limits_send_queue_frames,
                           slow_reader_s=settings.limits_slow_reader_s,
                           handshake_concurrency=settings.server_handshake_concurrency,
-                          ping_interval_s=settings.server_ping_interval_s)
+                          ping_interval_s=settings.server_ping_interval_s,
+                          idle_timeout_s=settings.server_idle_timeout_s)
     if watchdog is not None:
         watchdog.counted = Counter(
             "cm_broker_loop_stalls_total", "Times the event loop did not turn for "
@@ -137,7 +138,7 @@ async def _run(settings: BrokerSettings, url: str, stop: asyncio.Event,
         if ready is not None:
             ready(server.port)
         try:
-            await _serve(settings, service, store, stop)
+            await _serve(settings, service, server, store, stop)
         except* WriterStopped as group:
             failed = WriterStopped(str(group.exceptions[0]))
     finally:
@@ -157,8 +158,8 @@ async def _run(settings: BrokerSettings, url: str, stop: asyncio.Event,
         raise failed
 
 
-async def _serve(settings: BrokerSettings, service: BrokerService, store: Store,
-                 stop: asyncio.Event) -> None:
+async def _serve(settings: BrokerSettings, service: BrokerService, server: BrokerServer,
+                 store: Store, stop: asyncio.Event) -> None:
     """The background loops, until ``stop`` is set or a store writer stops."""
     jobs = Jobs(service.metrics.background_errors, store.outage_errors)
     _every, _restarted = jobs.every, jobs.restarted
@@ -176,6 +177,8 @@ async def _serve(settings: BrokerSettings, service: BrokerService, store: Store,
                                        service.peering.poll)),
                  tg.create_task(_every(settings.cluster_heartbeat_s, "cluster_heartbeat",
                                        service.peering.heartbeat)),
+                 tg.create_task(_every(settings.server_idle_timeout_s / 4, "silent",
+                                       server.close_silent)),
                  tg.create_task(_every(HEAP_TRIM_CHECK_S, "heap_trim",
                                        service.deliveries.trim_heap)),
                  tg.create_task(_watch_writers(store.writer_tasks))]

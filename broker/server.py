@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -159,6 +160,23 @@ class WsPeer:
             self.ws.transport.abort()
 
 
+class HeardConnection(ServerConnection):
+    """A connection that knows when its peer last said anything: a frame, a ping or a pong
+    (any bytes). The broker sends no keepalive pings of its own by default: each is a frame,
+    a task wake-up and a timer per member, most of an idle broker's CPU at 1,000 members
+    (docs/broker.md, Admission). Members ping the broker; ``BrokerServer.close_silent`` closes
+    one that has said nothing for ``server.idle_timeout_s``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.heard_at = time.monotonic()
+        self.peer: WsPeer | None = None
+
+    def data_received(self, data: bytes) -> None:
+        self.heard_at = time.monotonic()
+        super().data_received(data)
+
+
 @dataclass(slots=True)
 class Live:
     """One connection as its handler holds it: what the finally must undo."""
@@ -176,9 +194,10 @@ class BrokerServer:
                  bad_window_s: float = 10.0, max_frame_bytes: int = 4 << 20,
                  hello_timeout_s: float = 10.0, send_queue_frames: int = 1024,
                  slow_reader_s: float = 30.0, handshake_concurrency: int = 64,
-                 ping_interval_s: float = 20.0) -> None:
+                 ping_interval_s: float = 0.0, idle_timeout_s: float = 60.0) -> None:
         self.service = service
-        self.ping_interval_s = ping_interval_s
+        self.ping_interval_s = ping_interval_s or None   # 0: no pings of the broker's own
+        self.idle_timeout_s = idle_timeout_s
         # Hellos authenticated at once (store lookups, the session claim); the others wait
         # their turn off the hello clock (issue #30: a storm of 1,000 overran it).
         self.admission = asyncio.Semaphore(handshake_concurrency)
@@ -195,6 +214,7 @@ class BrokerServer:
 
     async def start(self, host: str, port: int) -> BrokerServer:
         self.server = await serve(self.handler, host, port, process_request=self.http,
+                                  create_connection=HeardConnection,
                                   max_size=self.max_frame_bytes, compression=None,
                                   ping_interval=self.ping_interval_s,
                                   ping_timeout=self.ping_interval_s)
@@ -224,6 +244,26 @@ class BrokerServer:
                             within_s=within)
         self.service.connections.stop()
 
+    async def close_silent(self) -> int:
+        """Close (4015 silent) each open connection heard from not once, not even a ping,
+        in ``idle_timeout_s``: its member's host or network went away without a word, and
+        without this it would stay registered and present. Returns how many; the broker's
+        job of ``server.idle_timeout_s / 4`` runs it."""
+        if self.server is None:
+            return 0
+        cutoff = time.monotonic() - self.idle_timeout_s
+        silent = [ws.peer for ws in self.server.connections
+                  if isinstance(ws, HeardConnection) and ws.heard_at < cutoff
+                  and ws.peer is not None]
+        for peer in silent:
+            assert peer is not None
+            await peer.close(CloseCode.SILENT, "silent")
+        if silent:
+            self.service.metrics.silent_closed.inc(len(silent))
+            log.warning("broker_silent_connections_closed", connections=len(silent),
+                        idle_timeout_s=self.idle_timeout_s)
+        return len(silent)
+
     def http(self, connection: ServerConnection, request: Request) -> Response | None:
         """Plain HTTP on the WebSocket port: ``/metrics`` and ``/healthz``."""
         if request.path == "/metrics":
@@ -243,6 +283,8 @@ class BrokerServer:
         # logfilters.Repeats bound what one connection can make the broker write.
         structlog.contextvars.bind_contextvars(conn=ws.id.hex[:12])
         peer = WsPeer(ws, self.service.metrics, self.queue_limits, self.slow_reader_s)
+        if isinstance(ws, HeardConnection):
+            ws.peer = peer
         peer.start()
         live = Live(peer, Session(handshake.new_nonce(), self.max_bad, self.bad_window_s))
         try:

@@ -81,6 +81,7 @@ class CloseCode:
     SLOW_READER = 4012        # the connection took no frame for limits.slow_reader_s: reconnect
     CLONE = 4013              # another host holds this member's key (clone.policy): back off
     ROTATED_OUT = 4014        # the key was rotated out (daemon rotate-keypair): use the new one
+    SILENT = 4015             # nothing heard in server.idle_timeout_s, not a ping: reconnect
 
 
 class InvalidFrame(InvalidRequest):

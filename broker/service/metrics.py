@@ -75,6 +75,10 @@ class Metrics:
         self.slow_readers = Counter("cm_broker_slow_readers_closed_total",
                                     "Connections cut off (4012 slow_reader) for taking no "
                                     "frame within limits.slow_reader_s.", registry=r)
+        self.silent_closed = Counter("cm_broker_silent_connections_closed_total",
+                                     "Connections closed (4015 silent) after nothing was heard "
+                                     "from them, not even a ping, for server.idle_timeout_s.",
+                                     registry=r)
         self.presence_resyncs = Counter("cm_broker_presence_resyncs_total",
                                         "Presence snapshots sent again to a connection whose "
                                         "full queue dropped a numbered presence batch.",

@@ -13,6 +13,8 @@ from nacl.signing import SigningKey
 from tidemesh.broker.accept import AcceptInput, Limits, prepare
 from tidemesh.broker.store import open_store
 from tidemesh.broker.store.base import Store
+from tidemesh.core import handshake
+from tidemesh.core.wire import decode, encode
 
 LIMITS = Limits(inline_bytes=1 << 20, dedupe_mode="retention_scoped", dedupe_retention_days=7)
 
@@ -54,3 +56,14 @@ def send_frame(cmid: str, kind: str = "topic", ref: str = "ops", body: str = "he
 def accept_input(mesh_id: str, sender: str, cmid: str, limits: Limits = LIMITS,
                  at: int | None = None, **kw: Any) -> AcceptInput:
     return prepare(send_frame(cmid, **kw), mesh_id, sender, limits, at or now_ms())
+
+
+async def say_hello(ws: Any, mesh_id: str, key: SigningKey, *, acked: bool = True) -> None:
+    """A member's hello on a fresh connection: the challenge read, the hello signed and sent,
+    and (``acked``) its ``hello_ack`` read."""
+    nonce = decode(await ws.recv())["nonce"]
+    pk, sig = handshake.sign(key, mesh_id, nonce)
+    await ws.send(encode({"type": "hello", "mesh_id": mesh_id, "pubkey": pk, "nonce": nonce,
+                          "signature": sig}))
+    if acked:
+        assert decode(await ws.recv())["type"] == "hello_ack"

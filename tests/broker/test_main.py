@@ -11,6 +11,7 @@ from structlog.testing import capture_logs
 from tests.broker.conftest import LIMITS
 from tidemesh.broker import main
 from tidemesh.broker.config import load
+from tidemesh.broker.server import BrokerServer
 from tidemesh.broker.service import BrokerService
 from tidemesh.broker.store import open_store
 
@@ -21,14 +22,16 @@ async def test_the_background_loops_end_on_stop_and_a_dead_writer_is_fatal(
     settings, _ = load({}, {}, {})
     store = await open_store(store_url)
     service = BrokerService(store, LIMITS)
+    unstarted = BrokerServer(service)   # close_silent finds no connections
     try:
         stop = asyncio.Event()
-        serving = asyncio.create_task(main._serve(settings, service, store, stop))
+        serving = asyncio.create_task(main._serve(settings, service, unstarted, store, stop))
         await asyncio.sleep(0.05)
         stop.set()
         await asyncio.wait_for(serving, 5)  # a clean stop raises nothing
 
-        serving = asyncio.create_task(main._serve(settings, service, store, asyncio.Event()))
+        serving = asyncio.create_task(main._serve(settings, service, unstarted, store,
+                                                  asyncio.Event()))
         await asyncio.sleep(0.05)
         assert not serving.done()
         with capture_logs() as logs:
@@ -66,6 +69,7 @@ async def test_a_sweep_rides_out_a_database_that_refuses_connections(
     settings, _ = load({}, {}, fast)
     store = await open_store(pg_database)
     service = BrokerService(store, LIMITS)
+    unstarted = BrokerServer(service)   # close_silent finds no connections
     stop = asyncio.Event()
 
     def transient_failures() -> float:
@@ -75,7 +79,7 @@ async def test_a_sweep_rides_out_a_database_that_refuses_connections(
 
     try:
         with capture_logs() as logs:
-            serving = asyncio.create_task(main._serve(settings, service, store, stop))
+            serving = asyncio.create_task(main._serve(settings, service, unstarted, store, stop))
             await asyncio.sleep(0.2)
             await _admin(pg_dsn, f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
             await _admin(pg_dsn, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"

@@ -12,8 +12,8 @@ from nacl.signing import SigningKey
 from prometheus_client.parser import text_string_to_metric_families
 from websockets.asyncio.client import ClientConnection, connect
 
+from tests.broker.conftest import say_hello
 from tests.broker.test_server import Broker, _start, payload, pub
-from tidemesh.core import handshake
 from tidemesh.core.jsonbounds import META_DEPTH
 from tidemesh.core.metrics import render
 from tidemesh.core.send import Destination, Priority, SendRequest
@@ -24,11 +24,7 @@ TRACEPARENT = "00-" + "1" * 32 + "-" + "2" * 16 + "-01"
 
 
 async def _hello(ws: ClientConnection, b: Broker, key: SigningKey) -> None:
-    nonce = decode(await ws.recv())["nonce"]
-    pk, sig = handshake.sign(key, b.mesh_id, nonce)
-    await ws.send(encode({"type": "hello", "mesh_id": b.mesh_id, "pubkey": pk, "nonce": nonce,
-                          "signature": sig}))
-    assert decode(await ws.recv())["type"] == "hello_ack"
+    await say_hello(ws, b.mesh_id, key)
 
 
 async def _answer(ws: ClientConnection) -> Frame:

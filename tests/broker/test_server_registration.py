@@ -15,13 +15,12 @@ from nacl.signing import SigningKey
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-from tests.broker.conftest import LIMITS, now_ms
+from tests.broker.conftest import LIMITS, now_ms, say_hello
 from tidemesh.broker.server import BrokerServer
 from tidemesh.broker.service import BrokerService
 from tidemesh.broker.store import open_cluster, open_store
 from tidemesh.broker.store.base import Store
-from tidemesh.core import handshake
-from tidemesh.core.wire import decode, encode
+from tidemesh.core.wire import decode
 from tidemesh.daemon.link.websocket import BrokerLink
 
 pytestmark = pytest.mark.postgres
@@ -73,10 +72,7 @@ async def session_rows(dsn: str) -> int:
 
 
 async def hello(b: Broker, ws: ClientConnection) -> None:
-    nonce = decode(await ws.recv())["nonce"]
-    pk, sig = handshake.sign(b.alice, b.mesh_id, nonce)
-    await ws.send(encode({"type": "hello", "mesh_id": b.mesh_id, "pubkey": pk, "nonce": nonce,
-                          "signature": sig}))
+    await say_hello(ws, b.mesh_id, b.alice, acked=False)
 
 
 async def cut_before_hello(b: Broker) -> None:

@@ -14,11 +14,10 @@ from nacl.signing import SigningKey
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
+from tests.broker.conftest import say_hello
 from tests.daemon.harness import RunningDaemon, run_cli, start_daemon
 from tests.e2e.harness import Broker, connected, inbox, pubkey, wait_for
 from tidemesh.client import Client
-from tidemesh.core import handshake
-from tidemesh.core.wire import decode, encode
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
@@ -105,11 +104,7 @@ async def hello_as(d: RunningDaemon, broker: Broker) -> ClientConnection:
     key = SigningKey(bytes.fromhex(json.loads(d.paths.keypair.read_text())["ed25519_seed"]))
     mesh_id = json.loads(d.paths.mesh_file.read_text())["mesh_id"]
     ws = await connect(broker.url)
-    nonce = decode(await ws.recv())["nonce"]
-    pk, sig = handshake.sign(key, mesh_id, nonce)
-    await ws.send(encode({"type": "hello", "mesh_id": mesh_id, "pubkey": pk, "nonce": nonce,
-                          "signature": sig}))
-    assert decode(await ws.recv())["type"] == "hello_ack"
+    await say_hello(ws, mesh_id, key)
     return ws
 
 

@@ -137,8 +137,9 @@ def _fault(rng: random.Random, at: int, kind: FaultKind, max_stall: float,
 
 def make_plan(seed: int, sends: int, faults: int, reuse_pct: float = 0.08,
               max_stall: float = 3.0, daemons: int = 3, brokers: int = 1) -> Plan:
-    """The plan of a run. A ``max_stall`` over 40 s lets some stalls outlast the WebSocket
-    keepalive (20 s ping interval + 20 s timeout), so both ends must detect a dead link.
+    """The plan of a run. A ``max_stall`` over 40 s lets some stalls outlast the daemon's
+    keepalive (20 s ping interval + 20 s timeout), and over 60 s the broker's
+    ``server.idle_timeout_s``, so both ends must detect a dead link.
     With the default three daemons and one broker a seed gives the plan it always gave."""
     rng = random.Random(seed)
     labels = LABELS if daemons == len(LABELS) else tuple(MORE_LABELS[:daemons])
