@@ -63,6 +63,10 @@ PRESENCE_BUFFER = 1024
 # How long a closing handshake may take before the connection is simply dropped: the close
 # frame itself can wait without end behind a broker that stopped reading.
 CLOSE_TIMEOUT_S = 2.0
+# The link's keepalive: a ping this often, the link dropped when its pong does not come
+# within as long again. The broker sends no pings of its own and closes a connection silent
+# for server.idle_timeout_s (60 s by default): these pings are what keep an idle link open.
+KEEPALIVE_S = 20.0
 
 Waiter = asyncio.Future[Any]
 
@@ -100,7 +104,8 @@ class BrokerLink:
                       invite_token: str | None = None, display_name: str | None = None,
                       host_fingerprint: str | None = None, open_timeout: float = 10.0,
                       delivery_buffer: int = 1024,
-                      stall_timeout: float = STALL_TIMEOUT_S) -> BrokerLink:
+                      stall_timeout: float = STALL_TIMEOUT_S,
+                      keepalive_s: float = KEEPALIVE_S) -> BrokerLink:
         """Connect, authenticate and negotiate; raises a ``LinkError`` subclass on failure,
         a broker that does not finish the handshake within ``open_timeout`` included."""
         try:
@@ -108,8 +113,8 @@ class BrokerLink:
             # deliver_batch frame may hold 256 KiB, so keep it small (the reader drains it
             # into ``deliveries``, the bounded queue that pushes back on the broker).
             ws = await ws_connect(url, open_timeout=open_timeout, compression=None,
-                                  max_size=8 << 20, max_queue=4, ping_interval=20,
-                                  ping_timeout=20)
+                                  max_size=8 << 20, max_queue=4, ping_interval=keepalive_s,
+                                  ping_timeout=keepalive_s)
         except (OSError, TimeoutError, InvalidHandshake, ConnectionClosed) as exc:
             # InvalidHandshake: something answered that is not the broker yet (a proxy whose
             # upstream is down, a 502); ConnectionClosed: the socket died before the upgrade

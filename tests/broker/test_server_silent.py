@@ -16,6 +16,7 @@ from tidemesh.broker.server import BrokerServer
 from tidemesh.broker.service import BrokerService
 from tidemesh.broker.store import open_store
 from tidemesh.core.wire import CloseCode
+from tidemesh.daemon.link.websocket import BrokerLink
 
 IDLE_S = 0.5
 
@@ -59,6 +60,29 @@ async def test_a_silent_member_is_closed_4015_and_one_that_pings_stays(tmp_path:
             "cm_broker_silent_connections_closed_total") == 1
         assert await server.close_silent() == 0   # its pings keep it heard
         await pinging.close()
+    finally:
+        await server.stop()
+        await store.close()
+
+
+async def test_an_idle_daemon_link_keeps_itself_heard(tmp_path: Path) -> None:
+    """The daemon's link says nothing when there is nothing to say but its keepalive pings:
+    those alone keep it open past the broker's idle timeout (the link's own interval scaled
+    down with the broker's, as 20 s is to 60 s)."""
+    store = await open_store(f"sqlite:///{tmp_path / 'b.db'}")
+    service = BrokerService(store, LIMITS)
+    server = await BrokerServer(service, idle_timeout_s=IDLE_S * 3).start("127.0.0.1", 0)
+    mesh = await store.create_mesh("team", now_ms())
+    key = SigningKey.generate()
+    await store.add_member(mesh.id, bytes(key.verify_key).hex(), now_ms())
+    try:
+        async with await BrokerLink.connect(f"ws://127.0.0.1:{server.port}", mesh.id, key,
+                                            keepalive_s=IDLE_S) as link:
+            for _ in range(6):
+                await asyncio.sleep(IDLE_S)
+                assert await server.close_silent() == 0
+            await link.request("topic_create", "still-here")
+            assert service.connections.count == 1
     finally:
         await server.stop()
         await store.close()
