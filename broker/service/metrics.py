@@ -44,14 +44,14 @@ class Metrics:
                                        "Deliveries in each frame pushed to a recipient.",
                                        registry=r, buckets=BATCH_BUCKETS)
         self.accept_duration = Histogram("cm_broker_accept_duration_seconds",
-                                         "Duration of each group-commit accept transaction.",
-                                         registry=r)
+                                         "Duration of each group-commit transaction that "
+                                         "held an accept.", registry=r)
         self.accept_batch = Histogram("cm_broker_accept_batch_size",
                                       "Sends (rows) decided in each accept transaction.",
                                       registry=r, buckets=BATCH_BUCKETS)
         self.accept_frames = Histogram("cm_broker_accept_frames",
-                                       "Queued writes in each group commit of the store's "
-                                       "writer: a send or send_batch frame counts once.",
+                                       "Queued writes in each group commit that held an "
+                                       "accept: a send or send_batch frame counts once.",
                                        registry=r, buckets=BATCH_BUCKETS)
         # Fair load. Labelled by mesh at most: a label per member would grow without bound.
         self.rate_limited = Counter("cm_broker_rate_limited_total",
@@ -105,9 +105,11 @@ class Metrics:
         store.stats.on_batch = self.observe_commit
 
     def observe_commit(self, frames: int, seconds: float) -> None:
-        """After each group commit of the store's writer (on SQLite every write's)."""
-        self.accept_frames.observe(frames)
-        self.accept_duration.observe(seconds)
+        """After each group commit of the store's writer. On SQLite every write has that
+        writer (acks, hand-outs, subscriptions): only a transaction that held an accept is
+        an accept's, else the histograms would time acks under the accept's name."""
         sends = self.store.accept_rows.committed()
         if sends:
+            self.accept_frames.observe(frames)
+            self.accept_duration.observe(seconds)
             self.accept_batch.observe(sends)

@@ -132,3 +132,27 @@ async def test_when_subscribers_cannot_be_read_every_member_of_the_mesh_here_is_
     assert not carols.wake.is_set()
     text = render(service.metrics.registry).decode()
     assert 'cm_broker_background_errors_total{kind="transient",task="topic_wake"} 1.0' in text
+
+
+async def test_the_accept_histograms_time_accepts_and_no_other_write(store: Store) -> None:
+    """On SQLite every write shares the accept's writer: an ack or a subscription committed
+    there is no accept, and used to be timed as one."""
+    service = BrokerService(store, LIMITS)
+
+    def accepts_timed() -> float:
+        return service.metrics.registry.get_sample_value(
+            "cm_broker_accept_duration_seconds_count") or 0.0
+
+    mesh = await store.create_mesh("team", now_ms())
+    alice, bob = new_pubkey(), new_pubkey()
+    for p in (alice, bob):
+        await store.add_member(mesh.id, p, now_ms())
+    await store.create_topic(mesh.id, "ops", None, now_ms())
+    await store.subscribe(mesh.id, "ops", bob, now_ms())
+    await store.ack(mesh.id, bob, 1, 0, now_ms())
+    assert accepts_timed() == 0
+
+    await store.accept(accept_input(mesh.id, alice, "c1"))
+    assert accepts_timed() == 1
+    frames = service.metrics.registry.get_sample_value("cm_broker_accept_frames_count")
+    assert frames == 1
