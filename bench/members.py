@@ -26,6 +26,7 @@ of a core, the figure is the load process's limit, not the server's.
     .venv/bin/python bench/members.py [--members 50,200,500,1000] [--store postgres|sqlite]
                                       [--lone 20] [--lone-gap-ms 0] [--burst 500]
                                       [--idle-s 25] [--no-jetstream] [--trim-probe] [--again K]
+                                      [--presence feed|on-demand]
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ from latency import PG_DSN, _pct, _port, start_sync_always_nats
 from proc_cpu import cpu_seconds, postgres_cpu_seconds
 
 from tidemesh.broker.store import open_store
+from tidemesh.core import features
 from tidemesh.core.invite import new_token, token_hash
 from tidemesh.daemon.link.websocket import BrokerLink, LinkError
 
@@ -239,6 +241,9 @@ async def run_tidemesh(store_kind: str, n: int, args: argparse.Namespace, root: 
             await asyncio.gather(*(link.close() for link in joined))
 
         # Connect storm: all at once; each retries until in (a first failure is counted).
+        # --presence on-demand: members as daemons with presence.feed false.
+        optional = (features.OPTIONAL_ON_DEMAND if args.presence == "on-demand"
+                    else features.OPTIONAL)
         failed = 0
         acked: list[float] = []
 
@@ -246,7 +251,8 @@ async def run_tidemesh(store_kind: str, n: int, args: argparse.Namespace, root: 
             nonlocal failed
             while True:
                 try:
-                    link = await BrokerLink.connect(url, mesh_id, k, open_timeout=60)
+                    link = await BrokerLink.connect(url, mesh_id, k, open_timeout=60,
+                                                    optional=optional)
                     break
                 except LinkError:
                     failed += 1
@@ -578,6 +584,9 @@ def main() -> int:
     ap.add_argument("--burst", type=int, default=500)
     ap.add_argument("--idle-s", type=float, default=25.0,
                     help="long enough for one round of the members' keepalive pings (20 s)")
+    ap.add_argument("--presence", choices=("feed", "on-demand"), default="feed",
+                    help="on-demand: each member as a daemon with presence.feed false (no "
+                         "presence sent to it; it asks peers when it needs them)")
     ap.add_argument("--no-jetstream", action="store_true")
     ap.add_argument("--trim-probe", action="store_true",
                     help="after the burst, have the broker call malloc_trim(0) and show "

@@ -47,8 +47,18 @@ PRESENCE_SNAPSHOT_MAX_BYTES = 256 << 10
 # ``daemon rotate-keypair`` checks the advertisement first and names the missing feature; a
 # broker tells the event only to daemons that asked for it.
 KEY_ROTATION = "key_rotation"
+# Asked for instead of the two above by a daemon whose ``presence.feed`` is off: the broker
+# sends it no presence at all (no snapshot, no batches, no single events), and it asks
+# ``peers`` when it needs them. In a mesh of N members each one that keeps presence reads
+# every change of the N, N² entries for a connect storm (issue #30); a member that never
+# shows who is present need not read any. Not in OPTIONAL: a daemon asks for it only when
+# its setting says so.
+PRESENCE_ON_DEMAND = "presence_on_demand"
 OPTIONAL: tuple[str, ...] = (DELIVER_BATCH, TRACE_CONTEXT, PRESENCE_BATCH, KEY_ROTATION,
                              PRESENCE_SNAPSHOT)
+# What a daemon asks for with its presence feed off.
+OPTIONAL_ON_DEMAND: tuple[str, ...] = (DELIVER_BATCH, TRACE_CONTEXT, KEY_ROTATION,
+                                       PRESENCE_ON_DEMAND)
 MODES = ("retention_scoped", "permanent")
 
 
@@ -77,6 +87,7 @@ def advertise(mode: str, retention_days: int, inline_bytes: int) -> dict[str, An
         PRESENCE_BATCH: {"params": {"version": 1, "max_count": PRESENCE_BATCH_MAX_COUNT}},
         KEY_ROTATION: {"params": {"version": 1}},
         PRESENCE_SNAPSHOT: {"params": {"version": 1}},
+        PRESENCE_ON_DEMAND: {"params": {"version": 1}},
     }
 
 

@@ -117,6 +117,9 @@ class Conn:
     presence_batch: bool = False    # the daemon negotiated presence_batch frames
     # ... and presence_snapshot: numbered batches, which may hold peer_update events.
     presence_snapshot: bool = False
+    # False when the daemon asked for presence_on_demand: it is told of nobody's comings
+    # and goings (it asks ``peers`` itself).
+    presence_feed: bool = True
     leaving: bool = False           # it asked for member_leave: its answer must go out first
     key_rotation: bool = False      # the daemon negotiated key_rotation (peer_key_rotated)
     # Its key was rotated out: when it closes, its member has left for good, whether or not
@@ -324,7 +327,7 @@ class Connections:
             if mesh_id != frame["mesh_id"] or pubkey in (frame["pubkey"], frame["old_pubkey"]):
                 continue
             for other in conns:
-                if other.key_rotation:
+                if other.key_rotation and other.presence_feed:
                     other.peer.tell(frame)
 
     async def peers(self, conn: Conn, frame: dict[str, Any]) -> dict[str, Any]:
@@ -547,7 +550,7 @@ class Flush:
     def tell(self, listener: Conn, pubkey: str) -> None:
         """Queue the listener's mesh's events on it (``pubkey``: the listener's member)."""
         mesh_id = listener.mesh_id
-        if not listener.negotiated:
+        if not listener.negotiated or not listener.presence_feed:
             return
         if listener.presence_snapshot:
             if mesh_id not in self.numbered:

@@ -26,5 +26,8 @@ class Negotiation:
         conn.key_rotation = features.KEY_ROTATION in asked
         # Numbered batches with updates make sense only after a snapshot (server.py sends it).
         conn.presence_snapshot = conn.presence_batch and features.PRESENCE_SNAPSHOT in asked
+        # No presence at all: it asks ``peers`` when it wants to know.
+        conn.presence_feed = features.PRESENCE_ON_DEMAND not in asked
+        conn.presence_snapshot = conn.presence_snapshot and conn.presence_feed
         return {"type": "feature_negotiation_response", "id": frame["id"],
                 "supported": self.supported, "missing_required": missing}

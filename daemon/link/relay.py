@@ -23,7 +23,7 @@ import structlog
 from nacl.signing import SigningKey
 from prometheus_client import Counter
 
-from tidemesh.core import cancelling
+from tidemesh.core import cancelling, features
 from tidemesh.core.backoff import Backoff
 from tidemesh.core.exitcodes import Exit
 from tidemesh.core.failover import BrokerRotation
@@ -93,6 +93,7 @@ class RelaySettings:
     sender: SenderSettings = field(default_factory=SenderSettings)
     handshake_timeout_s: float = 10.0
     stall_timeout_s: float = STALL_TIMEOUT_S
+    presence_feed: bool = True   # false: presence_on_demand (the broker sends no presence)
 
 
 StatusHook = Callable[[bool, dict[str, Any]], Awaitable[None]]
@@ -193,7 +194,9 @@ class Relay:
             return await BrokerLink.connect(self.rotation.current, self.mesh.mesh_id, self.key,
                                             open_timeout=s.handshake_timeout_s,
                                             stall_timeout=s.stall_timeout_s,
-                                            host_fingerprint=self.host_fingerprint)
+                                            host_fingerprint=self.host_fingerprint,
+                                            optional=(features.OPTIONAL if s.presence_feed
+                                                      else features.OPTIONAL_ON_DEMAND))
         except FeatureUnavailable as exc:
             raise RelayFatal(Exit.FEATURE_UNAVAILABLE, str(exc)) from exc
         except HandshakeRejected as exc:

@@ -93,6 +93,10 @@ SETTINGS: tuple[Setting, ...] = (
             "opening handshake (challenge, hello, features) within this is retried."),
     Setting("reconnect.stall_timeout_s", float, 30.0, "A broker link with a request of ours "
             "unanswered this long is cut and reconnected, whatever else the broker sends."),
+    Setting("presence.feed", bool, True, "Keep who is present from the broker's presence "
+            "feed (a snapshot, then every change), for GET /v1/peers and presence events. "
+            "false: the broker sends none, /v1/peers asks it each time, and no presence events "
+            "come (for a member of a large mesh that never shows who is there)."),
     Setting("crypto.key_grace_period_days", int, 7, "After `daemon rotate-keypair`, how many "
             "days the old key's X25519 half stays in keypair-archive.json so that DMs sealed "
             "to it still open (0 to 30)."),
@@ -157,6 +161,7 @@ class DaemonSettings:
     reconnect_jitter_pct: int
     reconnect_handshake_timeout_s: float
     reconnect_stall_timeout_s: float
+    presence_feed: bool
     crypto_key_grace_period_days: int
     hooks_enabled: bool | None
     hooks_concurrency: int

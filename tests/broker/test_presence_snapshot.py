@@ -176,3 +176,31 @@ async def test_a_daemon_without_the_feature_gets_no_snapshot_and_asks(
         with contextlib.suppress(Exception):
             await a.close()
         await old.close()
+
+
+async def test_a_daemon_on_demand_is_told_of_nobody_and_asks_who_is_there(
+    broker: Running,
+) -> None:
+    """``presence.feed`` false: the daemon asks for presence_on_demand, and no presence of
+    any kind comes to it (in a storm of N members, the N² entries it would have read), while
+    the others keep theirs and ``peers`` answers it from the broker."""
+    quiet_key, a_key, b_key = await broker.member(), await broker.member(), await broker.member()
+    quiet = await broker.link(quiet_key, optional=features.OPTIONAL_ON_DEMAND)
+    a = await broker.link(a_key)
+    b: BrokerLink | None = None
+    try:
+        assert quiet.state.peerset is None and quiet.known_peers() is None
+        b = await broker.link(b_key)
+        await a.set_profile({"status": "away"})
+        await until(lambda: present(a) == {pub(a_key), pub(b_key), pub(quiet_key)})
+        await b.close()
+        await until(lambda: present(a) == {pub(a_key), pub(quiet_key)})
+        await until(lambda: not broker.service.connections.pending)
+        await asyncio.sleep(0.2)   # a flush under way has queued on every listener by now
+        assert quiet.presence.empty()
+        assert {p["pubkey"] for p in await quiet.peers()} == {pub(a_key), pub(quiet_key)}
+    finally:
+        for link in (quiet, a, b):
+            if link is not None:
+                with contextlib.suppress(Exception):
+                    await link.close()

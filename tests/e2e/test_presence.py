@@ -71,3 +71,20 @@ async def test_a_newcomer_sees_who_is_there_at_once_and_who_leaves(
     await wait_for(lambda: pubkey(a) not in {p["pubkey"] for p in _peers(b)})
     [me] = _peers(b)
     assert me["pubkey"] == pubkey(b) and me["self"] is True and me["display_name"] == "b"
+
+
+async def test_a_daemon_with_its_presence_feed_off_still_answers_peers(
+        mesh: Mesh, short_tmp: Path) -> None:
+    """``presence.feed`` false: the broker sends this daemon no presence (no events here),
+    and its /v1/peers asks the broker each time, so it still says who is there."""
+    a = mesh.add("a", short_tmp)
+    await wait_for(lambda: connected(a))
+    quiet = mesh.add("q", short_tmp, {"TIDEMESH_PRESENCE_FEED": "false"})
+    await wait_for(lambda: connected(quiet))
+    await wait_for(lambda: {pubkey(a), pubkey(quiet)} <= {p["pubkey"] for p in _peers(quiet)})
+    assert {p["pubkey"]: p["self"] for p in _peers(quiet)}[pubkey(quiet)] is True
+    await wait_for(lambda: any(e.type == "peer_join" and e.data["pubkey"] == pubkey(quiet)
+                               for e in _events(a)))   # the others' feed is as it was
+    assert a.stop() == 0
+    await wait_for(lambda: pubkey(a) not in {p["pubkey"] for p in _peers(quiet)})
+    assert not [e for e in _events(quiet) if e.type in ("peer_join", "peer_leave")]
