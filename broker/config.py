@@ -79,7 +79,8 @@ SETTINGS: tuple[Setting, ...] = (
             "member: at 1,000 members they were most of an idle broker's CPU."),
     Setting("server.idle_timeout_s", float, 60.0, "A connection the broker hears nothing from "
             "(no frame, no ping, no pong) for this long is closed (4015 silent): a member "
-            "whose host or network went away, whose pings stopped coming."),
+            "whose host or network went away, whose pings stopped coming. At least 30: "
+            "daemons ping every 20 s."),
     Setting("server.handshake_concurrency", int, 64, "Hellos authenticated at once; the rest "
             "wait for a slot, off the hello clock (a connect storm is admitted, not timed "
             "out)."),
@@ -243,12 +244,19 @@ def _validate_clone(s: BrokerSettings) -> None:
         raise ConfigError("clone.quarantine_s must be > 0", field="clone.quarantine_s")
 
 
+# A daemon pings every 20 s (daemon/link/websocket.KEEPALIVE_S): the idle timeout leaves a
+# ping's worth of room.
+MIN_IDLE_TIMEOUT_S = 30.0
+
+
 def _validate_server(s: BrokerSettings) -> None:
     if s.server_ping_interval_s < 0:
         raise ConfigError("server.ping_interval_s must be >= 0 (0: no pings of the broker's own)",
                           field="server.ping_interval_s")
-    if s.server_idle_timeout_s <= 0:
-        raise ConfigError("server.idle_timeout_s must be > 0", field="server.idle_timeout_s")
+    if s.server_idle_timeout_s < MIN_IDLE_TIMEOUT_S:
+        raise ConfigError(f"server.idle_timeout_s must be >= {MIN_IDLE_TIMEOUT_S:.0f}: daemons "
+                          "ping every 20 s, and a shorter timeout would close idle ones",
+                          field="server.idle_timeout_s")
     if s.server_handshake_concurrency < 1:
         raise ConfigError("server.handshake_concurrency must be >= 1",
                           field="server.handshake_concurrency")

@@ -22,7 +22,7 @@ def test_flag_beats_env_beats_file() -> None:
 
 @pytest.mark.parametrize("bad", [
     {"dedupe.retention_days": 2}, {"dedupe.mode": "forever"}, {"broker.listen": "nope"},
-    {"limits.inline_bytes": 10},
+    {"limits.inline_bytes": 10}, {"server.idle_timeout_s": 10}, {"server.ping_interval_s": -1},
 ])
 def test_invalid_settings_fail_fast(bad: dict[str, object]) -> None:
     with pytest.raises(ConfigError):
