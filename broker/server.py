@@ -252,11 +252,10 @@ class BrokerServer:
         if self.server is None:
             return 0
         cutoff = time.monotonic() - self.idle_timeout_s
-        silent = [ws.peer for ws in self.server.connections
+        silent = [peer for ws in self.server.connections
                   if isinstance(ws, HeardConnection) and ws.heard_at < cutoff
-                  and ws.peer is not None]
+                  and (peer := ws.peer) is not None]
         for peer in silent:
-            assert peer is not None
             await peer.close(CloseCode.SILENT, "silent")
         if silent:
             self.service.metrics.silent_closed.inc(len(silent))

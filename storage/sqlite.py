@@ -504,11 +504,11 @@ class Database(BatchCounters):
                 conn.execute("RELEASE item")
                 raise
             one_arg_failed(self.name, what, err)
-        except TidemeshError as exc:    # the op refused this arg: its answer, not a fault
-            conn.execute("ROLLBACK TO item")
-            item.error = exc
         except Exception as exc:
             conn.execute("ROLLBACK TO item")
             item.error = exc
-            one_arg_failed(self.name, what, exc)
+            # A TidemeshError is the op refusing this arg (its answer); anything else, e.g.
+            # an integer past 64 bits, is a fault of this arg alone: logged, the writer goes on.
+            if not isinstance(exc, TidemeshError):
+                one_arg_failed(self.name, what, exc)
         conn.execute("RELEASE item")

@@ -24,10 +24,10 @@ class Negotiation:
         conn.trace_context = features.TRACE_CONTEXT in asked
         conn.presence_batch = features.PRESENCE_BATCH in asked
         conn.key_rotation = features.KEY_ROTATION in asked
-        # Numbered batches with updates make sense only after a snapshot (server.py sends it).
-        conn.presence_snapshot = conn.presence_batch and features.PRESENCE_SNAPSHOT in asked
         # No presence at all: it asks ``peers`` when it wants to know.
         conn.presence_feed = features.PRESENCE_ON_DEMAND not in asked
-        conn.presence_snapshot = conn.presence_snapshot and conn.presence_feed
+        # Numbered batches with updates make sense only after a snapshot (server.py sends it).
+        conn.presence_snapshot = (conn.presence_feed and conn.presence_batch
+                                  and features.PRESENCE_SNAPSHOT in asked)
         return {"type": "feature_negotiation_response", "id": frame["id"],
                 "supported": self.supported, "missing_required": missing}
