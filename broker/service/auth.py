@@ -40,10 +40,13 @@ class Auth:
 
     async def authenticate(self, frame: dict[str, Any]) -> AuthOutcome:
         mesh_id, pubkey = frame["mesh_id"], frame["pubkey"]
-        mesh = await self.store.find_mesh(mesh_id)
+        joining = frame["type"] == "join"
+        # A hello reads the mesh and the member at once (one round trip per connection).
+        mesh, member = ((await self.store.find_mesh(mesh_id), None) if joining
+                        else await self.store.mesh_member(mesh_id, pubkey))
         if mesh is None or mesh.id != mesh_id:
             return self._rejected(mesh_id, pubkey, "unknown_mesh")
-        if frame["type"] == "join":
+        if joining:
             try:
                 await self.store.redeem_invite(mesh_id, token_hash(frame["invite_token"]), pubkey,
                                                frame.get("display_name"), now_ms())
@@ -52,7 +55,6 @@ class Auth:
             log.info("broker_member_joined", mesh_id=mesh_id, pubkey=pubkey)
             return AuthOutcome(mesh_id, mesh.name, pubkey, None, joined=True,
                                display_name=frame.get("display_name"))
-        member = await self.store.get_member(mesh_id, pubkey)
         if member is None:
             return self._rejected(mesh_id, pubkey, "unknown_member")
         if member.rotated_to is not None:

@@ -13,6 +13,7 @@ from tidemesh.broker.store import open_store
 from tidemesh.broker.store.base import Store
 from tidemesh.core.errors import NotFound
 from tidemesh.core.fingerprint import prefix
+from tidemesh.core.ids import new_ulid
 
 
 @dataclass
@@ -522,6 +523,23 @@ async def test_invites_are_single_use_and_revocation_sticks(store: Store) -> Non
     assert member is not None and member.revoked_at == t
     assert [m.pubkey for m in await store.list_members(mesh.id)] == [a]
 
+
+
+async def test_a_hellos_one_read_finds_the_mesh_and_its_member_as_they_are(
+        store: Store) -> None:
+    t = now_ms()
+    mesh = await store.create_mesh("hello-read", t)
+    other = await store.create_mesh("hello-read-other", t)
+    a, b = new_pubkey(), new_pubkey()
+    await store.add_member(mesh.id, a, t)
+    await store.add_member(other.id, b, t)
+    assert await store.mesh_member(mesh.id, a) == (mesh, await store.get_member(mesh.id, a))
+    assert await store.mesh_member(mesh.id, b) == (mesh, None)       # another mesh's member
+    assert await store.mesh_member(mesh.name, a) == (None, None)    # by id only, not by name
+    assert await store.mesh_member(new_ulid(t), a) == (None, None)
+    await store.revoke_member(mesh.id, a, t + 1)
+    found = (await store.mesh_member(mesh.id, a))[1]
+    assert found is not None and found.revoked_at == t + 1
 
 
 async def test_a_member_that_leaves_is_revoked_with_its_memberships_and_deliveries_gone(

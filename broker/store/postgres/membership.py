@@ -85,6 +85,13 @@ class Membership(PostgresBase):
         async with self.pool.acquire() as conn:
             return await _member(conn, mesh_id, pubkey)
 
+    async def mesh_member(self, mesh_id: str, pubkey: str
+                          ) -> tuple[Mesh | None, Member | None]:
+        r = await self.pool.fetchrow(MESH_MEMBER_SQL, mesh_id, pubkey)
+        if r is None:
+            return None, None
+        return Mesh(*r[:3]), (Member(*r[3:]) if r[3] is not None else None)
+
     async def list_members(self, mesh_id: str) -> list[Member]:
         rows = await self.pool.fetch(
             "SELECT mesh_id, pubkey, display_name, joined_at, revoked_at, rotated_to"
@@ -210,6 +217,10 @@ INVITE_STATE_SQL = ("SELECT uses, max_uses, expires_at, revoked_at FROM mesh.inv
 
 MEMBER_SQL = ("SELECT mesh_id, pubkey, display_name, joined_at, revoked_at, rotated_to"
               " FROM mesh.member WHERE mesh_id = $1 AND pubkey = $2")
+MESH_MEMBER_SQL = (
+    "SELECT m.id, m.name, m.created_at, b.mesh_id, b.pubkey, b.display_name, b.joined_at,"
+    " b.revoked_at, b.rotated_to FROM mesh.mesh m"
+    " LEFT JOIN mesh.member b ON b.mesh_id = m.id AND b.pubkey = $2 WHERE m.id = $1")
 MEMBER_LOCKED_SQL = ("SELECT mesh_id, pubkey, display_name, joined_at, revoked_at, rotated_to"
                      " FROM mesh.member WHERE mesh_id = $1 AND pubkey = $2 FOR UPDATE")
 

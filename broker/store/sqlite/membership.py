@@ -94,6 +94,16 @@ class Membership(SqliteBase):
     async def get_member(self, mesh_id: str, pubkey: str) -> Member | None:
         return await self._read(lambda c: _member(c, mesh_id, pubkey))
 
+    async def mesh_member(self, mesh_id: str, pubkey: str
+                          ) -> tuple[Mesh | None, Member | None]:
+        def fn(conn: sqlite3.Connection) -> tuple[Mesh | None, Member | None]:
+            row = conn.execute(MESH_MEMBER_SQL, (pubkey, mesh_id)).fetchone()
+            if row is None:
+                return None, None
+            return Mesh(*row[:3]), (Member(*row[3:]) if row[3] is not None else None)
+
+        return await self._read(fn)
+
     async def list_members(self, mesh_id: str) -> list[Member]:
         def fn(conn: sqlite3.Connection) -> list[Member]:
             rows = conn.execute(
@@ -209,6 +219,10 @@ def _member(conn: sqlite3.Connection, mesh_id: str, pubkey: str) -> Member | Non
     return Member(*row) if row else None
 
 
+MESH_MEMBER_SQL = (
+    "SELECT m.id, m.name, m.created_at, b.mesh_id, b.pubkey, b.display_name, b.joined_at,"
+    " b.revoked_at, b.rotated_to FROM mesh m"
+    " LEFT JOIN member b ON b.mesh_id = m.id AND b.pubkey = ? WHERE m.id = ?")
 SPANNED_SQL = ("SELECT COALESCE(SUM(seq_last - seq_first + 1), 0) FROM topic_delivery"
                " WHERE mesh_id = ? AND recipient_pubkey = ?")
 
