@@ -194,7 +194,8 @@ class PgAcceptPort:
             for a, p in rows:
                 own.setdefault((a.mesh_id, p), []).append(
                     Own(order_of[a.broker_message_id], a.broker_message_id))
-            seqs = (await hand_out_on(self.conn, keys, now, lock_all=True, own=own)).seqs
+            seqs = (await hand_out_on(self.conn, keys, now, lock_all=True, own=own,
+                                      cursors="held")).seqs
             given = [(a, Delivery(p, *seqs[((a.mesh_id, p), a.broker_message_id)]))
                      for a, p in rows]
             for a, d in given:

@@ -11,7 +11,14 @@ import structlog
 from tidemesh.broker.accept import pick_queue_consumer
 from tidemesh.broker.store.base import Cursor, DeliveryRow, Reassigned, latest_acks, stored_meta
 from tidemesh.broker.store.postgres.base import PostgresBase
-from tidemesh.broker.store.postgres.topiclog import LAGS_SQL, Handed, entries_sql, hand_out_on
+from tidemesh.broker.store.postgres.topiclog import (
+    LAGS_SQL,
+    CursorMode,
+    CursorsMissing,
+    Handed,
+    entries_sql,
+    hand_out_on,
+)
 from tidemesh.broker.topiclog import Span
 from tidemesh.storage.groupcommit import GroupCommit
 from tidemesh.storage.pgarray import int_array, text_array
@@ -78,7 +85,7 @@ class Delivery(PostgresBase):
         if not lagging:
             return set(), await _pages_on(pool, pages)
 
-        async def run() -> tuple[set[Key], list[list[DeliveryRow]]]:
+        async def run(cursors: CursorMode) -> tuple[set[Key], list[list[DeliveryRow]]]:
             # The plans are worked out once, in the write's ask for content (at 1,000
             # members, 1,000 pages' seqs expanded), and serve the pages' read after it.
             plans: dict[int, list[Slot]] | None = None
@@ -90,12 +97,15 @@ class Delivery(PostgresBase):
 
             async with pool.acquire() as conn, conn.transaction():
                 given = await hand_out_on(conn, lagging, now_ms, lock_all=True,
-                                          content_for=content_for)
+                                          content_for=content_for, cursors=cursors)
                 if plans is None:   # the hand-out gave nothing, so it asked for nothing
                     plans = _handed_plans(pages, given.handed)
                 return given.more, await _pages_on(conn, pages, plans, given.content)
 
-        return await _again_after_deadlock(run)
+        try:   # the cursors locked by their read; a member's first hand-out makes its own
+            return await _again_after_deadlock(lambda: run("existing"))
+        except CursorsMissing:
+            return await _again_after_deadlock(lambda: run("make"))
 
     async def cursor(self, mesh_id: str, pubkey: str) -> Cursor:
         r = await self.pool.fetchrow(

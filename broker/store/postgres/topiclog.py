@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from tidemesh.broker.topiclog import HAND_OUT_MAX, UNCAPPED, Entry, Lag, Own, Span, hand_out
 from tidemesh.storage.pgarray import int_array, text_array
@@ -53,16 +53,30 @@ class Given:
 ContentFor = Callable[[Mapping[Key, Handed]], Sequence[tuple[str, str, int]]]
 
 
+class CursorsMissing(Exception):
+    """A hand-out told that its members' cursors exist (``cursors="existing"``) found one
+    that does not: the caller rolls its transaction back and runs it again with
+    ``cursors="make"``. Once per member at most: its first hand-out makes its cursor."""
+
+
+# How a hand-out gets its members' cursors, locked: ``held`` by the caller already (who made
+# them); ``existing``, locked by the read itself (one statement; ``CursorsMissing`` if one
+# is not there yet); ``make``: made where missing, then read (two statements).
+CursorMode = Literal["held", "existing", "make"]
+
+
 async def hand_out_on(conn: Any, keys: Sequence[Key], now_ms: int, *,
                       lock_all: bool = False,
                       own: Mapping[Key, Sequence[Own]] | None = None,
-                      content_for: ContentFor | None = None) -> Given:
+                      content_for: ContentFor | None = None,
+                      cursors: CursorMode = "make") -> Given:
     """Give each of ``keys`` (mesh, member) what its topics logged since it was last given
     any. One read of each topic's new entries serves all its subscribers here; a member
     with nothing new costs no write, unless ``lock_all`` (all ``keys`` are locked and
     handed out). ``own``: the DM and queue deliveries the accept is giving some of them
     (all their topics' entries are handed out then, uncapped, so each takes its seq in
-    order among them). ``content_for``: the entries whose content the write reads too."""
+    order among them). ``content_for``: the entries whose content the write reads too.
+    ``cursors``: see ``CursorMode``."""
     given = Given()
     if not keys:
         return given
@@ -73,9 +87,14 @@ async def hand_out_on(conn: Any, keys: Sequence[Key], now_ms: int, *,
         if not wanted:
             return given
     ms, ps = text_array([k[0] for k in wanted]), text_array([k[1] for k in wanted])
-    await conn.execute(LOCK_CURSORS_SQL, ms, ps, now_ms)
-    cursors = {(r[0], r[1]): (int(r[2]), int(r[3]), int(r[4]))
-               for r in await conn.fetch(CURSORS_SQL, ms, ps)}
+    if cursors == "make":
+        await conn.execute(LOCK_CURSORS_SQL, ms, ps, now_ms)
+    found_cursors = await conn.fetch(LOCKED_CURSORS_SQL if cursors == "existing"
+                                     else CURSORS_SQL, ms, ps)
+    if len(found_cursors) < len(wanted):
+        # Locking the missing ones now would take cursor locks out of their one order.
+        raise CursorsMissing(f"{len(wanted) - len(found_cursors)} of {len(wanted)} cursors")
+    held = {(r[0], r[1]): (int(r[2]), int(r[3]), int(r[4])) for r in found_cursors}
     # Read again under the cursors' locks: another broker may have handed some out meanwhile.
     # The lags and the entries they give, in one statement (one round trip).
     cap = HAND_OUT_MAX if own is None else UNCAPPED
@@ -95,7 +114,7 @@ async def hand_out_on(conn: Any, keys: Sequence[Key], now_ms: int, *,
     moved: list[tuple[str, str, str, int]] = []
     bumped: list[tuple[str, str, int, int]] = []
     for (m, p), gs in sorted(lags.items()):
-        epoch, last_seq, compacted = cursors[(m, p)]
+        epoch, last_seq, compacted = held[(m, p)]
         out = hand_out(p, last_seq, compacted, gs,
                        {g.topic: entries.get((m, g.topic), []) for g in gs},
                        (own or {}).get((m, p), ()))
@@ -151,6 +170,14 @@ CURSORS_SQL = """
 SELECT c.mesh_id, c.recipient_pubkey, c.epoch, c.last_seq, c.compacted_seq
 FROM mesh.recipient_cursor c JOIN unnest($1::text::text[], $2::text::text[]) AS u(m, p)
   ON c.mesh_id = u.m AND c.recipient_pubkey = u.p
+"""
+
+# The cursors that exist, locked in (mesh, member) order as the read goes (the lock sits
+# above the sort) and read as they are once locked (READ COMMITTED reads a row updated
+# meanwhile again): LOCK_CURSORS_SQL then CURSORS_SQL in one round trip, for cursors made
+# already.
+LOCKED_CURSORS_SQL = CURSORS_SQL + """ORDER BY c.mesh_id, c.recipient_pubkey
+FOR UPDATE OF c
 """
 
 # LAGS_SQL (the member set: a lag's row), then the entries of each window (log_pos, upto]
