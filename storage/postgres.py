@@ -315,8 +315,6 @@ class Database(BatchCounters):
         try:
             async with conn.transaction():
                 results = await cast(Awaitable[list[Any]], op.run(conn, [p.arg for p in items]))
-        except _CONNECTION_ERRORS:
-            raise
         except Exception as exc:
             if _of_connection(exc):
                 raise
@@ -353,8 +351,11 @@ class Database(BatchCounters):
 
 def _of_connection(exc: Exception) -> bool:
     """Whether ``exc`` is of the connection (the batch fails, the connection is replaced)
-    rather than of one arg. asyncpg's client-side ``DataError`` (a value it cannot encode)
-    is an ``InterfaceError`` like the connection's own, but it is the arg's."""
+    rather than of one arg: the server's connection errors, and every error of the driver or
+    the socket but asyncpg's client-side ``DataError`` (a value it cannot encode: an
+    ``InterfaceError`` like the connection's own, but the arg's)."""
+    if isinstance(exc, _CONNECTION_ERRORS):
+        return True
     return (isinstance(exc, DB_ERRORS) and not isinstance(exc, asyncpg.PostgresError)
             and not isinstance(exc, _EncodeError))
 
