@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit
@@ -101,12 +101,14 @@ class Database(BatchCounters):
     outage_errors: tuple[type[Exception], ...] = (Unavailable, *DB_ERRORS)
 
     def __init__(self, dsn: str, pool: Any, *, name: str, batch_max: int, writers: int,
-                 generic_pool: Any = None, command_timeout_s: float | None = None) -> None:
+                 generic_pool: Any = None, command_timeout_s: float | None = None,
+                 server_settings: Mapping[str, str] | None = None) -> None:
         super().__init__()
         self.dsn = dsn
         self.command_timeout_s = command_timeout_s
         self.pool = pool
         self.generic_pool = generic_pool if generic_pool is not None else pool
+        self.server_settings = dict(server_settings or {})
         self.name = name
         self.batch_max = batch_max
         self._queues: list[asyncio.Queue[_Pending | None]] = [
@@ -121,7 +123,8 @@ class Database(BatchCounters):
     async def open(cls, dsn: str, setup: Callable[[Any], Awaitable[None]], *,
                    name: str, pool_size: int = 4, batch_max: int = 512,
                    writers: int = 2, generic_pool_size: int = 0,
-                   command_timeout_s: float | None = None) -> Database:
+                   command_timeout_s: float | None = None,
+                   server_settings: Mapping[str, str] | None = None) -> Database:
         """Create the pool, run ``setup`` (migrations, checks) on a connection of its own,
         then start the writers.
 
@@ -135,11 +138,16 @@ class Database(BatchCounters):
         shaped for it (each key looked up by its index whatever the count). For a handful of
         keys in ``unnest()`` arrays PostgreSQL keeps choosing a custom plan, planned again
         at every run: for a page of deliveries that was 0.4 ms of a 0.6 ms query, on the
-        path of every message. Without it, ``generic_pool`` is ``pool``."""
+        path of every message. Without it, ``generic_pool`` is ``pool``.
+
+        ``server_settings``: for every connection of the pools and the writers (not those of
+        ``unbounded``)."""
+        settings = dict(server_settings or {})
         try:
             pool = await asyncpg.create_pool(dsn, min_size=1, max_size=pool_size,
                                              reset=_keep_session,
-                                             command_timeout=command_timeout_s)
+                                             command_timeout=command_timeout_s,
+                                             server_settings=settings)
         except DB_ERRORS as exc:
             raise open_error(exc, name, dsn) from exc
         generic = None
@@ -148,7 +156,7 @@ class Database(BatchCounters):
                 generic = await asyncpg.create_pool(
                     dsn, min_size=1, max_size=generic_pool_size, reset=_keep_session,
                     command_timeout=command_timeout_s,
-                    server_settings={"plan_cache_mode": "force_generic_plan"})
+                    server_settings={**settings, "plan_cache_mode": "force_generic_plan"})
             conn = await asyncpg.connect(dsn)   # no command timeout: see above
             try:
                 await setup(conn)
@@ -163,7 +171,8 @@ class Database(BatchCounters):
             await _close_pools(pool, generic)
             raise
         db = cls(dsn, pool, name=name, batch_max=batch_max, writers=writers,
-                 generic_pool=generic, command_timeout_s=command_timeout_s)
+                 generic_pool=generic, command_timeout_s=command_timeout_s,
+                 server_settings=settings)
         db._tasks = [asyncio.create_task(db._run(q), name=f"pg-writer-{name}-{i}")
                      for i, q in enumerate(db._queues)]
         return db
@@ -291,7 +300,8 @@ class Database(BatchCounters):
     async def _commit(self, conn: Any, batch: list[_Pending]) -> Any:
         try:
             if conn is None or conn.is_closed():
-                conn = await asyncpg.connect(self.dsn, command_timeout=self.command_timeout_s)
+                conn = await asyncpg.connect(self.dsn, command_timeout=self.command_timeout_s,
+                                             server_settings=self.server_settings)
             runs = _by_op(batch)
             if len(runs) == 1:
                 await self._run_op(conn, *runs[0], whole=True)

@@ -18,6 +18,17 @@ from tidemesh.broker.store.postgres.membership import Membership
 from tidemesh.broker.store.postgres.retention import Retention
 from tidemesh.storage.postgres import Database
 
+# Every statement of the pools and the writers finds its rows by key: each plan must reach
+# the tables by their indexes, whatever PostgreSQL knew of them when it made it. A generic
+# plan made while a table was empty (a new broker's first runs; planned once per connection
+# and kept until an ANALYZE) scanned it whole at every run as it grew: the hand-out's write
+# went from 5 to 50 ms in 30 s of ``bench/e2e.py`` (tests/broker/test_store_plans.py). Off,
+# a scan is left for what no index serves. That scan's plan then costs more than JIT's
+# thresholds, and JIT compiled a one-row read for 95 ms: no statement of these connections
+# runs long enough to gain from JIT, so it is off too. Retention sweeps run on connections
+# of their own (``Database.unbounded``), planned as usual.
+KEYED_SETTINGS = {"enable_seqscan": "off", "jit": "off"}
+
 
 class PostgresStore(OnEngine[Database], Membership, Accept, Delivery, Retention,
                     Files):
@@ -49,7 +60,8 @@ class PostgresStore(OnEngine[Database], Membership, Accept, Delivery, Retention,
         # of them at a time each (``delivery.py``).
         db = await Database.open(dsn, setup, name="broker", pool_size=pool_size,
                                  batch_max=batch_max, writers=writers, generic_pool_size=2,
-                                 command_timeout_s=command_timeout_s)
+                                 command_timeout_s=command_timeout_s,
+                                 server_settings=KEYED_SETTINGS)
         return cls(dsn, db)
 
     async def set_info(self, key: str, value: str, now_ms: int) -> None:

@@ -206,14 +206,17 @@ CROSS JOIN LATERAL (SELECT * FROM mesh.topic_message e
 def entries_sql(first: int) -> str:
     """The content of logged entries, keyed by the (mesh, topic, position) arrays at
     parameters ``first`` to ``first + 2``: each entry with its history id and its sender's
-    name (the columns ``delivery._filled`` reads)."""
+    name (the columns ``delivery._filled`` reads). Each entry is looked up by its key
+    (``LATERAL … OFFSET 0``): a plain join, planned while the log was empty, read the whole
+    log at every run (tests/broker/test_store_plans.py)."""
     return f"""
 SELECT t.mesh_id, t.topic, t.log_pos, t.id, h.history_id, t.sender_pubkey,
        t.client_message_id, t.body, t.body_encoding, t.priority, t.meta, t.reply_to,
        t.created_at, m.display_name, t.traceparent
 FROM unnest(${first}::text::text[], ${first + 1}::text::text[], ${first + 2}::text::bigint[])
      AS k(m, n, pos)
-JOIN mesh.topic_message t ON t.mesh_id = k.m AND t.topic = k.n AND t.log_pos = k.pos
+CROSS JOIN LATERAL (SELECT * FROM mesh.topic_message t
+                    WHERE t.mesh_id = k.m AND t.topic = k.n AND t.log_pos = k.pos OFFSET 0) t
 LEFT JOIN mesh.message_history h ON h.broker_message_id = t.id
 LEFT JOIN mesh.member m ON m.mesh_id = t.mesh_id AND m.pubkey = t.sender_pubkey
 """  # noqa: S608 - only parameter numbers go in
