@@ -20,7 +20,14 @@ import asyncpg
 import pytest
 
 from tidemesh.broker.store import open_store
-from tidemesh.broker.store.postgres import KEYED_SETTINGS, accept, delivery, topiclog
+from tidemesh.broker.store.postgres import (
+    KEYED_SETTINGS,
+    accept,
+    cluster,
+    delivery,
+    membership,
+    topiclog,
+)
 
 pytestmark = pytest.mark.postgres
 
@@ -46,6 +53,9 @@ STATEMENTS = {
     "page: entries": delivery.ENTRIES_SQL,
     "page: messages": delivery.MESSAGES_SQL,
     "ack": delivery.ACK_SQL,
+    "hello: mesh and member": membership.MESH_MEMBER_SQL,
+    "hello: session claim": cluster.CLAIM_SESSION_SQL,
+    "cluster: unacked": cluster.UNACKED_SQL,
 }
 
 
