@@ -2,8 +2,8 @@
 the tables when it planned them.
 
 A prepared statement's generic plan is made once, from the statistics of that moment, and
-kept until something invalidates it (an ANALYZE). The pumps' statements always take it
-(``plan_cache_mode = force_generic_plan``), the others after five runs. A broker started on
+kept until something invalidates it (an ANALYZE). The broker's statements always take it
+(``plan_cache_mode = force_generic_plan``, ``KEYED_SETTINGS``). A broker started on
 a new database plans them on empty tables: a plan that scans a table then scans it whole at
 every run as it grows. The hand-out's write had done that to ``topic_message``: under
 ``bench/e2e.py`` it took 5 ms at first and 50 ms thirty seconds later, until autovacuum's
@@ -97,10 +97,8 @@ async def test_a_new_brokers_statements_reach_growing_tables_by_index(pg_databas
                                                                        ) -> None:
     store = await open_store(pg_database)   # the schema, as a new broker makes it
     await store.close()
-    # As the broker's pools and writers connect (the pumps' pool forces generic plans; the
-    # others take them after five runs).
-    conn = await asyncpg.connect(pg_database, server_settings={
-        **KEYED_SETTINGS, "plan_cache_mode": "force_generic_plan"})
+    # As the broker's pools and writers connect: each statement on its generic plan.
+    conn = await asyncpg.connect(pg_database, server_settings=KEYED_SETTINGS)
     try:
         plans = {what: await _generic_plan(conn, f"s{i}", sql)
                  for i, (what, sql) in enumerate(STATEMENTS.items())}

@@ -25,9 +25,14 @@ from tidemesh.storage.postgres import Database
 # went from 5 to 50 ms in 30 s of ``bench/e2e.py`` (tests/broker/test_store_plans.py). Off,
 # a scan is left for what no index serves. That scan's plan then costs more than JIT's
 # thresholds, and JIT compiled a one-row read for 95 ms: no statement of these connections
-# runs long enough to gain from JIT, so it is off too. Retention sweeps run on connections
-# of their own (``Database.unbounded``), planned as usual.
-KEYED_SETTINGS = {"enable_seqscan": "off", "jit": "off"}
+# runs long enough to gain from JIT, so it is off too. And where a scan remains, the generic
+# plan costs more than a custom one, so PostgreSQL's default (``auto``) planned the statement
+# again at every run (1.2 ms of PostgreSQL's CPU a message under ``bench/latency.py``): every
+# statement takes its generic plan, made once per connection, as the pumps' pool's always
+# did. Retention sweeps run on connections of their own (``Database.unbounded``), planned as
+# usual.
+KEYED_SETTINGS = {"enable_seqscan": "off", "jit": "off",
+                  "plan_cache_mode": "force_generic_plan"}
 
 
 class PostgresStore(OnEngine[Database], Membership, Accept, Delivery, Retention,
