@@ -319,6 +319,9 @@ def _session(r: Sequence[Any]) -> SessionRow:
 
 # Recipients with deliveries not acked, and those whose topics logged past what they were
 # handed (counted one past their last seq: their pump has something to hand out and send).
+# Each member's subscriptions by their index (``LATERAL … OFFSET 0``, as LAGS_SQL): the
+# generic plan joined each member to every subscription of its topic, 1,000 × 1,000 rows
+# for 1,000 members in 160 ms at every poll.
 UNACKED_SQL = """
 SELECT c.mesh_id, c.recipient_pubkey, c.epoch, c.last_seq
 FROM mesh.recipient_cursor c JOIN unnest($1::text[], $2::text[]) AS k(m, p)
@@ -326,7 +329,8 @@ FROM mesh.recipient_cursor c JOIN unnest($1::text[], $2::text[]) AS k(m, p)
 UNION
 SELECT DISTINCT s.mesh_id, s.member_pubkey, COALESCE(c.epoch, 1), COALESCE(c.last_seq, 0) + 1
 FROM unnest($1::text[], $2::text[]) AS k(m, p)
-JOIN mesh.topic_subscription s ON s.mesh_id = k.m AND s.member_pubkey = k.p
+CROSS JOIN LATERAL (SELECT * FROM mesh.topic_subscription s
+                    WHERE s.mesh_id = k.m AND s.member_pubkey = k.p OFFSET 0) s
 JOIN mesh.topic t ON t.mesh_id = s.mesh_id AND t.name = s.topic AND t.last_pos > s.log_pos
 LEFT JOIN mesh.recipient_cursor c ON c.mesh_id = k.m AND c.recipient_pubkey = k.p
 """
