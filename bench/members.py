@@ -242,8 +242,7 @@ async def run_tidemesh(store_kind: str, n: int, args: argparse.Namespace, root: 
 
         # Connect storm: all at once; each retries until in (a first failure is counted).
         # --presence on-demand: members as daemons with presence.feed false.
-        optional = (features.OPTIONAL_ON_DEMAND if args.presence == "on-demand"
-                    else features.OPTIONAL)
+        optional = features.optional_for(args.presence == "feed")
         failed = 0
         acked: list[float] = []
 

@@ -59,6 +59,13 @@ OPTIONAL: tuple[str, ...] = (DELIVER_BATCH, TRACE_CONTEXT, PRESENCE_BATCH, KEY_R
 # What a daemon asks for with its presence feed off.
 OPTIONAL_ON_DEMAND: tuple[str, ...] = (DELIVER_BATCH, TRACE_CONTEXT, KEY_ROTATION,
                                        PRESENCE_ON_DEMAND)
+
+
+def optional_for(presence_feed: bool) -> tuple[str, ...]:
+    """The optional features a daemon asks for, by its ``presence.feed`` setting."""
+    return OPTIONAL if presence_feed else OPTIONAL_ON_DEMAND
+
+
 MODES = ("retention_scoped", "permanent")
 
 

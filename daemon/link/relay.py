@@ -195,8 +195,7 @@ class Relay:
                                             open_timeout=s.handshake_timeout_s,
                                             stall_timeout=s.stall_timeout_s,
                                             host_fingerprint=self.host_fingerprint,
-                                            optional=(features.OPTIONAL if s.presence_feed
-                                                      else features.OPTIONAL_ON_DEMAND))
+                                            optional=features.optional_for(s.presence_feed))
         except FeatureUnavailable as exc:
             raise RelayFatal(Exit.FEATURE_UNAVAILABLE, str(exc)) from exc
         except HandshakeRejected as exc:
