@@ -44,6 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -196,6 +197,22 @@ def _start_broker(store_url: str, home: Path, extra: list[str], probed: bool = F
     return proc, f"ws://127.0.0.1:{port}"
 
 
+async def _presence_told(url: str) -> dict[str, float]:
+    """The broker's cm_broker_presence_entries_total by kind, from its /metrics."""
+    metrics = "http" + url.removeprefix("ws") + "/metrics"
+
+    def get() -> str:
+        with urllib.request.urlopen(metrics, timeout=10) as r:   # noqa: S310 (our broker)
+            return str(r.read().decode())
+
+    told: dict[str, float] = {}
+    for line in (await asyncio.to_thread(get)).splitlines():
+        if line.startswith("cm_broker_presence_entries_total{"):
+            labels, value = line.rsplit(" ", 1)
+            told[labels.split('kind="', 1)[1].split('"', 1)[0]] = float(value)
+    return told
+
+
 async def _pg(dsn: str, sql: str) -> Any:
     """One statement on its own connection (CREATE DATABASE cannot run in a transaction)."""
     import asyncpg
@@ -262,6 +279,7 @@ async def run_tidemesh(store_kind: str, n: int, args: argparse.Namespace, root: 
             await link.request("topic_subscribe", TOPIC)
             return link
 
+        told0 = await _presence_told(url)
         async with _pyspy(broker.pid, n, "storm"):
             with Meter(broker.pid, pg) as storm:
                 links = list(await asyncio.gather(*(member(k) for k in keys)))
@@ -272,6 +290,8 @@ async def run_tidemesh(store_kind: str, n: int, args: argparse.Namespace, root: 
         tasks = [asyncio.create_task(_consume(link, tally)) for link in links]
         sender = await BrokerLink.connect(url, mesh_id, sender_key, open_timeout=60)
         await asyncio.sleep(2)   # presence and subscriptions settle
+        told = await _presence_told(url)
+        out["presence_told"] = {k: v - told0.get(k, 0.0) for k, v in told.items()}
 
         async with _pyspy(broker.pid, n, "idle"):
             with Meter(broker.pid, pg) as idle:
@@ -517,6 +537,12 @@ def _report(label: str, n: int, r: dict[str, Any]) -> None:
     print(f"    connect storm      {st.wall:7.2f} s to all {n} connected{failed};"
           f" server {1e3 * st.server / n:6.2f} ms CPU per connection{pgs};"
           f" load process {st.pct(st.load):4.0f} %")
+    if "presence_told" in r:   # the N members' daemons decode these between them
+        told = r["presence_told"]
+        total = sum(told.values())
+        print(f"      presence told    {total:10.0f} entries ({total / n ** 2:.2f} N²):"
+              f" {told.get('snapshot', 0):.0f} in snapshots, {told.get('event', 0):.0f}"
+              f" events; the load process {1e6 * st.load / max(total, 1):.1f} µs CPU each")
     pg = f", PostgreSQL {idle.pct(idle.postgres):5.2f} %" if idle.postgres else ""
     print(f"    idle               server {idle.pct(idle.server):5.2f} % CPU{pg}"
           f" over {idle.wall:.1f} s")

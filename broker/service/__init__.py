@@ -59,6 +59,9 @@ class BrokerService:
         self.connections.presence_failed = self.metrics.presence_failed.inc
         self.connections.revoked_closed = self.metrics.revocations.inc
         self.connections.presence_resynced = self.metrics.presence_resyncs.inc
+        told = {kind: self.metrics.presence_entries.labels(kind=kind)
+                for kind in ("event", "snapshot")}
+        self.connections.presence_told = lambda kind, n: told[kind].inc(n)
         self.connections.resync_failed = self.metrics.background_errors.labels(
             task="presence_resync", kind="transient").inc
         self.auth = Auth(store, self.metrics, self.connections)

@@ -157,6 +157,9 @@ class Connections:
         # Counted by the service's metrics: announcements the other brokers did not get, and
         # connections closed for a revocation.
         self.presence_failed: Callable[[int], None] = lambda _n: None
+        # Presence entries queued for daemons, by kind (a metric): what N members coming at
+        # once cost in all, about N² entries, whatever this broker does to batch them.
+        self.presence_told: Callable[[str, int], None] = lambda _kind, _n: None
         self.revoked_closed: Callable[[], None] = lambda: None
         # ... and snapshots sent again after a dropped batch, and failures to make one.
         self.presence_resynced: Callable[[], None] = lambda: None
@@ -319,6 +322,7 @@ class Connections:
             if mesh_id in pending:
                 for other in conns:
                     flush.tell(other, pubkey)
+        self.presence_told("event", flush.told)
 
     def tell_rotated(self, frame: dict[str, Any]) -> None:
         """A ``peer_key_rotated`` to the mesh's members connected here whose daemons asked
@@ -349,7 +353,9 @@ class Connections:
         # the shared frames go as they are encoded once, and a last frame of its own.
         own = (conn.mesh_id, conn.pubkey)
         if conn.pubkey in shared.pubkeys or not self.conns.get(own):
+            self.presence_told("snapshot", len(shared.entries))
             return shared.frames(conn.mesh_id, last=True)
+        self.presence_told("snapshot", len(shared.entries) + 1)
         return [*shared.frames(conn.mesh_id, last=False),
                 *snapshot_texts(conn.mesh_id, seq, [self._entry(own)[1]])]
 
@@ -546,6 +552,7 @@ class Flush:
         self.numbered: dict[str, list[str]] = {}
         self.texts: dict[str, list[str]] = {}
         self.plain: dict[str, dict[str, dict[str, Any]]] = {}
+        self.told = 0   # events queued, counted once per listener told
 
     def tell(self, listener: Conn, pubkey: str) -> None:
         """Queue the listener's mesh's events on it (``pubkey``: the listener's member)."""
@@ -559,6 +566,7 @@ class Flush:
             for text in self.numbered[mesh_id]:
                 if listener.peer.tell_batch(text):
                     listener.presence_stale.set()
+            self.told += len(self.pending[mesh_id])
             return
         if mesh_id not in self.plain:
             self.plain[mesh_id] = older_events(self.pending[mesh_id])
@@ -567,10 +575,12 @@ class Flush:
                 self.texts[mesh_id] = batch_texts(mesh_id, list(self.plain[mesh_id].values()))
             for text in self.texts[mesh_id]:
                 listener.peer.tell_batch(text)
+            self.told += len(self.plain[mesh_id])
             return
         for subject, frame in self.plain[mesh_id].items():
             if subject != pubkey:
                 listener.peer.tell(frame)
+                self.told += 1
 
 
 def batch_texts(mesh_id: str, events: list[dict[str, Any]], seq: int | None = None

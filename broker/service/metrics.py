@@ -83,6 +83,12 @@ class Metrics:
                                         "Presence snapshots sent again to a connection whose "
                                         "full queue dropped a numbered presence batch.",
                                         registry=r)
+        self.presence_entries = Counter("cm_broker_presence_entries_total",
+                                        "Presence entries queued for daemons, counted once "
+                                        "per daemon told: each member of a snapshot (kind "
+                                        "snapshot) and each event of a batch or alone (kind "
+                                        "event). N members connecting at once cost about N² "
+                                        "of them.", ["kind"], registry=r)
         self.presence_failed = Counter("cm_broker_presence_failed_total",
                                        "Presence events the other brokers were not told (the "
                                        "database could not be reached); counted, not logged.",

@@ -87,6 +87,13 @@ async def raw_member(url: str, mesh_id: str, key: SigningKey,
     return ws
 
 
+def entries_told(broker: Running) -> dict[str, float]:
+    """cm_broker_presence_entries_total by kind."""
+    return {kind: broker.service.metrics.registry.get_sample_value(
+        "cm_broker_presence_entries_total", {"kind": kind}) or 0.0
+        for kind in ("event", "snapshot")}
+
+
 async def test_a_newcomer_gets_one_snapshot_of_fifty_members_not_fifty_joins(
     broker: Running,
 ) -> None:
@@ -96,6 +103,7 @@ async def test_a_newcomer_gets_one_snapshot_of_fifty_members_not_fifty_joins(
     try:
         # Every join of theirs told (the window flushed): none is still to come.
         await until(lambda: not broker.service.connections.pending)
+        before = entries_told(broker)
         ws = await raw_member(broker.url, broker.mesh_id, newcomer,
                               (features.PRESENCE_BATCH, features.PRESENCE_SNAPSHOT))
         frames: list[dict[str, Any]] = []
@@ -118,6 +126,11 @@ async def test_a_newcomer_gets_one_snapshot_of_fifty_members_not_fifty_joins(
         assert set(told) == {pub(newcomer)}
         assert all(f["seq"] > snapshots[0]["seq"] for f in frames
                    if f["type"] == "presence_batch")
+        # What the operator sees: the newcomer's snapshot of 51 entries, and its one join
+        # told to each of the 51 connected (the batch names the newcomer too).
+        after = entries_told(broker)
+        assert after["snapshot"] - before["snapshot"] == MEMBERS + 1
+        assert after["event"] - before["event"] == MEMBERS + 1
         await ws.close()
     finally:
         await asyncio.gather(*(link.close() for link in links))
