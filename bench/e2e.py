@@ -48,6 +48,7 @@ import asyncio
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import sqlite3
@@ -357,6 +358,20 @@ def main() -> None:
                     help="K recipient daemons on the topic, K durable JetStream consumers")
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="tm-e2e-", dir="/tmp"))
+    try:
+        ok = _runs(args, root)
+    except BaseException:
+        print(f"(the run's files are kept in {root})")
+        raise
+    if not ok:
+        print(f"(the run's files are kept in {root})")
+        raise SystemExit(1)
+    # JetStream's stores of every message sent, and the daemons' homes.
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _runs(args: argparse.Namespace, root: Path) -> bool:
+    """Every run ``args`` asks for, printed; whether effective-once held in all of ours."""
     how = f"/v1/send_batch of {args.batch}" if args.batch else "/v1/send"
     to = "bob" if args.fanout == 1 else f"{args.fanout} recipients"
     print(f"bench/e2e: alice → broker → {to}, {args.senders} closed-loop senders ({how}) for "
@@ -395,8 +410,7 @@ def main() -> None:
     for store_kind, r in zip(args.stores.split(","), rows, strict=True):
         print(f"ratio tidemesh/{store_kind} (closed loop) to " + ", ".join(
             f"{name}: {r['rate'] / p['rate']:.2f}" for name, p in peers.items()))
-    if not all(r["effective_once"] for r in rows):
-        raise SystemExit(1)
+    return all(r["effective_once"] for r in rows)
 
 
 if __name__ == "__main__":
