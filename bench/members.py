@@ -21,7 +21,8 @@ JetStream: a private ``nats-server`` (default sync) on a free port, one file str
 durable push consumers with explicit acks, from one connection: the same phases where they
 apply. The load process runs every member in one event loop on a 2-core machine shared with
 the broker and the database; its own CPU is printed for each phase: when it is near 100 %
-of a core, the figure is the load process's limit, not the server's.
+of a core, the figure is the load process's limit, not the server's. Its garbage collector
+is off during each run (collected between runs): it would walk all N members' objects.
 
     .venv/bin/python bench/members.py [--members 50,200,500,1000] [--store postgres|sqlite]
                                       [--lone 20] [--lone-gap-ms 0] [--burst 500]
@@ -34,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import resource
@@ -45,7 +47,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -573,6 +575,21 @@ def _report(label: str, n: int, r: dict[str, Any]) -> None:
               f" ({float(r['wal']) / r['burst_deliveries']:6.0f} per delivery)")
 
 
+@contextlib.contextmanager
+def _no_collector() -> Iterator[None]:
+    """No garbage collection in this process during a run; what the run left is collected
+    after it. The one load process plays N daemons, so its collector walks all N daemons'
+    objects: at N=1000 a full collection stopped it for 80-760 ms at a time, a third of the
+    storm's wall time and each outlier of the lone messages (a daemon holds 1/N of them)."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+        gc.collect()
+
+
 async def amain(args: argparse.Namespace) -> int:
     # N links' lines would be most of this process's work.
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
@@ -582,10 +599,12 @@ async def amain(args: argparse.Namespace) -> int:
         for n in (int(x) for x in args.members.split(",")):
             print(f"--- N = {n} members, one topic all subscribe to;"
                   f" {args.lone} lone messages, a {args.burst}-message burst")
-            r = await run_tidemesh(args.store, n, args, root)
+            with _no_collector():
+                r = await run_tidemesh(args.store, n, args, root)
             _report(f"tidemesh broker on {args.store}", n, r)
             if nats_server is not None:
-                js = await run_jetstream(nats_server[0].pid, nats_server[1], n, args)
+                with _no_collector():
+                    js = await run_jetstream(nats_server[0].pid, nats_server[1], n, args)
                 _report(f"JetStream, {n} durable consumers on one stream", n, js)
             sys.stdout.flush()
     finally:
