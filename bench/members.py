@@ -54,6 +54,7 @@ from typing import Any
 
 import structlog
 from nacl.signing import SigningKey
+from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from latency import PG_DSN, _pct, _port, start_sync_always_nats
@@ -207,12 +208,10 @@ async def _presence_told(url: str) -> dict[str, float]:
         with urllib.request.urlopen(metrics, timeout=10) as r:   # noqa: S310 (our broker)
             return str(r.read().decode())
 
-    told: dict[str, float] = {}
-    for line in (await asyncio.to_thread(get)).splitlines():
-        if line.startswith("cm_broker_presence_entries_total{"):
-            labels, value = line.rsplit(" ", 1)
-            told[labels.split('kind="', 1)[1].split('"', 1)[0]] = float(value)
-    return told
+    return {sample.labels["kind"]: sample.value
+            for family in text_string_to_metric_families(await asyncio.to_thread(get))
+            for sample in family.samples
+            if sample.name == "cm_broker_presence_entries_total"}
 
 
 async def _pg(dsn: str, sql: str) -> Any:
