@@ -141,8 +141,7 @@ async def test_a_brokers_statements_read_by_key_whatever_the_tables_held(
                  for i, (what, sql) in enumerate(STATEMENTS.items())}
     finally:
         await conn.close()
-    whole = {what: _whole_reads(plan) for what, plan in plans.items() if _whole_reads(plan)}
+    whole = {what: found for what, plan in plans.items() if (found := _whole_reads(plan))}
     assert whole == {}
-    by_topic = {what: _not_by_member(plans[what]) for what in BY_MEMBER
-                if _not_by_member(plans[what])}
+    by_topic = {what: found for what in BY_MEMBER if (found := _not_by_member(plans[what]))}
     assert by_topic == {}
