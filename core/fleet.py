@@ -8,7 +8,7 @@ would let each mesh claim its own budget for the whole fleet.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,8 +16,9 @@ from tidemesh.core.errors import InsufficientStorage
 from tidemesh.core.settings import ConfigError, Resolved, Setting, build
 
 SETTINGS: tuple[Setting, ...] = (
-    Setting("fleet.max_daemons", int, 10, "Most daemons of this user running at once on this "
-            "host (one per mesh); one more `daemon up` is refused."),
+    Setting("fleet.max_daemons", int, 10, "Most daemons running at once from this tidemesh "
+            "home (one per mesh; counted in its runtime folder, so another TIDEMESH_HOME counts "
+            "apart); one more `daemon up` is refused."),
     Setting("fleet.total_disk_budget", int, None, "Bytes the data of all this user's meshes "
             "on this host may take (databases and their WAL); past it retention sweeps at once "
             "and new sends get 507. Unset: no budget.", optional=True),
@@ -42,13 +43,18 @@ def load(file_data: Mapping[str, Any], environ: Mapping[str, str]
     return settings, resolved
 
 
-def start_refusal(running: int, max_daemons: int, where: str) -> str | None:
-    """Why one more daemon may not start, or None. ``running`` counts the others."""
-    if running < max_daemons:
+def start_refusal(running: Sequence[str], max_daemons: int, where: str, counted_in: str
+                  ) -> str | None:
+    """Why one more daemon may not start, or None. ``running`` names the meshes of the
+    others, counted in the runtime folder ``counted_in``: daemons of another tidemesh home
+    (another ``TIDEMESH_HOME``) are not counted, so the words say where they were counted."""
+    if len(running) < max_daemons:
         return None
-    return (f"{running} daemons of this user already run on this host, the most "
-            f"fleet.max_daemons ({max_daemons}, {where}) allows; stop one "
-            "(`tidemesh daemon ps`, `daemon down --mesh M`) or raise the setting")
+    return (f"{len(running)} daemons already run from this tidemesh home (counted in "
+            f"{counted_in}: {', '.join(running)}), the most fleet.max_daemons "
+            f"({max_daemons}, {where}) allows; daemons of other homes (another TIDEMESH_HOME) "
+            "are not counted; stop one (`tidemesh daemon ps`, `daemon down --mesh M`) or "
+            "raise the setting")
 
 
 def over_budget(used_bytes: int, budget: int | None) -> bool:

@@ -47,8 +47,8 @@ def refusal(mesh: str, environ: Mapping[str, str]) -> str | None:
         loaded, path = settings(environ)
     except ConfigError as exc:
         return exc.message
-    return fleet.start_refusal(len(running(environ, besides=mesh)), loaded.fleet_max_daemons,
-                               str(path))
+    return fleet.start_refusal(running(environ, besides=mesh), loaded.fleet_max_daemons,
+                               str(path), str(runtimes_dir(environ)))
 
 
 def disk_used(environ: Mapping[str, str]) -> int:

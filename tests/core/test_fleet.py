@@ -25,9 +25,13 @@ def test_environment_overrides_the_file_and_nonsense_is_refused() -> None:
 
 
 def test_the_next_daemon_is_refused_at_the_limit_naming_count_and_setting() -> None:
-    assert fleet.start_refusal(9, 10, "f.toml") is None
-    said = fleet.start_refusal(10, 10, "f.toml")
-    assert said is not None and "10 daemons" in said and "fleet.max_daemons (10, f.toml)" in said
+    meshes = [f"m{i}" for i in range(10)]
+    assert fleet.start_refusal(meshes[:9], 10, "f.toml", "/run/t") is None
+    said = fleet.start_refusal(meshes, 10, "f.toml", "/run/t")
+    assert said is not None and "fleet.max_daemons (10, f.toml)" in said
+    # Worded as counted: per tidemesh home (its runtime folder), naming the meshes.
+    assert "10 daemons already run from this tidemesh home (counted in /run/t: m0, m1" in said
+    assert "of this user" not in said
 
 
 def test_the_budget_is_reached_at_its_value() -> None:

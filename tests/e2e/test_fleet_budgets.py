@@ -41,7 +41,8 @@ def test_one_daemon_past_max_daemons_is_refused_with_the_count_and_the_setting(
     daemons += [start_daemon(short_tmp, "a"), start_daemon(short_tmp, "b")]
     up = run_cli(short_tmp, "daemon", "up", "--mesh", "c")
     assert up.returncode == Exit.USAGE, up.stdout + up.stderr
-    assert "2 daemons of this user already run" in up.stderr
+    assert "2 daemons already run from this tidemesh home (counted in " in up.stderr
+    assert ": a, b)" in up.stderr and "another TIDEMESH_HOME" in up.stderr
     assert "fleet.max_daemons (2, " in up.stderr and "fleet.toml" in up.stderr
     # The daemon itself refuses too (a service manager starts it with --foreground).
     proc = spawn(short_tmp, "c")
