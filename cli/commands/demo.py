@@ -101,6 +101,16 @@ def demo_cmd(home: Path | None) -> None:
                 with suppress(click.ClickException):
                     _tidemesh(homes[name], "daemon", "down", "--mesh", MESH)
     _where(homes, store)
+    _leave_word(base, chosen=home is not None)
+
+
+def _leave_word(base: Path, *, chosen: bool) -> None:
+    """Say what stays behind: a folder the user did not name would otherwise sit unnoticed."""
+    if chosen:
+        _step(f"the files stay under {base}; the next `tidemesh demo --home {base}` clears them")
+    else:
+        _step(f"the files stay under {base} (a folder the demo made): remove it with "
+              f"`rm -r {base}`, or give `--home DIR` to keep the demo in one folder")
 
 
 # Marks a folder as the demo's own, so that a second run may clear what the first left.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
 from tests.daemon.harness import run_cli
@@ -37,3 +38,15 @@ def test_demo_will_not_clear_a_folder_it_did_not_make(short_tmp: Path) -> None:
     res = run_cli(short_tmp, "demo", "--home", str(mine), timeout=60)
     assert res.returncode == 2 and "--home" in res.stderr
     assert [p.name for p in mine.iterdir()] == ["notes.txt"]
+
+
+def test_demo_without_home_says_where_its_folder_stays(short_tmp: Path) -> None:
+    res = run_cli(short_tmp, "demo", timeout=120)
+    assert res.returncode == 0, res.stderr + res.stdout
+    word = res.stdout.rsplit("==>", 1)[1]
+    folder = Path(re.search(r"remove it with `rm -r (\S+)`", word).group(1))  # type: ignore[union-attr]
+    try:
+        assert folder.is_dir() and (folder / ".tidemesh-demo").exists()
+        assert "--home" in word
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
