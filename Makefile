@@ -8,11 +8,11 @@ PIP    := $(PY) -m pip
 $(VENV)/.base: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e '.[dev]'
+	$(PIP) install -q -e '.[dev,mcp]'
 	touch $@
 
 $(VENV)/.full: $(VENV)/.base
-	$(PIP) install -q -e '.[dev,spark]'
+	$(PIP) install -q -e '.[dev,spark,mcp]'
 	touch $@
 
 setup: $(VENV)/.base

@@ -25,6 +25,7 @@ COMMANDS = {
     "config": C + "config:config_group",
     "audit": C + "audit:audit_group",
     "demo": C + "demo:demo_cmd",
+    "mcp": C + "mcp:mcp_group",
 }
 
 

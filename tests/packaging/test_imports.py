@@ -11,8 +11,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "importcheck.py"
-FOLDERS = ("tidemesh", "core", "storage", "daemon", "broker", "cli", "client", "spark", "schemas",
-           "migrations")
+FOLDERS = ("tidemesh", "core", "storage", "daemon", "broker", "cli", "client", "agent", "spark",
+           "schemas", "migrations")
 
 
 def _check(repo: Path) -> subprocess.CompletedProcess[str]:
@@ -42,6 +42,8 @@ def test_every_contract_holds_on_the_tree() -> None:
      "cli reaches daemon and broker only through their roots and admin facades"),
     ("client/sync.py", "from tidemesh.daemon import records as _d",
      "the SDK imports only core and itself"),
+    ("agent/handlers.py", "from tidemesh.daemon import records as _d",
+     "the MCP server reaches the daemon only through the SDK"),
     ("core/fingerprint.py", "import tidemesh.daemon.main as _m",
      "core imports none of tidemesh's I/O packages"),
     ("storage/sqlite.py", "from tidemesh.daemon.link import relay as _r",
