@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+from pathlib import Path
 
 import click
 
@@ -40,3 +42,36 @@ def mcp_group(ctx: click.Context, mesh: str, session_name: str | None,
         raise click.ClickException(
             "tidemesh mcp needs the MCP SDK: pip install 'tidemesh[mcp]'") from None
     asyncio.run(serve(mesh, _session(session_name), receipts=not no_receipts))
+
+
+@mcp_group.command("install")
+@mesh_option
+@click.option("--client", "client_kind", type=click.Choice(["claude-code", "codex", "json"]),
+              required=True, help="Which client's configuration.")
+@click.option("--session", "session_name", default=None, metavar="NAME",
+              help="Pin the session name [default: the folder the client starts in].")
+@click.option("--print", "print_only", is_flag=True,
+              help="claude-code: print the configuration instead of writing .mcp.json.")
+def install_cmd(mesh: str, client_kind: str, session_name: str | None,
+                print_only: bool) -> None:
+    """Write or print the MCP configuration that starts `tidemesh mcp` in a client.
+
+    claude-code writes the project's .mcp.json (other servers kept) and prints the
+    equivalent `claude mcp add` line; codex prints the config.toml table; json prints the
+    generic mcpServers document.
+    """
+    from tidemesh.agent import install
+
+    session = _session(session_name) if session_name else None
+    if client_kind == "codex":
+        click.echo("# add to ~/.codex/config.toml\n" + install.codex_toml(mesh, session), nl=False)
+    elif client_kind == "json" or print_only:
+        click.echo(json.dumps(install.json_config(mesh, session), indent=2))
+    else:
+        target = Path.cwd() / ".mcp.json"
+        try:
+            install.merge_json(target, mesh, session)
+        except (ValueError, OSError) as exc:
+            raise click.ClickException(str(exc)) from None
+        click.echo(f"wrote {target.name} (server {install.SERVER!r}); the same as:\n"
+                   f"  {install.claude_add_line(mesh, session)}")
