@@ -46,7 +46,9 @@ class Session:
         return str(agents.SessionAddress(self.member_key, self.name))
 
     async def start(self) -> None:
+        """Register with the daemon (it holds this session's messages from now on)."""
         self.member_key = str((await self.client.health())["member_pubkey"])
+        await self.client.session_register(self.name)
 
     async def unread(self, limit: int = 100) -> list[dict[str, Any]]:
         page = await self.client.inbox(limit=limit, consumer=self.read_consumer)

@@ -26,6 +26,7 @@ COMMANDS = {
     "audit": C + "audit:audit_group",
     "demo": C + "demo:demo_cmd",
     "mcp": C + "mcp:mcp_group",
+    "session": C + "session:session_group",
 }
 
 

@@ -260,6 +260,16 @@ class AsyncClient(Located):
     async def peers(self) -> dict[str, Any]:
         return await self._call(calls.peers())
 
+    async def session_register(self, name: str) -> dict[str, Any]:
+        """Keep messages for agent session ``name`` (docs/agents.md); a repeat is a no-op."""
+        return await self._call(calls.session_register(name))
+
+    async def sessions(self) -> list[dict[str, Any]]:
+        return await self._call(calls.sessions())
+
+    async def session_remove(self, name: str) -> dict[str, Any]:
+        return await self._call(calls.session_remove(name))
+
     async def profile(self, patch: Mapping[str, Any] | None = None) -> dict[str, Any]:
         return await self._call(calls.profile(patch))
 

@@ -161,6 +161,18 @@ def peers() -> Call[dict[str, Any]]:
     return Call("GET", "/v1/peers", _body)
 
 
+def session_register(name: str) -> Call[dict[str, Any]]:
+    return Call("POST", "/v1/sessions/register", _body, {"name": name})
+
+
+def sessions() -> Call[list[dict[str, Any]]]:
+    return Call("GET", "/v1/sessions", lambda r: list(r.body["sessions"]))
+
+
+def session_remove(name: str) -> Call[dict[str, Any]]:
+    return Call("POST", "/v1/sessions/remove", _body, {"name": name})
+
+
 def profile(patch: Mapping[str, Any] | None) -> Call[dict[str, Any]]:
     if patch:
         return Call("POST", "/v1/profile", _body, dict(patch))

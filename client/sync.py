@@ -267,6 +267,17 @@ class Client(Located):
     def peers(self) -> dict[str, Any]:
         return self._call(calls.peers())
 
+    def session_register(self, name: str) -> dict[str, Any]:
+        """Keep messages for agent session ``name`` (docs/agents.md); a repeat is a no-op."""
+        return self._call(calls.session_register(name))
+
+    def sessions(self) -> list[dict[str, Any]]:
+        """The agent sessions the daemon keeps messages for, how far each was pushed, read."""
+        return self._call(calls.sessions())
+
+    def session_remove(self, name: str) -> dict[str, Any]:
+        return self._call(calls.session_remove(name))
+
     def profile(self, patch: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """This member's profile; with ``patch``, change those fields first."""
         return self._call(calls.profile(patch))

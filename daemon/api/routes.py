@@ -17,7 +17,7 @@ from typing import Any
 
 from aiohttp import web
 
-from tidemesh.daemon.api import events, handlers
+from tidemesh.daemon.api import events, handlers, sessions
 from tidemesh.daemon.api.exchange import Answerer, Parsed, first_headers, response
 from tidemesh.daemon.api.keys import REPLY_TOKEN
 from tidemesh.daemon.api.middleware import transport_of
@@ -148,6 +148,17 @@ TABLE: tuple[Route, ...] = (
           "Change fields of this member's profile (null removes one); published to the broker",
           request="profile.schema.json",
           responses={200: "profile_response.schema.json", 400: ERROR, 503: ERROR}),
+    Route("POST", "/v1/sessions/register", sessions.post_session_register,
+          "Keep messages for an agent session from now on (its push and read cursors)",
+          request="session_request.schema.json",
+          responses={200: "session.schema.json", 400: ERROR}),
+    Route("GET", "/v1/sessions", sessions.get_sessions,
+          "The agent sessions this daemon keeps messages for, how far each was pushed and read",
+          responses={200: "sessions_response.schema.json"}),
+    Route("POST", "/v1/sessions/remove", sessions.post_session_remove,
+          "Forget an agent session: its cursors go and its entries are no longer held for it",
+          request="session_request.schema.json",
+          responses={200: "session_removed.schema.json", 400: ERROR, 404: ERROR}),
     Route("POST", "/v1/file/share", handlers.post_file_share,
           "Share a local file: upload it to the broker in chunks (sealed for a DM), then "
           "announce it like /v1/send; a retry resumes and announces once",

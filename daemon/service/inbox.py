@@ -92,6 +92,16 @@ class InboxService:
         cursor = await self.db.write(partial(inbox.consumer_ack, name=name, up_to=up_to, now=now))
         return {"consumer": name, "cursor": cursor}
 
+    async def session_register(self, name: str) -> dict[str, Any]:
+        await self.db.write(partial(inbox.session_register, name=name, now=self._now_ms()))
+        return next(s for s in await self.sessions() if s["name"] == name)
+
+    async def sessions(self) -> list[dict[str, Any]]:
+        return await self.db.read(inbox.sessions)
+
+    async def session_remove(self, name: str) -> bool:
+        return await self.db.write(partial(inbox.session_remove, name=name))
+
     async def consumers(self) -> list[dict[str, Any]]:
         return await self.db.read(inbox.consumers)
 

@@ -309,3 +309,36 @@ def profile_merge(conn: sqlite3.Connection, patch: dict[str, Any], now: int) -> 
                  " ON CONFLICT (id) DO UPDATE SET data = excluded.data,"
                  " updated_at = excluded.updated_at", (orjson.dumps(merged), now))
     return merged
+
+
+# A session (docs/agents.md) is the pair of named consumers its MCP server keeps:
+# session.NAME.push (what it was pushed) and session.NAME.read (what it marked read).
+SESSION_CONSUMERS = ("push", "read")
+
+
+def session_register(conn: sqlite3.Connection, name: str, now: int) -> None:
+    for part in SESSION_CONSUMERS:
+        conn.execute("INSERT INTO consumers (name, cursor, created_at, updated_at)"
+                     " VALUES (?, 0, ?, ?) ON CONFLICT (name) DO NOTHING",
+                     (f"session.{name}.{part}", now, now))
+
+
+def sessions(conn: sqlite3.Connection) -> list[dict[str, Any]]:
+    rows = conn.execute("SELECT name, cursor, updated_at FROM consumers"
+                        " WHERE name LIKE 'session.%' ORDER BY name")
+    found: dict[str, dict[str, Any]] = {}
+    for consumer, cursor, updated_at in rows:
+        name, _, part = consumer[len("session."):].rpartition(".")
+        if name and part in SESSION_CONSUMERS:
+            s = found.setdefault(name, {"name": name, "pushed_up_to": 0, "read_up_to": 0,
+                                        "updated_at": 0})
+            s["pushed_up_to" if part == "push" else "read_up_to"] = cursor
+            s["updated_at"] = max(s["updated_at"], updated_at)
+    return list(found.values())
+
+
+def session_remove(conn: sqlite3.Connection, name: str) -> bool:
+    """Forget a session's cursors (its entries stop being held for it); True if it was."""
+    gone = conn.execute("DELETE FROM consumers WHERE name IN (?, ?)",
+                        tuple(f"session.{name}.{p}" for p in SESSION_CONSUMERS)).rowcount
+    return bool(gone)

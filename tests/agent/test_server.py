@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from tests.agent.harness import mcp_session
+from tests.daemon.harness import run_cli
 from tests.e2e.harness import Mesh, connected, pubkey, wait_for
 
 
@@ -87,3 +89,21 @@ async def test_bad_input_and_a_stopped_daemon_are_tool_errors(
         assert failed and body["error"]["code"] == "daemon_not_running"
         # The server is still there.
         assert {t.name for t in (await sa.client.list_tools()).tools}
+
+
+async def test_a_session_registers_and_session_list_and_rm_show_and_forget_it(
+        mesh: Mesh, short_tmp: Path) -> None:
+    a, b = mesh.add("a", short_tmp), mesh.add("b", short_tmp)
+    await wait_for(lambda: connected(a))
+    await wait_for(lambda: connected(b))
+    async with mcp_session(a, "alpha") as sa, mcp_session(b, "beta") as sb:
+        await sb.ok("mesh_send", to="a/alpha", body="to alpha")
+        await sa.wait_pushed(1)
+        await sa.ok("mesh_inbox")
+    listed = json.loads(run_cli(a.home, "session", "list", "--mesh", "m", "--json").stdout)
+    [alpha] = listed["sessions"]
+    assert alpha["name"] == "alpha" and alpha["pushed_up_to"] == alpha["read_up_to"] > 0
+    assert run_cli(a.home, "session", "rm", "--mesh", "m", "alpha").returncode == 0
+    assert a.client.sessions() == []
+    gone = run_cli(a.home, "session", "rm", "--mesh", "m", "alpha", "--json")
+    assert gone.returncode != 0 and "no session" in gone.stdout
