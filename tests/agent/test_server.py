@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import os
+import secrets
+import signal
 from pathlib import Path
 
 from tests.agent.harness import mcp_session
@@ -107,3 +112,41 @@ async def test_a_session_registers_and_session_list_and_rm_show_and_forget_it(
     assert a.client.sessions() == []
     gone = run_cli(a.home, "session", "rm", "--mesh", "m", "alpha", "--json")
     assert gone.returncode != 0 and "no session" in gone.stdout
+
+
+def _server_pid(session: str) -> int:
+    """The pid of the `tidemesh mcp` this test started for ``session`` (a unique name)."""
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                argv = (proc / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"mcp" in argv and session.encode() in argv:
+                return int(proc.name)
+    raise AssertionError(f"no tidemesh mcp for {session}")
+
+
+async def test_a_server_killed_mid_push_loses_nothing_and_shows_nothing_twice(
+        mesh: Mesh, short_tmp: Path) -> None:
+    a, b = mesh.add("a", short_tmp), mesh.add("b", short_tmp)
+    await wait_for(lambda: connected(a))
+    await wait_for(lambda: connected(b))
+    name = f"beta-{secrets.token_hex(4)}"
+    bodies = [f"m{i}" for i in range(30)]
+    async with mcp_session(a, "alpha") as sa:
+        for body in bodies:
+            await sa.ok("mesh_send", to=f"session:{pubkey(b)}/{name}", body=body,
+                        idempotency_key=body)
+        await wait_for(lambda: _outbox_done(a))
+    seen: list[str] = []
+    with contextlib.suppress(Exception):
+        async with mcp_session(b, name) as sb:
+            await sb.wait_pushed(1)
+            os.kill(_server_pid(name), signal.SIGKILL)
+            seen += [n.content for n in sb.pushed]
+            await asyncio.sleep(0.5)
+    async with mcp_session(b, name) as sb:
+        waited = await sb.ok("mesh_inbox", limit=200)
+        assert [m["body"] for m in waited["messages"]] == bodies   # each once, in order
+        await wait_for(lambda: set(seen) | {n.content for n in sb.pushed} == set(bodies))
