@@ -20,6 +20,7 @@ from tidemesh.core.errors import IdempotencyKeyMismatch, InvalidRequest
 from tidemesh.core.fingerprint import meta_canonical
 from tidemesh.core.ids import client_message_id_problem
 from tidemesh.core.jsonbounds import META_DEPTH, deeper_than
+from tidemesh.core.names import is_name_ref
 from tidemesh.core.record import record
 from tidemesh.core.trace import checked_traceparent, new_traceparent
 
@@ -52,11 +53,12 @@ class Destination:
 
     @classmethod
     def parse(cls, text: str) -> Destination:
-        """Parse the CLI form ``topic:NAME``, ``dm:PUBKEYHEX`` or ``queue:NAME``."""
+        """Parse the CLI form ``topic:NAME``, ``dm:MEMBER`` or ``queue:NAME``."""
         kind, sep, ref = text.partition(":")
         if not sep or kind not in DestinationKind.__members__.values():
             raise InvalidRequest(
-                "destination must be topic:NAME, dm:PUBKEYHEX or queue:NAME", field="to"
+                "destination must be topic:NAME, dm:MEMBER or queue:NAME (MEMBER: a key, a key "
+                "prefix or @name)", field="to"
             )
         return cls.checked(kind, ref)
 
@@ -64,9 +66,10 @@ class Destination:
     def checked(cls, kind: str, ref: str) -> Destination:
         dest = cls(_KINDS.get(kind) or DestinationKind(kind), ref)
         if dest.kind is DestinationKind.DM:
-            if not _PUBKEY.fullmatch(ref):
+            if not _PUBKEY.fullmatch(ref) and not is_name_ref(ref):
                 raise InvalidRequest(
-                    "dm ref must be a member's ed25519 public key, 64 lowercase hex", field="to.ref"
+                    "dm ref must be a member's ed25519 public key (64 lowercase hex), a prefix "
+                    "of at least 16 hex digits of it, or @ and its display name", field="to.ref"
                 )
         elif not _NAME.fullmatch(ref):
             raise InvalidRequest(

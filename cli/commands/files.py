@@ -23,7 +23,7 @@ def file_group() -> None:
 @mesh_option
 @click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--to", "to", required=True, metavar="DEST",
-              help="topic:NAME, dm:PUBKEYHEX or queue:NAME, as for `tidemesh send`.")
+              help="topic:NAME, dm:MEMBER or queue:NAME, as for `tidemesh send`.")
 @click.option("--message", default=None, help="The announcement's text (default: the name).")
 @click.option("--persistent", is_flag=True,
               help="Keep it at the broker past files.retention_days.")

@@ -91,7 +91,9 @@ def build_request(to: str, body: str, encoding: str, priority: str, meta: Any,
 @click.command("send")
 @mesh_option
 @click.argument("message", required=False)
-@click.option("--to", "to", required=True, help="topic:NAME | dm:PUBKEYHEX | queue:NAME")
+@click.option("--to", "to", required=True,
+              help="topic:NAME | dm:MEMBER | queue:NAME (MEMBER: a key, a 16+ hex prefix of "
+                   "it, or @name)")
 @click.option("--file", "file", default=None,
               type=click.Path(exists=True, dir_okay=False, allow_dash=True, path_type=Path),
               help="Read the body from a file ('-' for stdin).")

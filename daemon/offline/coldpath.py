@@ -22,6 +22,7 @@ from typing import Any
 from tidemesh.core.errors import InvalidRequest, NotFound, TidemeshError, Unavailable, from_body
 from tidemesh.core.failover import BrokerRotation
 from tidemesh.core.ids import new_ulid
+from tidemesh.core.names import is_key
 from tidemesh.core.paths import DaemonPaths, daemon_paths
 from tidemesh.core.sealing import seal_request
 from tidemesh.core.send import DestinationKind, parse_send_request
@@ -63,6 +64,9 @@ def _send_locked(name: str, paths: DaemonPaths, request: dict[str, Any],
     if revoked is not None:
         raise revoked.error()
     req = parse_send_request(checked("send_request.schema.json", request), client_message_id)
+    if req.to.kind is DestinationKind.DM and not is_key(req.to.ref):
+        raise InvalidRequest("a DM to @name or a key prefix is resolved by the running daemon; "
+                             "with no daemon running, give the member's full key", field="to.ref")
     settings, _ = config.load(config.read_file(paths.config_file), environ,
                               {"daemon.mesh": name})
     settings, _ = environment.settled(settings, environ)   # no hooks in CI, as the daemon

@@ -20,6 +20,7 @@ from tidemesh.core.accept import Action
 from tidemesh.core.errors import InvalidRequest, TidemeshError
 from tidemesh.core.fingerprint import prefix, request_fingerprint
 from tidemesh.core.ids import client_message_id_problem, new_ulid, ordered_ulid, ordered_ulids
+from tidemesh.core.names import is_key
 from tidemesh.core.outcome import Settlement
 from tidemesh.core.send import DestinationKind, SendRequest
 from tidemesh.daemon.records import (
@@ -268,6 +269,9 @@ class OutboxService:
         problem = client_message_id_problem(cmid)
         if problem:
             raise InvalidRequest(f"new_client_message_id {problem}", field="new_client_message_id")
+        if patch is not None and patch.to.kind is DestinationKind.DM and not is_key(patch.to.ref):
+            raise InvalidRequest("a requeue's patch names a DM's member by its full key (a name "
+                                 "or prefix is resolved only at a send)", field="patch_payload.to")
         now = self._now_ms()
 
         def _requeue(conn: Connection) -> str:

@@ -296,6 +296,14 @@ def memberships(conn: sqlite3.Connection, kind: str) -> list[dict[str, Any]]:
     return [{"name": r[0], "since": r[1]} for r in rows]
 
 
+def sender_names(conn: sqlite3.Connection) -> list[tuple[str, str | None]]:
+    """Each sender in the inbox with the name of its newest message (on the sender index)."""
+    rows = conn.execute(
+        "SELECT sender_pubkey, sender_name FROM inbox WHERE seq IN"
+        " (SELECT MAX(seq) FROM inbox GROUP BY sender_pubkey)").fetchall()
+    return [(r[0], r[1]) for r in rows]
+
+
 def profile_get(conn: sqlite3.Connection) -> dict[str, Any]:
     row = conn.execute("SELECT data FROM profile WHERE id = 1").fetchone()
     return {} if row is None else dict(orjson.loads(row[0]))

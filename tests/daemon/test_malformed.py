@@ -91,7 +91,7 @@ async def test_schema_errors_name_the_failing_field(daemon: RunningDaemon) -> No
     async with daemon.session() as s, s.post("/v1/send", json={"to": "ops", "body": "x"}) as r:
         err = (await r.json())["error"]
     assert (r.status, err["field"]) == (400, "to")
-    assert "topic:NAME | dm:PUBKEYHEX | queue:NAME" in err["message"], "says what it takes"
+    assert "topic:NAME | dm:MEMBER | queue:NAME" in err["message"], "says what it takes"
     async with daemon.session() as s, s.post(
         "/v1/send", json={"to": "topic:ops", "body": "x", "priority": "urgent"}
     ) as r:
