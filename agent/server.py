@@ -39,9 +39,11 @@ _VALIDATORS = {t.name: jsonschema_rs.validator_for(t.input_schema) for t in TOOL
 
 
 def _error(code: str, message: str) -> types.CallToolResult:
+    # No structured content: a client checks it against the tool's output schema, which
+    # describes the answer, not the error; the error is the text, as JSON.
     body = {"error": {"code": code, "message": message}}
     return types.CallToolResult(content=[types.TextContent(type="text", text=json.dumps(body))],
-                                structured_content=body, is_error=True)
+                                is_error=True)
 
 
 def _problem(args: dict[str, Any], name: str) -> str | None:
