@@ -21,8 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.agent.harness import mcp_session  # noqa: E402
-from tests.e2e.harness import Mesh, connected, pubkey, sqlite_broker_with_team, wait_for  # noqa: E402
+from tests.agent.harness import mcp_session
+from tests.e2e.harness import Mesh, connected, pubkey, sqlite_broker_with_team, wait_for
 
 
 def _pid_of(session: str) -> int:
