@@ -30,6 +30,7 @@ class Session:
     name: str
     member_key: str = ""
     receipts: bool = True
+    since_ms: int = 0   # when the session first registered: member-wide entries from then
     # Set by the push loop whenever an entry for this session arrives (wakes mesh_wait).
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -48,11 +49,17 @@ class Session:
     async def start(self) -> None:
         """Register with the daemon (it holds this session's messages from now on)."""
         self.member_key = str((await self.client.health())["member_pubkey"])
-        await self.client.session_register(self.name)
+        registered = await self.client.session_register(self.name)
+        self.since_ms = int(registered.get("created_at", 0))
+
+    def shown(self, entry: dict[str, Any]) -> bool:
+        return agents.for_session(entry, self.name, self.since_ms)
 
     async def unread(self, limit: int = 100) -> list[dict[str, Any]]:
         page = await self.client.inbox(limit=limit, consumer=self.read_consumer)
-        return [dict(e) for e in page["items"] if agents.for_session(dict(e), self.name)]
+        if not self.member_key:
+            await self.start()
+        return [dict(e) for e in page["items"] if self.shown(dict(e))]
 
     async def send_receipt(self, entry: dict[str, Any], state: str) -> bool:
         if not self.receipts or not agents.wants_receipt(entry, self.member_key):
@@ -107,7 +114,9 @@ async def inbox(s: Session, args: dict[str, Any]) -> dict[str, Any]:
     limit = int(args.get("limit", 50))
     if args.get("all"):
         page = await s.client.inbox(limit=limit)
-        items = [dict(e) for e in page["items"] if agents.for_session(dict(e), s.name)]
+        if not s.member_key:
+            await s.start()
+        items = [dict(e) for e in page["items"] if s.shown(dict(e))]
         return {"messages": items, "marked_read_up_to": None}
     items = await s.unread(limit)
     if args.get("peek") or not items:

@@ -97,7 +97,7 @@ class Pusher:
                 return pushed
             for raw in page["items"]:
                 entry: dict[str, Any] = dict(raw)
-                if agents.for_session(entry, s.name):
+                if s.shown(entry):
                     await self._notify(CHANNEL_METHOD, {
                         "content": agents.channel_content(entry),
                         "meta": agents.channel_meta(entry, s.mesh)})

@@ -86,13 +86,17 @@ def receipt_of(entry: dict[str, Any]) -> dict[str, str] | None:
     return {k: str(v) for k, v in r.items() if isinstance(v, str)}
 
 
-def for_session(entry: dict[str, Any], session: str) -> bool:
-    """Whether a session is shown this entry: anything for its member as a whole (topics,
-    queues, DMs naming no session) or a DM naming this session; never a receipt."""
+def for_session(entry: dict[str, Any], session: str, since_ms: int = 0) -> bool:
+    """Whether a session is shown this entry: a DM naming it, whenever it came (it waited
+    for the session); anything for its member as a whole (topics, queues, DMs naming no
+    session) that came since the session first registered (``since_ms``: a new session is
+    not flooded with its member's history); never a receipt."""
     if receipt_of(entry) is not None:
         return False
     target = session_of(entry)
-    return target is None or target == session
+    if target is None:
+        return int(entry.get("received_at", 0)) >= since_ms
+    return target == session
 
 
 def channel_meta(entry: dict[str, Any], mesh: str) -> dict[str, str]:

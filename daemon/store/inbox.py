@@ -332,14 +332,15 @@ def session_register(conn: sqlite3.Connection, name: str, now: int) -> None:
 
 
 def sessions(conn: sqlite3.Connection) -> list[dict[str, Any]]:
-    rows = conn.execute("SELECT name, cursor, updated_at FROM consumers"
+    rows = conn.execute("SELECT name, cursor, created_at, updated_at FROM consumers"
                         " WHERE name LIKE 'session.%' ORDER BY name")
     found: dict[str, dict[str, Any]] = {}
-    for consumer, cursor, updated_at in rows:
+    for consumer, cursor, created_at, updated_at in rows:
         name, _, part = consumer[len("session."):].rpartition(".")
         if name and part in SESSION_CONSUMERS:
             s = found.setdefault(name, {"name": name, "pushed_up_to": 0, "read_up_to": 0,
-                                        "updated_at": 0})
+                                        "created_at": created_at, "updated_at": 0})
+            s["created_at"] = min(s["created_at"], created_at)
             s["pushed_up_to" if part == "push" else "read_up_to"] = cursor
             s["updated_at"] = max(s["updated_at"], updated_at)
     return list(found.values())

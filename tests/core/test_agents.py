@@ -59,3 +59,12 @@ def test_a_receipt_view_takes_the_furthest_state_per_recipient() -> None:
     view = agents.receipt_view(row, [{"from": "k", "session": "b", "state": "read"},
                                      {"from": "k", "session": "b", "state": "delivered"}])
     assert view["state"] == "read" and view["recipients"] == {"k/b": "read"}
+
+
+def test_a_new_session_is_spared_its_members_history_but_not_its_own_mail() -> None:
+    old_topic = {"to": {"kind": "topic", "ref": "ops"}, "meta": None, "received_at": 5}
+    new_topic = {**old_topic, "received_at": 20}
+    waited = _dm({agents.SESSION_KEY: "beta"}, received_at=5)
+    assert not agents.for_session(old_topic, "beta", since_ms=10)
+    assert agents.for_session(new_topic, "beta", since_ms=10)
+    assert agents.for_session(waited, "beta", since_ms=10)
