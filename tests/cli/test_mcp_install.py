@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tomllib
@@ -40,3 +41,16 @@ def test_a_broken_mcp_json_is_refused_and_left_alone(tmp_path: Path) -> None:
     res = _run(tmp_path, "--client", "claude-code", "--mesh", "team")
     assert res.returncode == 1 and "not an MCP configuration" in res.stderr
     assert (tmp_path / ".mcp.json").read_text() == "[1, 2]"
+
+
+def test_mcp_without_the_sdk_names_the_extra(tmp_path: Path) -> None:
+    """As where the [mcp] extra is not installed: importing ``mcp`` fails."""
+    shadow = tmp_path / "shadow"
+    shadow.mkdir()
+    (shadow / "mcp.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'mcp'\", name='mcp')\n")
+    res = subprocess.run([sys.executable, "-m", "tidemesh", "mcp", "--mesh", "team"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False,
+                         env={**os.environ, "PYTHONPATH": str(shadow)}, stdin=subprocess.DEVNULL)
+    assert res.returncode == 1
+    assert "pip install 'tidemesh[mcp]'" in res.stderr
