@@ -179,20 +179,7 @@ async def wait(s: Session, args: dict[str, Any]) -> dict[str, Any]:
 
 
 async def receipts(s: Session, args: dict[str, Any]) -> dict[str, Any]:
-    rows = (await s.client.outbox_list(limit=int(args.get("limit", 20))))["items"]
-    seen: dict[str, list[dict[str, str]]] = {}
-    after: int | None = None
-    while True:
-        page = await s.client.inbox(after=after, limit=1000)
-        for e in page["items"]:
-            if (r := agents.receipt_of(dict(e))) is not None:
-                seen.setdefault(r["of"], []).append({**r, "from": str(e["from"])})
-        if len(page["items"]) < 1000:
-            break
-        after = page.get("next_after")
-    views = [agents.receipt_view(row, seen.get(str(row.get("broker_message_id")), []))
-             for row in rows if not str(row.get("client_message_id", "")).startswith("receipt-")]
-    return {"receipts": views}
+    return {"receipts": await s.client.receipts(int(args.get("limit", 20)))}
 
 
 async def file_share(s: Session, args: dict[str, Any]) -> dict[str, Any]:

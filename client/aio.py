@@ -19,6 +19,7 @@ from tidemesh.client.calls import Call, Kind, Response
 from tidemesh.client.endpoint import Located
 from tidemesh.client.errors import DaemonNotRunning
 from tidemesh.client.stream import Cursor, Event, Notice, Parser, Quiet, Reconnect
+from tidemesh.core import agents
 from tidemesh.core.errors import NotFound
 
 T = TypeVar("T")
@@ -259,6 +260,19 @@ class AsyncClient(Located):
 
     async def peers(self) -> dict[str, Any]:
         return await self._call(calls.peers())
+
+    async def receipts(self, limit: int = 20) -> list[dict[str, Any]]:
+        """The newest ``limit`` sent messages, each with its furthest state (accepted,
+        at_broker, delivered, read) and each recipient session's (docs/agents.md)."""
+        rows = (await self.outbox_list(limit=limit))["items"]
+        entries: list[dict[str, Any]] = []
+        after: int | None = None
+        while True:
+            page = await self.inbox(after=after, limit=1000)
+            entries += [dict(e) for e in page["items"]]
+            if len(page["items"]) < 1000:
+                return agents.receipt_views(rows, entries)
+            after = page.get("next_after")
 
     async def session_register(self, name: str) -> dict[str, Any]:
         """Keep messages for agent session ``name`` (docs/agents.md); a repeat is a no-op."""

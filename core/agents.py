@@ -161,3 +161,20 @@ def receipt_view(row: dict[str, Any], receipts: list[dict[str, str]]) -> dict[st
     return {"outbox_id": row.get("id"), "client_message_id": row.get("client_message_id"),
             "to": row.get("to"), "broker_message_id": row.get("broker_message_id"),
             "state": state, "recipients": per}
+
+
+def receipts_seen(entries: list[dict[str, Any]]) -> dict[str, list[dict[str, str]]]:
+    """The receipts among inbox entries, by the broker id of the message they are about."""
+    seen: dict[str, list[dict[str, str]]] = {}
+    for e in entries:
+        if (r := receipt_of(e)) is not None:
+            seen.setdefault(r["of"], []).append({**r, "from": str(e.get("from", ""))})
+    return seen
+
+
+def receipt_views(rows: list[dict[str, Any]], entries: list[dict[str, Any]]
+                  ) -> list[dict[str, Any]]:
+    """Each sent outbox row (receipts themselves left out) with its receipts."""
+    seen = receipts_seen(entries)
+    return [receipt_view(row, seen.get(str(row.get("broker_message_id")), []))
+            for row in rows if not str(row.get("client_message_id", "")).startswith("receipt-")]

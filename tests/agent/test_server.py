@@ -43,6 +43,9 @@ async def test_two_sessions_exchange_a_session_dm_with_push_and_receipts(
             [r] = (await sa.ok("mesh_receipts"))["receipts"]
             return str(r["state"])
         await wait_for(lambda: _is(state(), "read"))
+        # The SDK says the same, per recipient session.
+        [view] = a.client.receipts()
+        assert view["recipients"] == {f"{pubkey(b)}/beta": "read"}
     # Only one message went: the retried send was the same send.
     assert len([n for n in sb.pushed if n.content == "hello beta"]) == 1
 
