@@ -137,12 +137,20 @@ async def mark_read(s: Session, args: dict[str, Any]) -> dict[str, Any]:
 
 
 async def peers(s: Session, _args: dict[str, Any]) -> dict[str, Any]:
+    """Members present; this member's own entry also lists its sessions (as session
+    addresses), which only its daemon knows: presence carries no session yet."""
+    if not s.member_key:
+        await s.start()   # this session is among them even before its push loop ran
     out = []
     for p in (await s.client.peers())["peers"]:
         profile = p.get("profile") or {}
-        out.append({"key": p["pubkey"], "name": p.get("display_name"),
-                    "self": bool(p.get("self")), "status": profile.get("status"),
-                    "summary": profile.get("summary")})
+        entry = {"key": p["pubkey"], "name": p.get("display_name"),
+                 "self": bool(p.get("self")), "status": profile.get("status"),
+                 "summary": profile.get("summary")}
+        if entry["self"]:
+            entry["sessions"] = [f"session:{p['pubkey']}/{x['name']}"
+                                 for x in await s.client.sessions()]
+        out.append(entry)
     return {"peers": out}
 
 

@@ -21,6 +21,8 @@ async def test_two_sessions_exchange_a_session_dm_with_push_and_receipts(
     await wait_for(lambda: connected(a))
     await wait_for(lambda: connected(b))
     async with mcp_session(a, "alpha") as sa, mcp_session(b, "beta") as sb:
+        [me] = [p for p in (await sb.ok("mesh_peers"))["peers"] if p["self"]]
+        assert me["name"] == "b" and f"session:{pubkey(b)}/beta" in me["sessions"]
         tools = {t.name for t in (await sa.client.list_tools()).tools}
         assert {"mesh_send", "mesh_inbox", "mesh_wait", "mesh_receipts"} <= tools
         sent = await sa.ok("mesh_send", to="b/beta", body="hello beta",
