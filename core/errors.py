@@ -74,6 +74,12 @@ class MeshNameBound(UsageError):
     code = "mesh_name_bound"
 
 
+class AmbiguousMember(InvalidRequest):
+    """A DM's ``@name`` or key prefix fits several members (``core/names``)."""
+
+    code = "ambiguous_member"
+
+
 class Unauthorized(TidemeshError):
     code = "unauthorized"
     http_status = 401
@@ -99,6 +105,12 @@ class NotFound(TidemeshError):
 
 class UnknownDestination(NotFound):
     code = "unknown_destination"
+
+
+class UnknownMember(NotFound):
+    """A DM's ``@name`` or key prefix fits no member the daemon knows (``core/names``)."""
+
+    code = "unknown_member"
 
 
 class MethodNotAllowed(TidemeshError):

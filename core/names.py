@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from tidemesh.core.errors import InvalidRequest, NotFound
+from tidemesh.core.errors import AmbiguousMember, UnknownMember
 from tidemesh.core.record import record
 
 PREFIX_MIN = 16
@@ -22,14 +22,6 @@ _KEY = re.compile(r"[0-9a-f]{64}")
 _NAME = re.compile(r"@[^\x00-\x1f\x7f]{1,128}")
 # How many candidates an error names: enough to choose from, not a member list dump.
 SHOWN = 10
-
-
-class AmbiguousMember(InvalidRequest):
-    code = "ambiguous_member"
-
-
-class UnknownMember(NotFound):
-    code = "unknown_member"
 
 
 @record

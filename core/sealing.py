@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +33,7 @@ from nacl.signing import SigningKey, VerifyKey
 
 from tidemesh.core.errors import InvalidRequest
 from tidemesh.core.fingerprint import meta_canonical
+from tidemesh.core.jsonbounds import META_DEPTH, deeper_than
 from tidemesh.core.send import SendRequest
 
 _ENCODINGS = {"utf8": 1, "base64": 2}
@@ -138,6 +140,40 @@ def unseal_with(recipient: PrivateKey, sender_pubkey_hex: str, sealed: bytes) ->
         reply_to, priority = header["reply_to"], header["priority"]
     except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
         raise UnsealError(f"sealed DM has a bad envelope header: {exc}") from exc
-    if encoding not in _ENCODINGS or (meta is not None and not isinstance(meta, dict)):
+    if (not isinstance(encoding, str) or encoding not in _ENCODINGS
+            or (meta is not None and not isinstance(meta, dict))):
         raise UnsealError("sealed DM has a bad envelope header")
     return Opened(plain[5 + size:], encoding, meta, reply_to, priority, sealed_fields=True)
+
+
+# A sealed reply_to is what a clear one may be: a broker message id (a ULID) or null.
+_ULID = re.compile(r"[0-9A-HJKMNP-TV-Z]{26}")
+
+
+def sealed_fields_problems(opened: Opened) -> dict[str, str]:
+    """What an opened envelope holds that a clear send could not: each field with its
+    reason (empty when all is well). The sender sealed it, so the broker could not check it;
+    the recipient checks it as the daemon checks a send (``core/send``): meta an object of
+    at most ``META_DEPTH`` levels with a canonical form, reply_to a ULID or null, a UTF-8
+    body valid UTF-8. A hostile member's header must not reach the inbox's writer as is."""
+    if not opened.sealed_fields:
+        return {}
+    problems: dict[str, str] = {}
+    meta = opened.meta
+    if meta is not None:
+        if deeper_than(meta, META_DEPTH):
+            problems["meta"] = f"nests deeper than {META_DEPTH} levels"
+        else:
+            try:
+                meta_canonical(meta)
+            except (ValueError, TypeError, OverflowError) as exc:
+                problems["meta"] = f"cannot be canonicalized: {exc}"
+    if opened.reply_to is not None and not (
+            isinstance(opened.reply_to, str) and _ULID.fullmatch(opened.reply_to)):
+        problems["reply_to"] = "is not a broker message id (a ULID) or null"
+    if opened.encoding == "utf8":
+        try:
+            opened.body.decode("utf-8")
+        except UnicodeDecodeError:
+            problems["body"] = "is marked UTF-8 but is not"
+    return problems

@@ -8,16 +8,18 @@
    frames of every type, deep nesting and numeric edges, before and after the handshake.
 4. Runs the IPC edge fuzzer (tests/fuzz/test_ipc_edges.py): deep nesting anywhere in every
    POST body, numeric edges in every number a route reads (what schemathesis never writes).
-5. Checks the meta canonicalisation against rfc8785 on many more generated objects
+5. Runs the sealed-header fuzzer (tests/fuzz/test_sealed_headers.py): a hostile member's
+   sealed DM headers, opened and stored by the daemon's own code into a real inbox.
+6. Checks the meta canonicalisation against rfc8785 on many more generated objects
    (tests/core/test_fingerprint.py; the suite draws 500).
-6. Stops both processes and removes the folder; exits non-zero if any fuzzer failed.
+7. Stops both processes and removes the folder; exits non-zero if any fuzzer failed.
 
 The daemon runs with its TCP port on (a container or CI turns it off by default) and no
 request budget; token rotation is left out of the schemathesis run (a rotation would change
 the token under it).
 
     python scripts/fuzz.py [--max-examples N] [--ws-examples N] [--edge-examples N]
-                           [--canonical-examples N]
+                           [--sealed-examples N] [--canonical-examples N]
 """
 
 from __future__ import annotations
@@ -137,6 +139,8 @@ def main() -> int:
                         help="requests per IPC edge property (default 5000; 0 skips them)")
     parser.add_argument("--canonical-examples", type=int, default=20000,
                         help="meta objects checked against rfc8785 (default 20000; 0 skips)")
+    parser.add_argument("--sealed-examples", type=int, default=5000,
+                        help="hostile sealed DM headers opened and stored (default 5000; 0 skips)")
     opts = parser.parse_args()
     # Short: the daemon's socket path must stay under the OS limit of about 104 bytes.
     root = Path(tempfile.mkdtemp(prefix="tm-fuzz-", dir="/tmp"))
@@ -169,6 +173,7 @@ def main() -> int:
             rc = rc or 1
     for path, examples in (("tests/fuzz/test_ws_frames.py", opts.ws_examples),
                            ("tests/fuzz/test_ipc_edges.py", opts.edge_examples),
+                           ("tests/fuzz/test_sealed_headers.py", opts.sealed_examples),
                            ("tests/core/test_fingerprint.py::"
                             "test_meta_canonical_is_rfc8785_byte_for_byte",
                             opts.canonical_examples)):

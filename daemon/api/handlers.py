@@ -17,9 +17,8 @@ import orjson
 from aiohttp import web
 
 from tidemesh.core import compat, metrics, numbers, tracing
-from tidemesh.core.errors import InvalidRequest, NotFound
-from tidemesh.core.names import is_key, resolve
-from tidemesh.core.send import Destination, DestinationKind, SendRequest, parse_send_request
+from tidemesh.core.errors import InvalidRequest
+from tidemesh.core.send import Destination, SendRequest, parse_send_request
 from tidemesh.daemon.api.exchange import Answer, Parsed, json_answer
 from tidemesh.daemon.api.keys import (
     BACKUP,
@@ -33,6 +32,7 @@ from tidemesh.daemon.api.keys import (
     RETENTION,
     STATE,
 )
+from tidemesh.daemon.api.naming import batch_named, named
 from tidemesh.daemon.api.responses import batch_item, scoped_outcome, send_response
 from tidemesh.daemon.api.validation import checked, parse_json
 from tidemesh.daemon.membership import token_rotation
@@ -80,9 +80,11 @@ async def get_health(request: web.Request) -> web.Response:
     counts, lag_ms = await request.app[OUTBOX].snapshot()
     info = state.info
     loop = state.loop()
+    writes = request.app[INBOX].write_health
     return _json({
-        "healthy": state.healthy and loop["state"] == "ok",
+        "healthy": state.healthy and loop["state"] == "ok" and writes.healthy,
         "loop": loop,
+        "inbox_writes": writes.view(),
         "connected": state.link.connected,
         # "clone_suspected" when the broker says another host presents this member's key.
         "link_state": "clone_suspected" if state.link.clone_suspected
@@ -145,7 +147,7 @@ async def post_send(app: web.Application, req: Parsed) -> Answer:
     """POST /v1/send, on aiohttp and on the Unix socket's send lane alike. With a hook's
     reply token it sees only the rows its token made."""
     data, header = parse_json(req.body), req.headers.get("traceparent")
-    sreq = await _named(app, _send_request(data, req.headers.get("idempotency-key"), header))
+    sreq = await named(app, _send_request(data, req.headers.get("idempotency-key"), header))
     out = await _submit(app[OUTBOX], sreq, data, header)
     token = req.reply_token
     if token is not None:
@@ -157,45 +159,12 @@ async def post_send(app: web.Application, req: Parsed) -> Answer:
     return json_answer(body, status)
 
 
-def _unnamed(req: BatchItem) -> bool:
-    """Whether ``req`` needs no resolving: not a DM, or a DM to a whole key."""
-    return (not isinstance(req, SendRequest) or req.to.kind is not DestinationKind.DM
-            or is_key(req.to.ref))
-
-
-async def _named(app: web.Application, req: SendRequest) -> SendRequest:
-    """A DM to ``@name`` or a key prefix resolved to its key before any outbox row exists:
-    a refusal consumes no id, and a retry by name or by key is the same send."""
-    if _unnamed(req):
-        return req
-    return dataclasses.replace(req, to=await app[PRESENCE].resolved(req.to))
-
-
 def _batch_item(data: Any) -> BatchItem:
     """One send of a batch, or the 400 /v1/send would have answered it with."""
     try:
         return _send_request(data)
     except InvalidRequest as exc:
         return exc
-
-
-async def _batch_named(app: web.Application, items: list[BatchItem]) -> list[BatchItem]:
-    """A batch's names resolved against one read of the directory (not one per send)."""
-    if all(_unnamed(it) for it in items):
-        return items
-    directory = await app[PRESENCE].directory()
-    out: list[BatchItem] = []
-    for it in items:
-        if _unnamed(it) or not isinstance(it, SendRequest):
-            out.append(it)
-            continue
-        try:
-            key = resolve(it.to.ref, directory)
-        except (InvalidRequest, NotFound) as exc:
-            out.append(exc)
-            continue
-        out.append(dataclasses.replace(it, to=Destination(DestinationKind.DM, key)))
-    return out
 
 
 async def post_send_batch(app: web.Application, req: Parsed) -> Answer:
@@ -205,7 +174,7 @@ async def post_send_batch(app: web.Application, req: Parsed) -> Answer:
         raise InvalidRequest("a batch takes no Idempotency-Key header; give each send its own "
                              "client_message_id", field="Idempotency-Key")
     data = checked("send_batch_request.schema.json", parse_json(req.body))
-    items = await _batch_named(app, [_batch_item(d) for d in data["sends"]])
+    items = await batch_named(app, [_batch_item(d) for d in data["sends"]])
     with tracing.span("tidemesh.daemon.accept", _batch_parents(data["sends"], items),
                       {"tidemesh.batch_size": len(items)}) as hop:
         if len(items) == 1 and isinstance(items[0], SendRequest):

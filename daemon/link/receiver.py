@@ -27,7 +27,7 @@ from prometheus_client import Counter, Histogram
 from tidemesh.core import tracing
 from tidemesh.core.ids import new_ulid, new_ulids
 from tidemesh.core.metrics import BATCH_BUCKETS, CollectorRegistry
-from tidemesh.core.sealing import UnsealError, unseal
+from tidemesh.core.sealing import UnsealError, sealed_fields_problems, unseal
 from tidemesh.daemon import race
 from tidemesh.daemon.link.linkstate import resume_outcome
 from tidemesh.daemon.link.receive_order import Position, ReceiveOrder
@@ -88,6 +88,9 @@ def delivery_of(f: dict[str, Any], key: SigningKey, mesh: str, now_ms: int,
             body, encoding = opened.body, opened.encoding
             if opened.sealed_fields:   # what came in the clear is not the sender's
                 meta, reply_to = opened.meta, opened.reply_to
+            problems = sealed_fields_problems(opened)
+            if problems:
+                meta, reply_to, encoding = _readable(f, problems, meta, reply_to, encoding)
     return Delivery(
         id=entry_id or new_ulid(now_ms), mesh=mesh, sender_pubkey=f["sender_pubkey"],
         sender_name=f.get("sender_name"),
@@ -97,6 +100,21 @@ def delivery_of(f: dict[str, Any], key: SigningKey, mesh: str, now_ms: int,
         meta=meta, reply_to=reply_to, epoch=f["epoch"], seq=f["seq"],
         sent_at=f["created_at"], received_at=now_ms, traceparent=f.get("traceparent"),
     )
+
+
+def _readable(f: dict[str, Any], problems: dict[str, str], meta: dict[str, Any] | None,
+              reply_to: str | None, encoding: str
+              ) -> tuple[dict[str, Any] | None, str | None, str]:
+    """A DM whose sealed header a clear send could not have carried: the fields at fault
+    dropped (a body that is not the UTF-8 it claims kept as bytes) and the reasons put in
+    ``meta.tidemesh_meta_unreadable``; stored and acked as an undecryptable one is."""
+    reason = "; ".join(f"{field} {why}" for field, why in sorted(problems.items()))
+    log.warning("dm_header_refused", broker_message_id=f["broker_message_id"],
+                sender=f["sender_pubkey"][:16], reason=reason)
+    kept = meta if "meta" not in problems else None
+    return ({**(kept or {}), "tidemesh_meta_unreadable": reason},
+            None if "reply_to" in problems else reply_to,
+            "base64" if "body" in problems else encoding)
 
 
 class Receiver:

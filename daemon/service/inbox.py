@@ -12,6 +12,7 @@ from typing import Any
 from tidemesh.core.errors import InvalidRequest
 from tidemesh.core.hooks import HookPlan
 from tidemesh.daemon.service.events import EventBus
+from tidemesh.daemon.service.inbox_writes import WriteHealth, store_guarded
 from tidemesh.daemon.store import files, inbox, retention, search
 from tidemesh.daemon.store.db import Connection, Database
 
@@ -28,6 +29,7 @@ class InboxService:
         self.clock = clock
         # The hooks an event fires are recorded in the transaction that stores it.
         self.hooks = hooks if hooks is not None else HookPlan({}, enabled=False)
+        self.write_health = WriteHealth()
 
     def _now_ms(self) -> int:
         return int(self.clock() * 1000)
@@ -42,16 +44,21 @@ class InboxService:
                           ) -> list[inbox.StoreResult | None]:
         """Store one broker frame's deliveries in one transaction, whole or not at all
         (group-committed with other frames); publish their events after COMMIT. None for a
-        void delivery, which only moves the receive cursor."""
+        void delivery, which only moves the receive cursor. A frame that fails is stored
+        delivery by delivery, one that fails alone as dead (``inbox_writes``)."""
         items = [self._with_hooks(d) if isinstance(d, inbox.Delivery) else d for d in items]
-        results = await self.db.submit(
-            files.STORE_FRAMES, (items, self.hooks.for_event("file_shared", {})))
+        results = await store_guarded(self._store, items, self.write_health)
         for result in results:
             if result is not None and result.event is not None:
                 self.bus.publish(result.event)
                 for extra in result.extra:
                     self.bus.publish(extra)
         return results
+
+    async def _store(self, items: Sequence[inbox.Delivery | inbox.Void]
+                     ) -> list[inbox.StoreResult | None]:
+        return await self.db.submit(
+            files.STORE_FRAMES, (items, self.hooks.for_event("file_shared", {})))
 
     def _with_hooks(self, d: inbox.Delivery) -> inbox.Delivery:
         hooks = self.hooks.for_message(d.dest_kind, d.dest_ref)

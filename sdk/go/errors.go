@@ -58,6 +58,8 @@ var classes = map[string]class{
 	"MemberRevoked":          {"member_revoked", 403, "Forbidden"},
 	"NotFound":               {"not_found", 404, "TidemeshError"},
 	"UnknownDestination":     {"unknown_destination", 404, "NotFound"},
+	"UnknownMember":          {"unknown_member", 404, "NotFound"},
+	"AmbiguousMember":        {"ambiguous_member", 400, "InvalidRequest"},
 	"MethodNotAllowed":       {"method_not_allowed", 405, "TidemeshError"},
 	"Conflict":               {"conflict", 409, "TidemeshError"},
 	"IdempotencyConflict":    {"idempotency_key_reused", 409, "Conflict"},
@@ -94,6 +96,8 @@ var (
 	ErrMemberRevoked          = sentinel("MemberRevoked")
 	ErrNotFound               = sentinel("NotFound")
 	ErrUnknownDestination     = sentinel("UnknownDestination")
+	ErrUnknownMember          = sentinel("UnknownMember")
+	ErrAmbiguousMember        = sentinel("AmbiguousMember")
 	ErrMethodNotAllowed       = sentinel("MethodNotAllowed")
 	ErrConflict               = sentinel("Conflict")
 	ErrIdempotencyConflict    = sentinel("IdempotencyConflict")

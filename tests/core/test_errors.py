@@ -28,6 +28,7 @@ EXPECTED_EXIT = {
     "invalid_frame": Exit.REJECTED, "unauthorized": Exit.REJECTED,
     "forbidden": Exit.REJECTED, "send_vetoed": Exit.REJECTED, "member_revoked": Exit.REVOKED,
     "not_found": Exit.REJECTED, "unknown_destination": Exit.REJECTED,
+    "unknown_member": Exit.REJECTED, "ambiguous_member": Exit.REJECTED,
     "method_not_allowed": Exit.REJECTED, "conflict": Exit.CONFLICT,
     "idempotency_key_reused": Exit.CONFLICT, "payload_too_large": Exit.REJECTED,
     "daemon_busy": Exit.REJECTED, "rate_limited": Exit.REJECTED,

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tidemesh.core.names import AmbiguousMember, Known, UnknownMember, is_name_ref, resolve
+from tidemesh.core.errors import AmbiguousMember, UnknownMember
+from tidemesh.core.names import Known, is_name_ref, resolve
 
 BOB = "b0b" + "1" * 61
 BOB2 = "b0b" + "2" * 61

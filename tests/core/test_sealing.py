@@ -60,3 +60,18 @@ def test_a_dm_sealed_by_an_earlier_version_still_opens() -> None:
     box = Box(ALICE.to_curve25519_private_key(), BOB.verify_key.to_curve25519_public_key())
     old = bytes(box.encrypt(b"\x01old body"))
     assert unseal(BOB, ALICE_HEX, old) == Opened(b"old body", "utf8")
+
+
+def test_a_sealed_header_is_held_to_the_rules_of_a_clear_send() -> None:
+    from tidemesh.core.sealing import Opened, sealed_fields_problems
+
+    deep: dict[str, object] = {}
+    node = deep
+    for _ in range(40):
+        node["a"] = {}
+        node = node["a"]  # type: ignore[assignment]
+    fine = Opened(b"hi", "utf8", {"k": 1}, "01ARZ3NDEKTSV4RRFFQ69G5FAV", "next", True)
+    assert sealed_fields_problems(fine) == {}
+    bad = Opened(b"\xff", "utf8", deep, {"x": 1}, "next", True)  # type: ignore[arg-type]
+    assert set(sealed_fields_problems(bad)) == {"meta", "reply_to", "body"}
+    assert sealed_fields_problems(Opened(b"\xff", "utf8")) == {}, "a v1 envelope has no header"

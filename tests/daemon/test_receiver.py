@@ -54,12 +54,13 @@ def test_delivery_of_a_dm_opens_it_for_this_member() -> None:
 
 def test_a_dm_takes_its_meta_and_reply_to_from_inside_the_seal() -> None:
     me_hex = ME.verify_key.encode().hex()
-    sealed = seal(PEER, me_hex, "c1", b"secret", "utf8", {"invoice": 7}, "01PARENT", "next")
+    sealed = seal(PEER, me_hex, "c1", b"secret", "utf8", {"invoice": 7},
+                  "01ARZ3NDEKTSV4RRFFQ69G5FAV", "next")
     # What came in the clear (a broker's forgery) is not what the sender said.
     d = delivery_of(frame(to={"kind": "dm", "ref": me_hex}, body_encoding="base64",
                           body=base64.b64encode(sealed).decode(), meta={"invoice": 8},
                           reply_to="01FORGED", priority="next"), ME, "m", NOW)
-    assert (d.body, d.meta, d.reply_to) == (b"secret", {"invoice": 7}, "01PARENT")
+    assert (d.body, d.meta, d.reply_to) == (b"secret", {"invoice": 7}, "01ARZ3NDEKTSV4RRFFQ69G5FAV")
 
 
 def test_a_dm_whose_priority_was_changed_on_the_way_is_marked() -> None:

@@ -59,6 +59,12 @@ export class NotFound extends TidemeshError {
 export class UnknownDestination extends NotFound {
   static override readonly code: string = "unknown_destination";
 }
+export class UnknownMember extends NotFound {
+  static override readonly code: string = "unknown_member";
+}
+export class AmbiguousMember extends InvalidRequest {
+  static override readonly code: string = "ambiguous_member";
+}
 export class MethodNotAllowed extends TidemeshError {
   static override readonly code: string = "method_not_allowed";
   static override readonly httpStatus: number = 405;
@@ -121,7 +127,7 @@ export class IncompatibleDaemon extends TidemeshError {
 
 const CLASSES: (typeof TidemeshError)[] = [
   TidemeshError, InvalidRequest, IdempotencyKeyMismatch, TokenInQuery, MeshNotChosen,
-  Unauthorized, Forbidden, SendVetoed, MemberRevoked, NotFound, UnknownDestination,
+  Unauthorized, Forbidden, SendVetoed, MemberRevoked, NotFound, UnknownDestination, UnknownMember, AmbiguousMember,
   MethodNotAllowed, Conflict, IdempotencyConflict, PayloadTooLarge, Busy, RateLimited,
   Unavailable, InsufficientStorage,
 ];
