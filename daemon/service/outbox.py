@@ -8,6 +8,7 @@ imports aiohttp or websockets.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
@@ -272,6 +273,9 @@ class OutboxService:
         if patch is not None and patch.to.kind is DestinationKind.DM and not is_key(patch.to.ref):
             raise InvalidRequest("a requeue's patch names a DM's member by its full key (a name "
                                  "or prefix is resolved only at a send)", field="patch_payload.to")
+        if patch is not None and self.gate is not None:
+            # A new body is a new send: the pre-send hook's veto holds for it too.
+            await self.gate(dataclasses.replace(patch, client_message_id=cmid))
         now = self._now_ms()
 
         def _requeue(conn: Connection) -> str:

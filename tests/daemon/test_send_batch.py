@@ -164,6 +164,32 @@ async def test_pre_send_hook_vetoes_each_send_of_a_batch_on_its_own(short_tmp: P
         assert d.stop() == 0
 
 
+async def test_pre_send_hook_vetoes_a_requeue_whose_patch_it_would_refuse(
+    short_tmp: Path
+) -> None:
+    hooks_folder(short_tmp, {"pre-send": PRE_SEND}, "[pre-send]\n")
+    d = start_daemon(short_tmp)
+    try:
+        async with d.session() as s:
+            async with s.post("/v1/send", json={"to": "topic:ops", "body": "fine",
+                                                "client_message_id": "r-0"}) as r:
+                assert r.status == 202
+            row = d.outbox_rows()[0]["id"]
+            patch = {"to": "topic:ops", "body": "forbidden fruit"}
+            async with s.post("/v1/outbox/requeue",
+                              json={"id": row, "patch_payload": patch}) as r:
+                assert r.status == 403
+                assert (await r.json())["error"]["code"] == "send_vetoed"
+            async with s.post("/v1/outbox/requeue", json={
+                    "id": row, "patch_payload": {**patch, "body": "still fine"}}) as r:
+                assert r.status == 200
+        rows = d.outbox_rows()
+        assert (rows[0]["client_message_id"], rows[0]["status"]) == ("r-0", "aborted")
+        assert len(rows) == 2 and b"forbidden" not in b"".join(x["payload"] for x in rows)
+    finally:
+        assert d.stop() == 0
+
+
 @pytest.mark.slow
 async def test_kill_9_during_a_stream_of_batches_loses_no_202(short_tmp: Path) -> None:
     """Writers post batches of 50 until the daemon is killed; after the restart every send
