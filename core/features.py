@@ -144,6 +144,24 @@ def _dedupe(params: dict[str, Any]) -> tuple[str, str] | None:
 _CHECKS = {DEDUPE: _dedupe}
 
 
+def negotiated(supported: dict[str, Any], asked: tuple[str, ...]) -> dict[str, list[str]]:
+    """What a handshake settled, for the log and ``/v1/version``: the features asked for that
+    the broker advertises with usable params (``taken``), those it does not advertise
+    (``missing``), and those it advertises with params this daemon cannot use
+    (``param_invalid``: treated as missing; an optional one is logged, never fatal)."""
+    out: dict[str, list[str]] = {"taken": [], "missing": [], "param_invalid": []}
+    for name in asked:
+        entry = supported.get(name)
+        params = entry.get("params") if isinstance(entry, dict) else None
+        if entry is None:
+            out["missing"].append(name)
+        elif not isinstance(params, dict) or _CHECKS.get(name, _version_only)(params):
+            out["param_invalid"].append(name)
+        else:
+            out["taken"].append(name)
+    return out
+
+
 def deliver_batch_count(supported: dict[str, Any]) -> int | None:
     """The most deliveries one ``deliver_batch`` frame may hold, or None when the broker
     does not send them (it sends one ``deliver`` frame per delivery then)."""

@@ -465,6 +465,7 @@ class Daemon:
                 # After a failover this is the broker now served by, not the invite's first.
                 current = relay.live.current
                 state.link.broker_features = current.supported
+                state.link.broker_features_negotiated = current.negotiated
                 state.link.broker_url = current.url
                 state.link.broker_version = current.broker_version
             if detail.get("state") == "connected" and not detail.get("clone_suspected"):

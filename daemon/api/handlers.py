@@ -67,6 +67,7 @@ async def get_version(request: web.Request) -> web.Response:
         "schema_version": info.schema_version,
         "mesh": info.mesh,
         "broker_features": state.link.broker_features,
+        "broker_features_negotiated": state.link.broker_features_negotiated,
     })
 
 

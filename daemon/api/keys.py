@@ -79,6 +79,7 @@ class LinkState:
     broker_state: str | None = None
     clone_suspected: bool = False     # another host uses this member's key (the broker says)
     broker_features: dict[str, Any] = field(default_factory=dict)
+    broker_features_negotiated: list[str] = field(default_factory=list)
     broker_version: str | None = None
     broker_url: str | None = None     # the broker of the current (else last) session
 

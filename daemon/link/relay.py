@@ -197,6 +197,9 @@ class Relay:
                                             host_fingerprint=self.host_fingerprint,
                                             optional=features.optional_for(s.presence_feed))
         except FeatureUnavailable as exc:
+            # Said before exiting 4010's code, so an SSE reader learns why the daemon stops.
+            await self.on_status(False, {"state": "feature_negotiation_failed",
+                                         "reason": exc.reason.to_dict(), "error": str(exc)})
             raise RelayFatal(Exit.FEATURE_UNAVAILABLE, str(exc)) from exc
         except HandshakeRejected as exc:
             if exc.reason == revocation.REASON:

@@ -78,6 +78,9 @@ class BrokerLink:
         self.state = state
         self.hello_ack = ready.hello_ack
         self.supported = ready.supported
+        # The features asked for that this session uses (``/v1/version``).
+        self.negotiated = features.negotiated(ready.supported,
+                                              (*state.require, *state.optional))["taken"]
         self.url = state.url                           # the broker's address
         self.broker_version = ready.broker_version     # as its challenge said
         # Bounded in frames, sized so that about ``delivery_buffer`` deliveries wait at most
@@ -404,6 +407,18 @@ async def _open(ws: ClientConnection, state: LinkState[Waiter]) -> Ready:
                     raise out.error from None
 
 
+def _log_negotiated(ready: Ready, state: LinkState[Waiter]) -> None:
+    """One INFO line of what this session settled; an optional feature whose params this
+    daemon cannot use is a warning of its own (it goes on without it)."""
+    settled = features.negotiated(ready.supported, (*state.require, *state.optional))
+    for name in settled["param_invalid"]:
+        if name in state.optional:
+            log.warning("feature_optional_param_invalid", feature=name,
+                        advertised=ready.supported.get(name))
+    log.info("features_negotiated", broker=state.url, broker_version=ready.broker_version,
+             **settled)
+
+
 async def _handshake(ws: ClientConnection, state: LinkState[Waiter]) -> Ready:
     loop = asyncio.get_running_loop()
     while True:
@@ -417,6 +432,7 @@ async def _handshake(ws: ClientConnection, state: LinkState[Waiter]) -> Ready:
             outs = state.on_frame(raw, loop.time())
         for out in outs:
             if isinstance(out, Ready):
+                _log_negotiated(out, state)
                 return out
             if isinstance(out, Failed):
                 if isinstance(out.error, FeatureUnavailable):

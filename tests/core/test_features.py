@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from tidemesh.core import features
 from tidemesh.core.features import (
     DEDUPE,
     CloseReason,
@@ -51,3 +52,13 @@ def test_close_reason_fits_the_close_frame() -> None:
 def test_retention_days_for_the_daemon_check() -> None:
     assert dedupe_retention_days(advertise("retention_scoped", 9, 4096)) == 9
     assert dedupe_retention_days(advertise("permanent", 0, 4096)) is None
+
+
+def test_negotiated_sorts_what_was_asked_into_taken_missing_and_unusable() -> None:
+    supported = features.advertise("retention_scoped", 7, 4096)
+    supported[features.DELIVER_BATCH] = {"params": {"version": 2}}
+    asked = (*features.REQUIRED, features.DELIVER_BATCH, "no_such_feature")
+    settled = features.negotiated(supported, asked)
+    assert set(settled["taken"]) == set(features.REQUIRED)
+    assert settled["param_invalid"] == [features.DELIVER_BATCH]
+    assert settled["missing"] == ["no_such_feature"]

@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from nacl.signing import SigningKey
+from structlog.testing import capture_logs
 from websockets.asyncio.server import ServerConnection, serve
 
 from tidemesh.core import features
@@ -38,7 +39,8 @@ def resume_ack(frame: dict[str, Any]) -> str:
 
 @asynccontextmanager
 async def linked(script: Script, delivery_buffer: int = 1024,
-                 link_class: type[BrokerLink] = BrokerLink) -> AsyncIterator[BrokerLink]:
+                 link_class: type[BrokerLink] = BrokerLink,
+                 supported: dict[str, Any] | None = None) -> AsyncIterator[BrokerLink]:
     """A link to a broker that shakes hands and then runs ``script`` with the resume frame
     once the daemon sends it."""
     async def broker(ws: ServerConnection) -> None:
@@ -48,7 +50,8 @@ async def linked(script: Script, delivery_buffer: int = 1024,
                                   "pubkey": hello["pubkey"], "session_id": ULID}))
         request = json.loads(await ws.recv())
         await ws.send(json.dumps({"type": "feature_negotiation_response", "id": request["id"],
-                                  "supported": features.advertise("retention_scoped", 7, 4096),
+                                  "supported": supported or features.advertise(
+                                      "retention_scoped", 7, 4096),
                                   "missing_required": []}))
         await script(ws, {})
         await ws.wait_closed()
@@ -109,3 +112,17 @@ async def test_pushes_before_the_answer_are_dropped_and_a_full_queue_does_not_bl
         while len(got) < 6:
             got.extend(d["seq"] for d in await asyncio.wait_for(link.deliveries.get(), 5))
         assert got == [4, 5, 6, 7, 8, 9]
+
+
+async def test_an_optional_feature_with_unusable_params_is_logged_and_left_out() -> None:
+    async def idle(ws: ServerConnection, _: dict[str, Any]) -> None:
+        await asyncio.sleep(0)
+
+    odd = {**features.advertise("retention_scoped", 7, 4096),
+           features.DELIVER_BATCH: {"params": {"version": 99}}}
+    with capture_logs() as logs:
+        async with linked(idle, supported=odd) as link:
+            assert features.DELIVER_BATCH not in link.negotiated
+            assert set(features.REQUIRED) <= set(link.negotiated)
+    names = [e["event"] for e in logs]
+    assert "feature_optional_param_invalid" in names and "features_negotiated" in names
