@@ -21,6 +21,16 @@ def expression(q: str, topic: str | None, sender: str | None) -> str:
     return " AND ".join(parts)
 
 
+def user_words(own_error: str, q: str) -> str:
+    """SQLite's words for q parsed on its own, as the user reads them: FTS5 says a query that
+    ends too early (``disk AND``) fails near "" (the end of input); the user is shown the last
+    thing they typed instead, never the ``)`` of the ``text : (…)`` wrapper."""
+    tokens = q.split()
+    if own_error.endswith('near ""') and tokens:
+        return own_error[:-len('""')] + '"' + tokens[-1].replace('"', '""') + '"'
+    return own_error
+
+
 def _indexable(value: str) -> bool:
     # An ASCII value with a letter or digit is a phrase of at least one token for unicode61;
     # an empty phrase would match nothing at all.

@@ -10,6 +10,7 @@ from __future__ import annotations
 import sqlite3
 from typing import Any, Literal
 
+from tidemesh.core import search_query
 from tidemesh.core.errors import InvalidRequest
 from tidemesh.daemon.records import Page
 from tidemesh.daemon.store import inbox
@@ -63,12 +64,20 @@ def check(conn: sqlite3.Connection) -> str | None:
     return None
 
 
-def query_error(exc: sqlite3.OperationalError, q: str) -> InvalidRequest | None:
-    """The 400 for a search query FTS5 cannot read, or None for any other failure."""
+def query_error(conn: sqlite3.Connection, exc: sqlite3.OperationalError, q: str
+                ) -> InvalidRequest | None:
+    """The 400 for a search query FTS5 cannot read, or None for any other failure. The words
+    are those of q parsed alone: the error of the wrapped expression may point at the
+    wrapper's own parenthesis."""
     if getattr(exc, "sqlite_errorcode", None) != _SQLITE_ERROR:
         return None
-    return InvalidRequest(f"q is not a valid search query ({exc}): {q[:80]!r}", field="q")
-
+    words = str(exc)
+    try:
+        conn.execute("SELECT 1 FROM inbox_fts WHERE inbox_fts MATCH ? LIMIT 1", (q,)).fetchone()
+    except sqlite3.OperationalError as own:
+        if getattr(own, "sqlite_errorcode", None) == _SQLITE_ERROR:
+            words = search_query.user_words(str(own), q)
+    return InvalidRequest(f"q is not a valid search query ({words}): {q[:80]!r}", field="q")
 
 
 def page(conn: sqlite3.Connection, p: Page) -> list[dict[str, Any]]:
@@ -76,7 +85,7 @@ def page(conn: sqlite3.Connection, p: Page) -> list[dict[str, Any]]:
     try:
         return inbox.page(conn, p)
     except sqlite3.OperationalError as exc:
-        bad = query_error(exc, p.q) if p.q is not None else None
+        bad = query_error(conn, exc, p.q) if p.q is not None else None
         if bad is None:
             raise
         raise bad from exc

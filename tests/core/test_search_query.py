@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tidemesh.core.errors import InvalidRequest
+from tidemesh.core import search_query
 from tidemesh.core.search_query import expression
 
 
@@ -33,3 +34,10 @@ def test_a_parenthesis_closing_what_q_did_not_open_is_refused(q: str) -> None:
 @pytest.mark.parametrize("q", ['"a)"', "(a OR b) c", '"say ""hi)"""'])
 def test_parentheses_inside_strings_or_balanced_are_fine(q: str) -> None:
     assert expression(q, None, None) == f"text : ({q})"
+
+
+def test_an_error_at_the_end_of_the_query_names_the_last_word_typed() -> None:
+    assert search_query.user_words('fts5: syntax error near ""', "disk AND") == \
+        'fts5: syntax error near "AND"'
+    assert search_query.user_words('fts5: syntax error near "OR"', "a OR OR b") == \
+        'fts5: syntax error near "OR"'

@@ -185,6 +185,10 @@ async def test_get_inbox_q_searches_and_answers_bad_queries_400(short_tmp: Path)
                     assert r.status == 400, body
                     assert body["error"]["code"] == "invalid_request"
                     assert body["error"]["field"] == "q" and words in body["error"]["message"]
+            async with s.get("/v1/inbox", params={"q": "disk AND"}) as r:
+                body = await r.json()
+                # near the word the user typed, not the query wrapper's own parenthesis
+                assert 'syntax error near "AND"' in body["error"]["message"], body
             async with s.get("/v1/inbox", params={"q": "disk", "consumer": "c"}) as r:
                 assert r.status == 400 and (await r.json())["error"]["field"] == "q"
             async with s.get("/v1/version") as r:
