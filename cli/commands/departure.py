@@ -95,7 +95,8 @@ def recover(mesh: str, dry_run: bool, as_json: bool) -> None:
     """Check outbox.db, inbox.db and the key files of a stopped daemon and repair what can
     be: a damaged inbox is moved aside (the broker refills it), a damaged outbox's readable
     rows are salvaged into a new one and the rest listed in a report. Exit 0 when all is well
-    or repaired, 6 when something needs a backup."""
+    or repaired, 6 when something needs a backup, or with --dry-run when anything needs
+    repair."""
     paths = paths_for(mesh)
     if admin.is_held(paths.lock_file):
         fail(TidemeshError(f"the daemon of mesh {mesh} runs; stop it first "
@@ -106,7 +107,8 @@ def recover(mesh: str, dry_run: bool, as_json: bool) -> None:
     if not dry_run and plan.actions:
         out["done"] = admin.recovery.carry_out(plan, paths, os.environ,
                                                admin.current_host_fingerprint())
-    code = Exit.UNHEALTHY if plan.unrepairable else Exit.OK
+    # A dry run that finds damage is not a success: a script checking a home must see it.
+    code = Exit.UNHEALTHY if plan.unrepairable or (dry_run and plan.actions) else Exit.OK
     if as_json:
         emit_json(out)
         sys.exit(int(code))

@@ -107,6 +107,7 @@ def test_recover_of_a_healthy_daemon_has_nothing_to_do(short_tmp: Path) -> None:
     res = run_cli(short_tmp, "daemon", "recover", "--mesh", "t")
     assert res.returncode == 0, res.stderr
     assert "nothing to repair" in res.stdout
+    assert run_cli(short_tmp, "daemon", "recover", "--mesh", "t", "--dry-run").returncode == 0
 
 
 def test_recover_salvages_the_readable_rows_of_a_damaged_outbox(short_tmp: Path) -> None:
@@ -121,7 +122,7 @@ def test_recover_salvages_the_readable_rows_of_a_damaged_outbox(short_tmp: Path)
     before = db.read_bytes()
 
     dry = run_cli(short_tmp, "daemon", "recover", "--mesh", "t", "--dry-run", "--json")
-    assert dry.returncode == 0, dry.stderr
+    assert dry.returncode == Exit.UNHEALTHY, dry.stderr   # damage found: scripts can tell
     plan = {f["target"]: f for f in json.loads(dry.stdout)["findings"]}
     assert plan["outbox.db"]["state"] == "damaged"
     assert plan["outbox.db"]["action"] == "salvage_outbox"
@@ -161,7 +162,8 @@ async def test_recover_moves_a_damaged_inbox_aside_and_the_broker_refills_it(
     await wait_for(lambda: a.client.outbox_list(status="done")["items"])
     _damage(b.paths.inbox_db, 0, 100)         # the header: not a database any more
     dry = run_cli(b.home, "daemon", "recover", "--mesh", "m", "--dry-run")
-    assert dry.returncode == 0 and "inbox.db: damaged" in dry.stdout, dry.stdout + dry.stderr
+    assert dry.returncode == Exit.UNHEALTHY and "inbox.db: damaged" in dry.stdout, \
+        dry.stdout + dry.stderr
     res = run_cli(b.home, "daemon", "recover", "--mesh", "m", "--json")
     assert res.returncode == 0, res.stderr
     assert [x["target"] for x in json.loads(res.stdout)["done"]] == ["inbox.db"]
