@@ -14,15 +14,16 @@ _REVOKED = "; this member was revoked from the mesh, so starting the daemon cann
 class DaemonNotRunning(TidemeshError):
     """Nothing answers where the daemon should be: no socket, refused, or no answer in time.
 
-    ``hint`` is the command that starts the daemon, ``reason`` the message without it. Every
-    other failure is the daemon's own answer, rebuilt as its ``core.errors`` class.
+    ``hint`` is the command that starts the daemon, ``reason`` the message without it,
+    ``then`` what to do once it runs (said after the hint). Every other failure is the
+    daemon's own answer, rebuilt as its ``core.errors`` class.
     """
 
     code = "daemon_not_running"
     http_status = 503
 
     def __init__(self, message: str, *, hint: str = "tidemesh daemon up", revoked: bool = False,
-                 **details: Any) -> None:
+                 then: str | None = None, **details: Any) -> None:
         # A revoked member's daemon exits for good: starting it again cannot help. Rebuilt
         # from a wire body (core.errors.from_body), the message has its advice already.
         if _HINTED in message or _REVOKED in message:
@@ -30,7 +31,7 @@ class DaemonNotRunning(TidemeshError):
         elif revoked:
             said = f"{message}{_REVOKED}ask an operator for a new invite and run `{hint}`"
         else:
-            said = f"{message}{_HINTED}`{hint}`"
+            said = f"{message}{_HINTED}`{hint}`" + (f", then {then}" if then else "")
         super().__init__(said, **details)
         self.reason = said.split(_HINTED)[0].split(_REVOKED)[0]
         self.hint, self.revoked = hint, revoked

@@ -9,8 +9,12 @@ import click
 
 from tidemesh.cli.commands.common import client_for, json_option, mesh_option
 from tidemesh.cli.output import emit_json, fail, fields, table, when
+from tidemesh.client.errors import DaemonNotRunning
 from tidemesh.core.errors import TidemeshError
 from tidemesh.core.files import safe_name
+
+_RESUME_SHARE = ("run the same `tidemesh file share` again to resume it from the chunks "
+                 "already uploaded")
 
 
 @click.group("file")
@@ -34,6 +38,9 @@ def share_cmd(mesh: str, path: Path, to: str, message: str | None, persistent: b
     to the same DEST is the same share, announced once."""
     try:
         out = client_for(mesh).file_share(path, to, message=message, persistent=persistent)
+    except DaemonNotRunning as exc:
+        # A cut share is not lost: the broker keeps the chunks, and the same share resumes.
+        fail(DaemonNotRunning(exc.reason, hint=exc.hint, then=_RESUME_SHARE), as_json)
     except TidemeshError as exc:
         fail(exc, as_json)
     if as_json:

@@ -214,6 +214,27 @@ async def test_kill_9_of_the_sender_mid_upload_resumes(any_mesh: Mesh, short_tmp
     assert len([e for e in await inbox(b) if (e["meta"] or {}).get("tidemesh_file")]) == 1
 
 
+async def test_a_cli_share_cut_by_a_daemon_kill_says_running_it_again_resumes(
+        mesh: Mesh, short_tmp: Path) -> None:
+    a, _ = await _pair(mesh, short_tmp, ONE_BY_ONE)
+    src = short_tmp / "large.bin"
+    _blob(src, BIG, seed=6)
+    share = subprocess.Popen(
+        [sys.executable, "-m", "tidemesh", "file", "share", str(src), "--to", "topic:ops",
+         "--mesh", "m"], env=daemon_env(a.home), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+
+    async def partly_stored() -> bool:
+        rows = await _store(mesh, "SELECT stored_chunks FROM mesh.file_object")
+        return bool(rows) and 0 < rows[0][0] < BIG // CHUNK // 2
+
+    await wait_for(partly_stored, interval=0.01)
+    a.kill()
+    _, err = share.communicate(timeout=30)
+    assert share.returncode == 3, err
+    assert "daemon up" in err and "run the same `tidemesh file share` again" in err, err
+
+
 async def test_kill_9_of_the_receiver_mid_download_resumes(any_mesh: Mesh, short_tmp: Path
                                                            ) -> None:
     a, b = await _pair(any_mesh, short_tmp, ONE_BY_ONE)
