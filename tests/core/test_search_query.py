@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tidemesh.core.errors import InvalidRequest
 from tidemesh.core import search_query
+from tidemesh.core.errors import InvalidRequest
 from tidemesh.core.search_query import expression
 
 
