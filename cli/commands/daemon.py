@@ -45,6 +45,7 @@ SUBCOMMANDS = {
     "inbox": C + "outbox:inbox_group",
     "hooks": C + "hooks:hooks_group",
     "ps": C + "fleet:ps",
+    "metrics": C + "metrics:metrics_cmd",
     "logs": C + "fleet:logs",
     "join": C + "broker:join_cmd",
     "install-service": C + "service:daemon_install",

@@ -52,15 +52,22 @@ class ReceiverMetrics:
     received: Counter
     dedupe: Counter
     frame_size: Histogram
+    invalid: Counter
 
     @classmethod
     def register(cls, registry: CollectorRegistry, mesh: str,
                  dedupe: Counter) -> ReceiverMetrics:
-        return cls(mesh, Counter("cm_daemon_recv_total", "Deliveries stored in the inbox",
-                                 ["mesh"], registry=registry), dedupe,
+        return cls(mesh, Counter("cm_daemon_recv_total", "Deliveries stored in the inbox, by "
+                                 "destination kind and sender (peer, or self: this member's "
+                                 "own key)", ["mesh", "kind", "from_type"], registry=registry),
+                   dedupe,
                    Histogram("cm_daemon_deliver_batch_size",
                              "Deliveries in each frame received from the broker",
-                             ["mesh"], registry=registry, buckets=BATCH_BUCKETS))
+                             ["mesh"], registry=registry, buckets=BATCH_BUCKETS),
+                   Counter("cm_daemon_invalid_inbound_total", "Deliveries stored marked "
+                           "because what they carried could not be used as sent "
+                           "(undecryptable, header_refused)", ["mesh", "reason"],
+                           registry=registry))
 
 
 def delivery_of(f: dict[str, Any], key: SigningKey, mesh: str, now_ms: int,
@@ -125,6 +132,7 @@ class Receiver:
         self.link = link
         self.inbox = inbox
         self.key = key
+        self.me = key.verify_key.encode().hex()   # this member's own key, for from_type
         self.mesh = mesh
         self.metrics = metrics
         self.clock = clock
@@ -135,10 +143,9 @@ class Receiver:
         while frames := await self._next_frames():
             plan = order.plan([[(d["epoch"], d["seq"]) for d in f] for f in frames])
             # One inbox write per frame; started in frame order, so stored in that order.
-            for results in await asyncio.gather(*(
-                    self._write([f[i] for i in store])
-                    for f, store in zip(frames, plan.store, strict=True) if store)):
-                self._account(results)
+            await asyncio.gather(*(
+                self._write([f[i] for i in store])
+                for f, store in zip(frames, plan.store, strict=True) if store))
             if plan.gap is not None:
                 log.warning("delivery_gap_detected", expected=order.cursor[1] + 1,
                             got=plan.gap[1])
@@ -162,17 +169,26 @@ class Receiver:
                           {"tidemesh.mesh": self.mesh, "tidemesh.batch_size": len(items)}) as hop:
             if len(items) == 1 and isinstance(items[0], Delivery):
                 items[0] = _traced(items[0], hop)
-            return await self.inbox.store_frame(items)
+            results = await self.inbox.store_frame(items)
+        self._account(items, results)
+        return results
 
-    def _account(self, results: list[StoreResult | None]) -> None:
+    def _account(self, items: list[Delivery | Void], results: list[StoreResult | None]
+                 ) -> None:
         m = self.metrics
-        for res in results:
-            if res is None:
+        for d, res in zip(items, results, strict=True):
+            if res is None or not isinstance(d, Delivery):
                 continue
             if res.inbox_seq is None:
                 m.dedupe.labels(direction="inbound", mesh=m.mesh).inc()
-            else:
-                m.received.labels(mesh=m.mesh).inc()
+                continue
+            m.received.labels(mesh=m.mesh, kind=d.dest_kind,
+                              from_type="self" if d.sender_pubkey == self.me else "peer").inc()
+            if d.meta:
+                if "tidemesh_undecryptable" in d.meta:
+                    m.invalid.labels(mesh=m.mesh, reason="undecryptable").inc()
+                elif "tidemesh_meta_unreadable" in d.meta:
+                    m.invalid.labels(mesh=m.mesh, reason="header_refused").inc()
 
     async def _next_frames(self) -> list[list[dict[str, Any]]]:
         """The frames waiting on the link (at least one), each a list of deliveries."""

@@ -118,8 +118,9 @@ class RelayMetrics:
                          registry=registry)
         return cls(
             mesh,
-            Counter("cm_daemon_reconnects_total", "Broker connections lost or failed",
-                    ["mesh"], registry=registry),
+            Counter("cm_daemon_reconnects_total", "Broker connections lost or failed, by why "
+                    "(connection_lost, handshake_rejected, timeout, refused, link_error, other)",
+                    ["mesh", "reason"], registry=registry),
             Counter("cm_daemon_clone_suspected_total", "Times the broker said another host "
                     "presents this member's key (refused, or told on the hello_ack or later)",
                     ["mesh", "how"], registry=registry),
@@ -136,6 +137,19 @@ def negotiated_max_age(supported: dict[str, Any], s: RelaySettings) -> int:
         return max_age_hours(window, s.max_age_hours, s.max_age_override_hours)
     except MaxAgeError as exc:
         raise RelayFatal(Exit.FEATURE_UNAVAILABLE, f"{exc.code}: {exc}") from exc
+
+
+def reconnect_reason(exc: BaseException) -> str:
+    """A bounded label for why a session ended or did not start (the log has the detail)."""
+    if isinstance(exc, HandshakeRejected):
+        return "handshake_rejected"
+    if isinstance(exc, TimeoutError):
+        return "timeout"
+    if isinstance(exc, ConnectionRefusedError):
+        return "refused"
+    if isinstance(exc, LinkError | OSError):
+        return "link_error"
+    return "other"
 
 
 class Relay:
@@ -172,7 +186,7 @@ class Relay:
                 link = await self._connect()
                 connected = True
                 await self._serve(link)
-                reason = "connection lost"
+                reason, why = "connection lost", "connection_lost"
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # sorted by fatal_of; the rest is retried
@@ -181,12 +195,12 @@ class Relay:
                 fatal = fatal_of(exc)
                 if fatal is not None:
                     raise fatal from None
-                reason = describe(exc)
+                reason, why = describe(exc), reconnect_reason(exc)
                 if connected:
                     log.warning("broker_session_ended", reason=reason)
             if connected:
                 attempt = 0
-            attempt = await self._pause(attempt, reason)
+            attempt = await self._pause(attempt, reason, why)
 
     async def _connect(self) -> BrokerLink:
         s = self.settings
@@ -222,12 +236,12 @@ class Relay:
         await self._status(False if how == "refused" else self.live.current is not None,
                            {"state": "clone_suspected", "how": how, **detail})
 
-    async def _pause(self, attempt: int, reason: str) -> int:
+    async def _pause(self, attempt: int, reason: str, why: str) -> int:
         failed = self.rotation.current
         if self.rotation.failed() != failed:
             log.info("broker_failed_over", failed=failed, next=self.rotation.current)
         attempt += 1
-        self.metrics.reconnects.labels(mesh=self.mesh.mesh).inc()
+        self.metrics.reconnects.labels(mesh=self.mesh.mesh, reason=why).inc()
         delay = self.settings.backoff.delay(attempt, self.rng)
         log.info("broker_connect_failed", attempt=attempt, retry_in_s=round(delay, 2),
                  reason=reason)

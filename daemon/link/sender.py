@@ -43,6 +43,21 @@ class SenderSettings:
     idle_poll_s: float = 1.0
 
 
+_KIND_AT = len(b'{"to":{"kind":"')
+
+
+def payload_kind(payload: bytes) -> str:
+    """A stored payload's destination kind, read off its first bytes: the outbox writes
+    ``to`` first (``SendRequest.to_payload``), and parsing the row only to label a counter
+    would cost the send path a JSON parse per row."""
+    if payload.startswith(b'{"to":{"kind":"'):
+        end = payload.find(b'"', _KIND_AT)
+        kind = payload[_KIND_AT:end]
+        if kind in (b"topic", b"dm", b"queue"):
+            return kind.decode()
+    return "unknown"
+
+
 @dataclass(frozen=True, slots=True)
 class SenderMetrics:
     """The send side's series (spec §10 names), labelled with the mesh. ``dedupe`` is the
@@ -58,8 +73,8 @@ class SenderMetrics:
     def register(cls, registry: CollectorRegistry, mesh: str, dedupe: Counter) -> SenderMetrics:
         return cls(
             mesh,
-            Counter("cm_daemon_send_total", "Outbox rows settled, by outcome",
-                    ["mesh", "status"], registry=registry),
+            Counter("cm_daemon_send_total", "Outbox rows settled, by destination kind and "
+                    "outcome", ["mesh", "kind", "status"], registry=registry),
             dedupe,
             Counter("cm_daemon_dedupe_history_pruned_total",
                     "Duplicates whose original's history was already pruned", ["mesh"],
@@ -252,14 +267,15 @@ class Sender:
         await self.outbox.settle_many(settled)
         self.inflight -= len(rows)
         self.slot_freed.set()
-        self._account(settled, answers)
+        self._account(settled, answers, [payload_kind(r.payload) for r in rows])
         if any(st.kind is Kind.DEAD for st in settled):
             await self.dead.announce()
 
-    def _account(self, settled: list[Settlement], answers: list[dict[str, Any] | None]) -> None:
+    def _account(self, settled: list[Settlement], answers: list[dict[str, Any] | None],
+                 kinds: list[str]) -> None:
         m = self.metrics
-        for st, answer in zip(settled, answers, strict=True):
-            m.sends.labels(mesh=m.mesh, status=st.kind.value).inc()
+        for st, answer, kind in zip(settled, answers, kinds, strict=True):
+            m.sends.labels(mesh=m.mesh, kind=kind, status=st.kind.value).inc()
             if st.history_pruned:
                 m.history_pruned.labels(mesh=m.mesh).inc()
                 log.warning("outbox_duplicate_history_pruned", outbox_id=st.row_id,

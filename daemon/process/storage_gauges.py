@@ -14,11 +14,13 @@ from tidemesh.daemon.store.db import Database
 def disk_gauges(registry: CollectorRegistry, disk: DiskMonitor, mesh: str) -> None:
     CallbackGauge(
         "cm_daemon_disk_pct", "Used percent of the file system holding each database",
-        ["mesh", "db"], lambda: [({"mesh": mesh, "db": db}, disk.state().used_pct)
+        ["mesh", "kind"], lambda: [({"mesh": mesh, "kind": db}, disk.state().used_pct)
                                  for db in disk.databases], registry)
     CallbackGauge(
-        "cm_daemon_db_bytes", "Size of each database on disk, its WAL included", ["mesh", "db"],
-        lambda: [({"mesh": mesh, "db": k}, float(v)) for k, v in disk.sizes().items()], registry)
+        "cm_daemon_db_bytes", "Size of each database on disk, its WAL included",
+        ["mesh", "kind"],
+        lambda: [({"mesh": mesh, "kind": k}, float(v)) for k, v in disk.sizes().items()],
+        registry)
     CallbackGauge(
         "cm_daemon_disk_free_bytes", "Free bytes of the file system holding the databases",
         ["mesh"], lambda: [({"mesh": mesh}, float(disk.state().free_bytes))], registry)

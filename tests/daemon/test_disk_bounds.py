@@ -111,7 +111,7 @@ async def test_under_the_floor_sends_get_507_and_come_back_with_space(small_fs: 
         assert Client(d.paths.socket).health()["disk"]["sends_refused"] is True
         assert "during" not in {r["client_message_id"] for r in d.outbox_rows()}
         metrics = Client(d.paths.socket).metrics()
-        assert 'cm_daemon_disk_pct{db="outbox",mesh="t"}' in metrics
+        assert 'cm_daemon_disk_pct{kind="outbox",mesh="t"}' in metrics
         filler.unlink()
         await asyncio.sleep(0.3)
         assert (await _send(d, "after"))[0] == 202, "accepted again once space is back"

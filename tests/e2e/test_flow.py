@@ -37,9 +37,11 @@ async def test_topic_message_and_dm_arrive_once(mesh: Mesh, short_tmp: Path) -> 
     await asyncio.sleep(0.5)
     assert len(await inbox(b)) == 2, "nothing arrives twice"
     a_metrics, b_metrics = a.client.metrics(), b.client.metrics()
-    assert 'cm_daemon_send_total{mesh="m",status="done"} 2.0' in a_metrics
+    assert 'cm_daemon_send_total{kind="topic",mesh="m",status="done"} 1.0' in a_metrics
+    assert 'cm_daemon_send_total{kind="dm",mesh="m",status="done"} 1.0' in a_metrics
     assert 'cm_daemon_outbox_depth{mesh="m",status="done"} 2.0' in a_metrics
-    assert 'cm_daemon_recv_total{mesh="m"} 2.0' in b_metrics
+    assert 'cm_daemon_recv_total{from_type="peer",kind="topic",mesh="m"} 1.0' in b_metrics
+    assert 'cm_daemon_recv_total{from_type="peer",kind="dm",mesh="m"} 1.0' in b_metrics
     assert 'cm_daemon_connected{mesh="m"} 1.0' in b_metrics
     assert a.client.health()["lag_ms"] == 0
 

@@ -94,10 +94,10 @@ async def test_both_endpoints_expose_the_histograms(mesh: Mesh, short_tmp: Path)
     _check_help(b.client.metrics())
     _check_help(broker_text)
     families = _families(daemon_text)
-    # One name for one thing: both per-database gauges label the database `db`.
+    # One name for one thing: both per-database gauges label the database `kind`.
     for name in ("cm_daemon_disk_pct", "cm_daemon_db_bytes"):
         assert {frozenset(s.labels) for s in families[name].samples} == {
-            frozenset({"mesh", "db"})}, name
+            frozenset({"mesh", "kind"})}, name
 
     if shutil.which("promtool") is None:
         unavailable("promtool is not installed (Debian: apt-get install prometheus)")

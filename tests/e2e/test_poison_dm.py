@@ -73,6 +73,8 @@ async def test_a_poison_header_is_stored_marked_and_the_next_dm_arrives(
     async with bob.session() as s, s.get("/v1/health") as r:
         health = await r.json()
     assert health["healthy"] and health["inbox_writes"]["failing"] == 0
+    assert 'cm_daemon_invalid_inbound_total{mesh="m",reason="header_refused"} 1.0' in (
+        bob.client.metrics())
     # Acked: after a restart nothing comes twice and nothing is stuck.
     bob = mesh.restart("bob")
     await wait_for(lambda: connected(bob))
