@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -27,6 +28,8 @@ class Setting:
     secret: bool = False
     optional: bool = False   # None allowed (unset)
     reloadable: bool = False  # SIGHUP applies it to a running process; else needs a restart
+    # (lowest, highest) a number may be, both allowed; a value outside is refused at load.
+    bounds: tuple[float, float] | None = None
 
     @property
     def env(self) -> str:
@@ -89,7 +92,30 @@ def _cast(setting: Setting, raw: Any, source: str) -> Any:
             f"not a valid {setting.type.__name__}",
             field=setting.name,
         )
-    return value
+    return _bounded(setting, value, raw, source)
+
+
+# SQLite's and PostgreSQL's integers stop here; a setting past it reaches neither.
+_INT_MAX = (1 << 63) - 1
+
+
+def _bounded(setting: Setting, value: Any, raw: Any, source: str) -> Any:
+    """``value`` if it is a number within the setting's range (nan and infinity never are)."""
+    if setting.type not in (int, float):
+        return value
+    lo, hi = setting.bounds or (-_INT_MAX, _INT_MAX)
+    if math.isfinite(value) and lo <= value <= hi:
+        return value
+    raise ConfigError(f"setting {setting.name} from {source} has value {raw!r}: "
+                      f"must be {range_text(setting)}", field=setting.name)
+
+
+def range_text(setting: Setting) -> str:
+    """A setting's range as the docs and errors say it."""
+    if setting.bounds is None:
+        return "a finite number"
+    lo, hi = (int(b) if float(b).is_integer() else b for b in setting.bounds)
+    return f"at least {lo}" if hi >= _INT_MAX else f"{lo} to {hi}"
 
 
 def _from_file(data: Mapping[str, Any], name: str) -> tuple[bool, Any]:
@@ -181,6 +207,7 @@ def markdown_table(table: tuple[Setting, ...]) -> str:
     for s in table:
         default = "unset" if s.default is None else f"`{_cell(toml_value(s.default))}`"
         reload = "SIGHUP" if s.reloadable else "restart"
-        rows.append(f"| `{s.name}` | `{s.env}` | {s.type.__name__} | {default} | {reload} "
+        kind = s.type.__name__ + (f", {range_text(s)}" if s.bounds is not None else "")
+        rows.append(f"| `{s.name}` | `{s.env}` | {kind} | {default} | {reload} "
                     f"| {_cell(s.help)} |")
     return "\n".join(rows) + "\n"

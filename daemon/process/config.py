@@ -31,93 +31,114 @@ SETTINGS: tuple[Setting, ...] = (
             "--persistent` or `--ephemeral` set it.", optional=True),
     Setting("ipc.tcp_enabled", bool, None, "Also listen on 127.0.0.1 (bearer token required). "
             "Unset: yes on a host, no in a container or CI.", optional=True),
-    Setting("ipc.http_port", int, 0, "Loopback TCP port; 0 picks a free one (see http.port)."),
-    Setting("ipc.max_body_bytes", int, 1048576, "Largest request body; bigger ones get 413."),
+    Setting("ipc.http_port", int, 0, "Loopback TCP port; 0 picks a free one (see http.port).",
+            bounds=(0, 65535)),
+    Setting("ipc.max_body_bytes", int, 1048576, "Largest request body; bigger ones get 413.",
+            bounds=(1024, 1073741824)),
     Setting("ipc.max_inflight", int, 256, "Concurrent IPC requests before 429 daemon_busy.",
-            reloadable=True),
+            reloadable=True, bounds=(1, 1000000)),
     Setting("ipc.public_health_check", bool, False, "Serve /v1/health on TCP without a token.",
             reloadable=True),
     Setting("ipc.max_streams", int, 32, "Concurrent /v1/events streams before 429.",
-            reloadable=True),
+            reloadable=True, bounds=(1, 100000)),
     Setting("ipc.sse_buffer", int, 1000, "Events buffered per stream; a stream that falls "
-            "further behind is dropped and must reconnect with Last-Event-ID."),
+            "further behind is dropped and must reconnect with Last-Event-ID.",
+            bounds=(1, 10000000)),
     Setting("ipc.sse_keepalive_s", float, 15.0, "Seconds between SSE keepalive comments.",
-            reloadable=True),
+            reloadable=True, bounds=(0.01, 86400)),
     Setting("ipc.sse_write_timeout_s", float, 10.0, "A stream whose writes stall this long "
-            "is closed.", reloadable=True),
+            "is closed.", reloadable=True, bounds=(0.01, 86400)),
     Setting("ipc.header_timeout_s", float, 10.0, "Seconds a connection has to send a complete "
             "request head, counted from its start (on the Unix socket, a later request's from "
-            "its first byte); then it is closed."),
+            "its first byte); then it is closed.", bounds=(0.01, 86400)),
     Setting("ipc.idle_timeout_s", float, 60.0, "A connection with no request for this long is "
-            "closed (and a send lane body not complete this long after its request began)."),
+            "closed (and a send lane body not complete this long after its request began).",
+            bounds=(0.01, 86400)),
     Setting("ipc.max_unauthenticated", int, 64, "TCP connections that have not sent a request "
             "head yet; one more closes the one waiting longest. After its head a connection "
-            "without the token is closed with its answer."),
+            "without the token is closed with its answer.", bounds=(1, 1000000)),
     Setting("ipc.rate_per_s", float, 100.0, "Requests a second each token may make, sustained "
             "(the Unix socket is one token, the local token on TCP another, each hook reply "
             "token its own); beyond it 429 rate_limited with Retry-After. 0: no limit.",
-            reloadable=True),
+            reloadable=True, bounds=(0, 1000000000.0)),
     Setting("ipc.rate_burst", int, 1000, "Requests a token may make at once above "
-            "ipc.rate_per_s (its bucket's size).", reloadable=True),
+            "ipc.rate_per_s (its bucket's size).", reloadable=True, bounds=(1, 1000000000)),
     Setting("ipc.token_grace_s", float, 60.0, "After `daemon rotate-token`, how long the "
-            "previous local token is still accepted on TCP."),
-    Setting("outbox.max_age_hours", int, 168, "Max age of an unsent row (permanent dedupe mode)."),
+            "previous local token is still accepted on TCP.", bounds=(0, 86400)),
+    Setting("outbox.max_age_hours", int, 168, "Max age of an unsent row (permanent dedupe mode).",
+            bounds=(1, 87600)),
     Setting("outbox.max_age_hours_override", int, None,
-            "Shorter max age; refused above the broker's dedupe window.", optional=True),
-    Setting("outbox.group_commit_max", int, 512, "Most writes grouped into one transaction."),
+            "Shorter max age; refused above the broker's dedupe window.", optional=True,
+            bounds=(1, 87600)),
+    Setting("outbox.group_commit_max", int, 512, "Most writes grouped into one transaction.",
+            bounds=(1, 100000)),
     Setting("outbox.retention_margin_hours", int, 24, "Done and aborted rows are deleted this "
-            "long after the outbox max age (counted from their accept)."),
+            "long after the outbox max age (counted from their accept).", bounds=(0, 87600)),
     Setting("outbox.dead_retention_days", int, 30, "Dead rows not requeued or aborted by an "
-            "operator are deleted this long after they died."),
-    Setting("inbox.retention_days", int, 30, "Inbox entries older than this are deleted."),
+            "operator are deleted this long after they died.", bounds=(0, 36500)),
+    Setting("inbox.retention_days", int, 30, "Inbox entries older than this are deleted.",
+            bounds=(0, 36500)),
     Setting("inbox.fts_enabled", bool, True, "Keep a full-text index of text bodies for "
             "GET /v1/inbox?q= (SQLite FTS5, in inbox.db). Turned on, the next start fills it "
             "from the inbox; turned off, it is emptied and q is refused."),
     Setting("inbox.consumer_hold_days", int, 90, "A named consumer that has not acked an entry "
-            "keeps it up to this age; then it goes and the consumer's next read reports it."),
+            "keeps it up to this age; then it goes and the consumer's next read reports it.",
+            bounds=(0, 36500)),
     Setting("events.retention_days", int, 30, "Events (GET /v1/events) older than this are "
-            "deleted; at most inbox.retention_days."),
-    Setting("retention.sweep_interval_s", float, 300.0, "Seconds between retention sweeps."),
-    Setting("retention.batch_rows", int, 500, "Rows deleted per transaction by a sweep."),
+            "deleted; at most inbox.retention_days.", bounds=(0, 36500)),
+    Setting("retention.sweep_interval_s", float, 300.0, "Seconds between retention sweeps.",
+            bounds=(0.01, 604800)),
+    Setting("retention.batch_rows", int, 500, "Rows deleted per transaction by a sweep.",
+            bounds=(1, 1000000)),
     Setting("disk.reserved_bytes", int, 134217728, "Free-space floor of the data directory's "
-            "file system: under it new sends get 507 (receiving goes on); 0 disables it."),
+            "file system: under it new sends get 507 (receiving goes on); 0 disables it.",
+            bounds=(0, 1125899906842624)),
     Setting("files.chunk_bytes", int, 262144, "Plaintext bytes per chunk of a shared file "
             "(`tidemesh file share`), 4096-1048576; a resumed share keeps the chunk size its "
-            "upload began with only if this is unchanged."),
+            "upload began with only if this is unchanged.", bounds=(4096, 1048576)),
     Setting("files.window", int, 8, "Chunks of a file in flight to or from the broker at once "
-            "(each holds chunk_bytes in memory)."),
-    Setting("reconnect.initial_backoff_ms", int, 500, "First retry delay to the broker."),
-    Setting("reconnect.max_backoff_ms", int, 30000, "Longest retry delay to the broker."),
-    Setting("reconnect.jitter_pct", int, 25, "Random spread of each retry delay, in percent."),
+            "(each holds chunk_bytes in memory).", bounds=(1, 1024)),
+    Setting("reconnect.initial_backoff_ms", int, 500, "First retry delay to the broker.",
+            bounds=(1, 3600000)),
+    Setting("reconnect.max_backoff_ms", int, 30000, "Longest retry delay to the broker.",
+            bounds=(1, 3600000)),
+    Setting("reconnect.jitter_pct", int, 25, "Random spread of each retry delay, in percent.",
+            bounds=(0, 100)),
     Setting("reconnect.handshake_timeout_s", float, 10.0, "A broker that does not finish the "
-            "opening handshake (challenge, hello, features) within this is retried."),
+            "opening handshake (challenge, hello, features) within this is retried.",
+            bounds=(0.01, 3600)),
     Setting("reconnect.stall_timeout_s", float, 30.0, "A broker link with a request of ours "
-            "unanswered this long is cut and reconnected, whatever else the broker sends."),
+            "unanswered this long is cut and reconnected, whatever else the broker sends.",
+            bounds=(0.01, 3600)),
     Setting("presence.feed", bool, True, "Keep who is present from the broker's presence "
             "feed (a snapshot, then every change), for GET /v1/peers and presence events. "
             "false: the broker sends none, /v1/peers asks it each time, and no presence events "
             "come (for a member of a large mesh that never shows who is there)."),
     Setting("crypto.key_grace_period_days", int, 7, "After `daemon rotate-keypair`, how many "
             "days the old key's X25519 half stays in keypair-archive.json so that DMs sealed "
-            "to it still open (0 to 30)."),
+            "to it still open (0 to 30).", bounds=(0, MAX_GRACE_DAYS)),
     Setting("hooks.enabled", bool, None, "Run the executables of the hooks/ folder that "
             "hooks.toml enables (docs/daemon.md, Hooks). Unset: yes, except in CI.",
             optional=True),
-    Setting("hooks.concurrency", int, 8, "Most hook processes running at once."),
+    Setting("hooks.concurrency", int, 8, "Most hook processes running at once.", bounds=(1, 1024)),
     *tracing.SETTINGS,
     Setting("log.level", str, "info", "debug, info, warning or error.", reloadable=True),
     Setting("log.format", str, "auto", "json, console, or auto (console on a TTY)."),
     Setting("log.file", str, None, "Append JSON lines to this file, rotated by size; unset: "
             "stderr (the journal under systemd). `daemon up` without --foreground sets it.",
             optional=True),
-    Setting("log.file_max_bytes", int, 104857600, "Size at which log.file is rotated."),
-    Setting("log.file_backups", int, 5, "Rotated log files kept (daemon.log.1 … .N)."),
+    Setting("log.file_max_bytes", int, 104857600, "Size at which log.file is rotated.",
+            bounds=(1024, 1099511627776)),
+    Setting("log.file_backups", int, 5, "Rotated log files kept (daemon.log.1 … .N).",
+            bounds=(0, 1000)),
     Setting("watchdog.stall_s", float, 5.0, "An event loop that does not turn for this long is "
-            "a stall: every thread's stack is logged once, and /v1/health says stalled."),
+            "a stall: every thread's stack is logged once, and /v1/health says stalled.",
+            bounds=(0.01, 3600)),
     Setting("watchdog.exit_after_s", float, 60.0, "A stall this long ends the daemon with exit "
-            "code 16, for its service manager to restart it; 0 never does."),
+            "code 16, for its service manager to restart it; 0 never does.", bounds=(0, 86400)),
     Setting("shutdown.grace_s", float, 10.0, "Longest drain on SIGTERM or `daemon down`; "
-            "work still running then is cut off and the exit code is 1.", reloadable=True),
+            "work still running then is cut off and the exit code is 1.", reloadable=True,
+            bounds=(0, 3600)),
 )
 
 
@@ -193,19 +214,5 @@ def load(
     if settings.environment_kind not in (AUTO, *KINDS):
         raise ConfigError(f"environment.kind must be {AUTO}, {', '.join(KINDS)}, not "
                           f"{settings.environment_kind!r}", field="environment.kind")
-    for name in ("ipc.header_timeout_s", "ipc.idle_timeout_s", "ipc.max_unauthenticated"):
-        if getattr(settings, name.replace(".", "_")) <= 0:
-            raise ConfigError(f"{name} must be positive", field=name)
-    if settings.ipc_rate_per_s < 0 or settings.ipc_rate_burst < 1:
-        raise ConfigError("ipc.rate_per_s must be 0 (no limit) or more and ipc.rate_burst at "
-                          "least 1", field="ipc.rate_burst" if settings.ipc_rate_burst < 1
-                          else "ipc.rate_per_s")
-    if not 0 <= settings.crypto_key_grace_period_days <= MAX_GRACE_DAYS:
-        raise ConfigError(f"crypto.key_grace_period_days must be 0 to {MAX_GRACE_DAYS}",
-                          field="crypto.key_grace_period_days")
-    if not 4096 <= settings.files_chunk_bytes <= 1 << 20 or settings.files_window < 1:
-        raise ConfigError("files.chunk_bytes must be 4096-1048576 and files.window at least 1",
-                          field="files.chunk_bytes" if settings.files_window >= 1
-                          else "files.window")
     tracing.check_settings(settings.metrics_otel_endpoint, settings.metrics_otel_export_delay_ms)
     return settings, resolved

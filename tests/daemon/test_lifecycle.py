@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import sqlite3
+import time
 from pathlib import Path
 
 from tests.daemon.harness import run_cli, spawn, start_daemon
@@ -151,3 +152,28 @@ def test_restart_with_a_broken_configuration_leaves_the_daemon_running(short_tmp
         assert run_cli(short_tmp, "daemon", "status", "--mesh", "ops").returncode == 0
     finally:
         assert d.stop() == 0
+
+
+def test_an_impossible_setting_is_refused_at_start_and_on_sighup(short_tmp: Path) -> None:
+    # Each was once taken: max_inflight -5 answered every request 429, a hooks.concurrency
+    # of 0 never ran a hook, a nan (a keepalive here: the harness sets the rate itself) and a
+    # body limit of 1e22 meant nothing.
+    d = start_daemon(short_tmp)
+    try:
+        d.paths.config_file.write_text("[ipc]\nmax_inflight = -5\n")
+        d.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 20
+        while "config_reload_failed" not in d.log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "ipc.max_inflight" in d.log.read_text()
+        assert run_cli(short_tmp, "daemon", "status", "--mesh", "t").returncode == 0
+    finally:
+        assert d.stop() == 0
+    for text in ("[ipc]\nmax_inflight = -5\n", "[ipc]\nsse_keepalive_s = nan\n",
+                 "[hooks]\nconcurrency = 0\n", "[ipc]\nmax_body_bytes = 10000000000000000000000\n"):
+        d.paths.config_file.write_text(text)
+        before = d.log.stat().st_size
+        proc = spawn(short_tmp, "t")
+        assert proc.wait(timeout=20) == Exit.USAGE, text
+        section, line = text.splitlines()
+        assert f"{section.strip('[]')}.{line.split(' =')[0]}" in d.log.read_text()[before:]

@@ -24,6 +24,12 @@ def test_docs_list_every_setting_with_its_generated_row() -> None:
         assert f"| `{s.name}` | `{s.env}` |" in text, s.name
 
 
+def test_every_default_is_within_its_own_range() -> None:
+    for s in (*DAEMON_SETTINGS, *BROKER_SETTINGS):
+        if s.bounds is not None and s.default is not None:
+            assert s.bounds[0] <= s.default <= s.bounds[1], s.name
+
+
 def test_each_setting_is_declared_once_per_process() -> None:
     for table in (DAEMON_SETTINGS, BROKER_SETTINGS):
         names = [s.name for s in table]
