@@ -30,7 +30,8 @@ MEANING: dict[Exit, str] = {
     Exit.FAILURE: "failure not listed below",
     Exit.USAGE: "bad flags or configuration (also: socket path too long; `daemon join` of "
                 "another mesh under a name bound to one; a runtime folder, token or socket another "
-                "user could have made)",
+                "user could have made; an ephemeral daemon whose key is not the joined "
+                "member's, which could never reach the broker)",
     Exit.NOT_RUNNING: "no daemon answers for this mesh",
     Exit.HOST_MISMATCH: "host fingerprint mismatch: run `tidemesh daemon accept-host`",
     Exit.ALREADY_RUNNING: "a daemon already runs for this mesh",

@@ -219,6 +219,10 @@ def _run_locked(start: Startup) -> int:
             log.info("keypair_created", pubkey=keypair.public_hex)
     else:
         keypair = _ephemeral_keypair(paths)
+        refused = ephemeral.link_refusal(paths, keypair.public_hex)
+        if refused is not None:
+            log.error("daemon_start_refused", reason="not_the_member_key", hint=refused)
+            return Exit.USAGE
     share_gil_with_writers()
     runner = _loop_runner()
     s = start.settings
@@ -450,12 +454,8 @@ class Daemon:
             log.info("broker_link_disabled", reason="not joined to a mesh; run "
                      "`tidemesh daemon join INVITE`; sends stay queued until then")
             return None
+        # An ephemeral daemon whose key is not the member's was refused at start.
         mesh = MeshConfig.load(paths.mesh_file)
-        if mesh.member_pubkey != self.keypair.public_hex and not s.identity_persistent:
-            log.info("broker_link_disabled", reason="this ephemeral daemon's key is not the "
-                     "joined member's; run `tidemesh daemon join INVITE` in this environment "
-                     "(it makes the ephemeral key), then start the daemon")
-            return None
 
         async def on_status(connected: bool, detail: dict[str, Any]) -> None:
             was = state.link.connected

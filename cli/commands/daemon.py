@@ -162,7 +162,7 @@ def _start_detached(mesh: str, no_tcp: bool, http_port: int | None, log_file: st
         return Exit.ALREADY_RUNNING
     if _revoked(paths):
         return Exit.REVOKED
-    refused = admin.fleet.refusal(mesh, os.environ)
+    refused = admin.fleet.refusal(mesh, os.environ) or _link_refusal(paths, env_args)
     if refused is not None:
         click.echo(f"error: not starting the daemon of mesh {mesh}: {refused}", err=True)
         return Exit.USAGE
@@ -184,6 +184,20 @@ def _start_detached(mesh: str, no_tcp: bool, http_port: int | None, log_file: st
         report.append({"mesh": mesh, "pid": child.pid, "socket": str(paths.socket),
                        "started": True})
     return code
+
+
+def _link_refusal(paths: DaemonPaths, env_args: list[str] | None) -> str | None:
+    """Why the daemon would be refused as unable to reach its broker (its key is not the
+    joined member's), said before it is started; None when it may start (a bad config is the
+    daemon's to report)."""
+    args = env_args or []
+    persistent = True if "--persistent" in args else False if "--ephemeral" in args else None
+    kind = args[args.index("--environment") + 1] if "--environment" in args else None
+    try:
+        env = admin.ephemeral.environment_of(paths, os.environ, persistent, kind)
+    except (ConfigError, ValueError):
+        return None
+    return admin.ephemeral.start_refusal(paths, env.persistent)
 
 
 def _revoked(paths: DaemonPaths) -> bool:

@@ -13,6 +13,7 @@ when it can be reached.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -35,12 +36,54 @@ LEAVE_TIMEOUT_S = 5.0
 
 
 def environment_of(paths: DaemonPaths, environ: Mapping[str, str],
-                   persistent: bool | None = None) -> Effective:
+                   persistent: bool | None = None, kind: str | None = None) -> Effective:
     """The environment a daemon of these paths would run in (its daemon.toml, ``environ``,
-    a --persistent/--ephemeral flag): `daemon join` makes the key the daemon will use."""
+    a --persistent/--ephemeral flag, an --environment flag): `daemon join` makes the key the
+    daemon will use, `daemon up` checks it could link with it."""
     settings, _ = config.load(config.read_file(paths.config_file), environ,
-                              {"identity.persistent": persistent})
+                              {"identity.persistent": persistent, "environment.kind": kind})
     return environment.effective(settings, environ)
+
+
+def link_refusal(paths: DaemonPaths, run_pubkey: str | None) -> str | None:
+    """Why an ephemeral daemon running with ``run_pubkey`` (None: a fresh key) could never
+    reach the broker of its joined mesh, or None. Such a daemon would serve, accept sends and
+    call itself healthy while no broker knows its key, so it is not started: the reason names
+    the way out."""
+    mesh = bound_to(paths)
+    if mesh is None or mesh.member_pubkey == run_pubkey:
+        return None
+    kept = _persistent_pubkey(paths)
+    if kept == mesh.member_pubkey:
+        return (f"mesh {mesh.mesh} was joined with a persistent key (`daemon join "
+                "--persistent`), and this daemon is ephemeral (CI, or identity.persistent = "
+                "false): it would run with a fresh key the broker does not know; start it with "
+                "--persistent to use the joined key, or join again without --persistent")
+    return (f"this ephemeral daemon's key is not the member key of mesh {mesh.mesh} "
+            "(mesh.json); run `tidemesh daemon join INVITE` in this environment (it makes the "
+            "ephemeral key), then start the daemon")
+
+
+def start_refusal(paths: DaemonPaths, persistent: bool) -> str | None:
+    """``link_refusal`` for a daemon not started yet: the key it would take (``take``)."""
+    if persistent:
+        return None
+    try:
+        found = identity.load_ephemeral(paths.ephemeral_keypair)
+    except (ValueError, KeyError):
+        found = None
+    if found is not None and found.claimed_by is not None:
+        # A killed daemon's key: the start retires it (and mesh.json with it) first.
+        return None
+    return link_refusal(paths, found.keypair.public_hex if found is not None else None)
+
+
+def _persistent_pubkey(paths: DaemonPaths) -> str | None:
+    """The public half of the data folder's key, if one is there and readable."""
+    try:
+        return str(json.loads(paths.keypair.read_text(encoding="utf-8"))["ed25519_public"])
+    except (OSError, ValueError, KeyError):
+        return None
 
 
 async def retire_leftover(paths: DaemonPaths, why: str) -> dict[str, Any] | None:

@@ -173,3 +173,30 @@ def test_remint_refuses_an_invite_of_another_mesh(mesh: Mesh, short_tmp: Path) -
                   "--remint")
     assert res.returncode == 2 and "--remint" in res.stderr, res.stderr
     assert pubkey(a)   # the old key is where it was
+
+
+def test_a_ci_daemon_that_cannot_link_is_refused_not_started_healthy(
+        mesh: Mesh, short_tmp: Path) -> None:
+    # Joined in CI with --persistent (the key in the data folder), then started without it:
+    # an ephemeral daemon would run with a fresh key no broker knows, its link off.
+    home = short_tmp / "job"
+    home.mkdir()
+    res = run_cli(home, "daemon", "join", mesh.broker.invite(mesh.name), "--mesh", "m",
+                  "--persistent", "--json", extra_env=CI)
+    assert res.returncode == 0, res.stderr + res.stdout
+    member = json.loads(res.stdout)["member_pubkey"]
+    up = run_cli(home, "daemon", "up", "--mesh", "m", extra_env=CI)
+    assert up.returncode == 2, up.stdout + up.stderr
+    assert "not starting the daemon of mesh m" in up.stderr
+    assert "--persistent" in up.stderr and "daemon started" not in up.stdout
+    # Under a service manager (the foreground daemon) the refusal is the same.
+    fg = run_cli(home, "daemon", "up", "--mesh", "m", "--foreground", extra_env=CI)
+    assert fg.returncode == 2, fg.stdout + fg.stderr
+    status = run_cli(home, "daemon", "status", "--mesh", "m", extra_env=CI)
+    assert status.returncode == 3, status.stdout + status.stderr
+    # With the key the join made, it links.
+    up = run_cli(home, "daemon", "up", "--mesh", "m", "--persistent", extra_env=CI)
+    assert up.returncode == 0 and "connected to the broker" in up.stdout, up.stderr
+    status = run_cli(home, "daemon", "status", "--mesh", "m", "--json", extra_env=CI)
+    assert status.returncode == 0 and json.loads(status.stdout)["member_pubkey"] == member
+    assert run_cli(home, "daemon", "down", "--mesh", "m", extra_env=CI).returncode == 0
