@@ -21,6 +21,7 @@ import structlog
 
 from tidemesh.core.ownership import NotPrivate, chain, folder_problem_at, token_problem
 from tidemesh.core.paths import DaemonPaths
+from tidemesh.daemon import safe_files
 
 log = structlog.get_logger(__name__)
 
@@ -78,17 +79,6 @@ def _new_token(path: Path) -> str:
 
 
 def write_atomically(path: Path, data: bytes) -> None:
-    """Write a 0600 file whole or not at all (temp file, fsync, rename): the one way the
-    daemon writes its keys, token, configuration and backups."""
-    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-        raise
+    """Write a 0600 file whole or not at all (``safe_files.write_atomically``): the one way
+    the daemon writes its keys, token, configuration and backups."""
+    safe_files.write_atomically(path, data)

@@ -31,7 +31,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import orjson
 import structlog
 
 from tidemesh.core import files as core_files
@@ -44,8 +43,10 @@ from tidemesh.core.errors import (
 )
 from tidemesh.core.files import FileIntegrityError, FileMeta
 from tidemesh.core.send import Destination, DestinationKind, SendRequest, parse_send_request
+from tidemesh.daemon import safe_files
 from tidemesh.daemon.link.live_link import LiveLink, file_answer
 from tidemesh.daemon.records import SendOutcome
+from tidemesh.daemon.service import file_parts
 from tidemesh.daemon.service.disk import DiskMonitor
 from tidemesh.daemon.service.outbox import OutboxService
 from tidemesh.daemon.store import files as files_store
@@ -92,44 +93,6 @@ def _hash_file(path: Path) -> tuple[str, int]:
 
 def _pread(fd: int, size: int, offset: int) -> bytes:
     return os.pread(fd, size, offset)
-
-
-def _hash_prefix(path: Path, size: int) -> Any:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        left = size
-        while left > 0 and (block := f.read(min(_READ_BYTES, left))):
-            h.update(block)
-            left -= len(block)
-    return h
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _finish(part: Path, out: Path) -> None:
-    with part.open("rb+") as f:
-        os.fsync(f.fileno())
-    os.replace(part, out)
-    _fsync_dir(out.parent)
-
-
-def _write_state(path: Path, fm: FileMeta) -> None:
-    path.write_bytes(orjson.dumps({"id": fm.id, "sha256": fm.sha256,
-                                   "chunk_size": fm.chunk_size}))
-
-
-def _read_state(path: Path) -> dict[str, Any] | None:
-    try:
-        data = orjson.loads(path.read_bytes())
-    except (FileNotFoundError, orjson.JSONDecodeError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 class FileService:
@@ -198,7 +161,7 @@ class FileService:
 
     async def share(self, path: str, to: Destination, message: str | None,
                     persistent: bool) -> Shared:
-        src = _absolute(path, "path")
+        src = file_parts.absolute(path, "path")
         try:
             before = await asyncio.to_thread(src.stat)
         except OSError as exc:
@@ -281,7 +244,7 @@ class FileService:
         # A stream's copy is its request's alone; what a daemon that died left there goes at
         # the next start (``clear_spool``).
         target = (self.spool / f"{fm.id}.{secrets.token_hex(8)}" if out is None
-                  else _absolute(out, "out"))
+                  else file_parts.absolute(out, "out"))
         with self._alone(f"get:{target}", f"a get to {target}"):
             return await self._get(fm, target, out is None)
 
@@ -290,17 +253,17 @@ class FileService:
             self.spool.mkdir(mode=0o700, exist_ok=True)
         elif not target.parent.is_dir():
             raise NotFound(f"no folder {target.parent} to write into", field="out")
+        safe_files.check_target(target)
         part = target.with_name(target.name + ".part")
         state = target.with_name(target.name + ".part.json")
-        resume = core_files.resume_point(
-            fm, await asyncio.to_thread(_read_state, state),
-            part.stat().st_size if part.exists() else 0)
-        self._check_room(target, fm.size - resume.keep_bytes)
-        await asyncio.to_thread(_write_state, state, fm)
-        fd = await asyncio.to_thread(os.open, part, os.O_RDWR | os.O_CREAT, 0o600)
+        fd = await asyncio.to_thread(safe_files.open_partial, part)
         try:
+            resume = core_files.resume_point(
+                fm, await asyncio.to_thread(file_parts.read_state, state), os.fstat(fd).st_size)
+            self._check_room(target, fm.size - resume.keep_bytes)
+            await asyncio.to_thread(file_parts.write_state, state, fm)
             os.ftruncate(fd, resume.keep_bytes)
-            hasher = await asyncio.to_thread(_hash_prefix, part, resume.keep_bytes)
+            hasher = await asyncio.to_thread(file_parts.hash_prefix, fd, resume.keep_bytes)
             progress = [resume.next_seq]
             await self._retrying(lambda link: self._download(link, fd, fm, hasher, progress),
                                  "get")
@@ -309,6 +272,7 @@ class FileService:
                     f"file {fm.id} does not match its announced SHA-256: the stored chunks were "
                     "changed; nothing was written", expected=fm.sha256,
                     got=hasher.hexdigest())
+            await asyncio.to_thread(file_parts.finish, fd, part, target)
         except FileIntegrityError:
             # What was fetched cannot be trusted, the part already written included.
             for p in (part, state):
@@ -317,7 +281,6 @@ class FileService:
             raise
         finally:
             os.close(fd)
-        await asyncio.to_thread(_finish, part, target)
         with contextlib.suppress(FileNotFoundError):
             state.unlink()
         log.info("file_fetched", file_id=fm.id, size=fm.size, resumed_from=resume.next_seq)
@@ -384,22 +347,6 @@ class FileService:
 
     async def list(self, limit: int) -> dict[str, Any]:
         return {"files": await self.db.read(partial(files_store.page, limit=limit))}
-
-
-def _absolute(text: str, field: str) -> Path:
-    """A path from a request: absolute (the daemon has no working directory of the caller's)
-    and one the file system can be asked about."""
-    if "\x00" in text or not text.isprintable():
-        raise InvalidRequest(f"{field} has a character no path can hold", field=field)
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise InvalidRequest(f"{field} is not valid UTF-8", field=field) from exc
-    path = Path(text)
-    if not path.is_absolute():
-        raise InvalidRequest(f"{field} must be an absolute path (the daemon does not share "
-                             "the caller's working directory)", field=field)
-    return path
 
 
 def _drop(window: deque[asyncio.Future[dict[str, Any]]]) -> None:

@@ -11,6 +11,7 @@ import json
 import os
 import re
 import sqlite3
+import stat
 import subprocess
 import sys
 import threading
@@ -253,6 +254,9 @@ async def test_kill_9_of_the_receiver_mid_download_resumes(any_mesh: Mesh, short
     t.join(10)
     assert not out.exists()
     written = part.stat().st_size
+    # Both files left behind are private: the state names the plaintext's SHA-256 (#48 item 7).
+    for left in (part, Path(f"{out}.part.json")):
+        assert stat.S_IMODE(left.stat().st_mode) == 0o600, left
 
     b = any_mesh.restart("b")
     await wait_for(lambda: connected(b))
