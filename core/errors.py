@@ -52,6 +52,13 @@ class InvalidRequest(TidemeshError):
     http_status = 400
 
 
+class UnsafeTarget(InvalidRequest):
+    """A path the daemon will not write to (``core.targets``): not a regular file of its
+    own, or a name no file system here can hold."""
+
+    code = "unsafe_target"
+
+
 class IdempotencyKeyMismatch(InvalidRequest):
     code = "idempotency_key_mismatch"
 

@@ -14,20 +14,15 @@ import os
 import stat
 from pathlib import Path
 
-from tidemesh.core.errors import InvalidRequest
+from tidemesh.core.errors import UnsafeTarget
+
+__all__ = ["UnsafeTarget", "name_problem", "partial_problem", "target_problem"]
 
 # Linux's NAME_MAX and PATH_MAX (macOS's are the same or shorter for names).
 NAME_MAX = 255
 PATH_MAX = 4095
 # The longest suffix added beside a target: ``OUT.part.json``.
 SIDE_SUFFIX = ".part.json"
-
-
-class UnsafeTarget(InvalidRequest):
-    """A path the daemon will not write to: not a regular file of its own, or a name no
-    file system here can hold."""
-
-    code = "unsafe_target"
 
 
 def _kind(mode: int) -> str:

@@ -102,12 +102,6 @@ def open_ours(path: Path, flags: int = os.O_RDWR) -> int | None:
     return None
 
 
-def open_partial(path: Path) -> int:
-    """``open_ours`` or a new file: the descriptor a download writes through."""
-    fd = open_ours(path)
-    return fd if fd is not None else create_private(path)
-
-
 def still_ours(fd: int, path: Path) -> bool:
     """Whether ``path`` still names the file open at ``fd`` (nobody swapped it)."""
     st, now = _lstat(path), os.fstat(fd)

@@ -256,13 +256,8 @@ class FileService:
         safe_files.check_target(target)
         part = target.with_name(target.name + ".part")
         state = target.with_name(target.name + ".part.json")
-        fd = await asyncio.to_thread(safe_files.open_partial, part)
+        fd, resume = await self._open_part(fm, target, part, state)
         try:
-            resume = core_files.resume_point(
-                fm, await asyncio.to_thread(file_parts.read_state, state), os.fstat(fd).st_size)
-            self._check_room(target, fm.size - resume.keep_bytes)
-            await asyncio.to_thread(file_parts.write_state, state, fm)
-            os.ftruncate(fd, resume.keep_bytes)
             hasher = await asyncio.to_thread(file_parts.hash_prefix, fd, resume.keep_bytes)
             progress = [resume.next_seq]
             await self._retrying(lambda link: self._download(link, fd, fm, hasher, progress),
@@ -285,6 +280,30 @@ class FileService:
             state.unlink()
         log.info("file_fetched", file_id=fm.id, size=fm.size, resumed_from=resume.next_seq)
         return Fetched(fm, target, resume.next_seq)
+
+    async def _open_part(self, fm: FileMeta, target: Path, part: Path, state: Path
+                         ) -> tuple[int, core_files.Resume]:
+        """The part's descriptor, cut back to the whole chunks it may be resumed from, and
+        its state written; created only once the rest of the file is known to fit."""
+        held = await asyncio.to_thread(safe_files.open_ours, part)
+        try:
+            resume = core_files.resume_point(
+                fm, await asyncio.to_thread(file_parts.read_state, state),
+                os.fstat(held).st_size if held is not None else 0)
+            self._check_room(target, fm.size - resume.keep_bytes)
+            fd = held if held is not None else await asyncio.to_thread(
+                safe_files.create_private, part)
+        except BaseException:
+            if held is not None:
+                os.close(held)
+            raise
+        try:
+            await asyncio.to_thread(file_parts.write_state, state, fm)
+            os.ftruncate(fd, resume.keep_bytes)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, resume
 
     def _check_room(self, target: Path, more: int) -> None:
         """Room for the ``more`` bytes still to come: on the daemon's own file system above
