@@ -19,6 +19,7 @@ from tidemesh.broker.config import (
     read_file,
     store_url,
 )
+from tidemesh.broker.console import ensure_token
 from tidemesh.broker.store import open_store
 from tidemesh.broker.store.base import SQLITE_MIGRATIONS, Member, Mesh, MeshLimits, Store
 from tidemesh.core.errors import InvalidRequest, NotFound
@@ -135,3 +136,8 @@ async def revoke(store: Store, mesh_name: str, pubkey: str) -> bool:
 
 async def create_topic(store: Store, mesh_name: str, topic: str) -> None:
     await store.create_topic((await mesh_by_name(store, mesh_name)).id, topic, None, now_ms())
+
+
+def console_token(environ: Mapping[str, str]) -> str:
+    """The broker console's token (made on first ask, 0600), for ``broker console-token``."""
+    return ensure_token(broker_home(environ))

@@ -104,6 +104,8 @@ SETTINGS: tuple[Setting, ...] = (
             "code 16, for its service manager to restart it; 0 never does."),
     Setting("shutdown.grace_s", float, 10.0, "Longest stop on SIGTERM: connections still "
             "closing then are dropped; past it by 5 s the process exits whatever it waits for."),
+    Setting("console.enabled", bool, False, "Serve the read-only operator console at /console "
+            "on the broker's port, behind its own token (broker_home/console-token, 0600)."),
     *tracing.SETTINGS,
     Setting("log.level", str, "info", "debug, info, warning or error."),
     Setting("log.format", str, "auto", "json, console, or auto (console on a TTY)."),
@@ -152,6 +154,7 @@ class BrokerSettings:
     watchdog_stall_s: float
     watchdog_exit_after_s: float
     shutdown_grace_s: float
+    console_enabled: bool
     metrics_otel_endpoint: str
     metrics_otel_export_delay_ms: int
     log_level: str

@@ -24,7 +24,8 @@ from tidemesh.broker import admin, running
 from tidemesh.broker import log as broker_log
 from tidemesh.broker.accept import Limits
 from tidemesh.broker.background import Jobs
-from tidemesh.broker.config import BrokerSettings, store_url
+from tidemesh.broker.config import BrokerSettings, broker_home, store_url
+from tidemesh.broker.console import Console, ensure_token
 from tidemesh.broker.server import BrokerServer
 from tidemesh.broker.service import BrokerService
 from tidemesh.broker.service.clone import ClonePolicy
@@ -128,6 +129,8 @@ async def _run(settings: BrokerSettings, url: str, stop: asyncio.Event,
             "watchdog.stall_s (each logged with every thread's stack)",
             registry=service.metrics.registry).inc
         server.loop_state = watchdog.view
+    if settings.console_enabled:
+        server.console = Console(service, ensure_token(broker_home(os.environ)))
     failed: WriterStopped | None = None
     try:
         await service.peering.heartbeat()  # alive before the first member claims a session

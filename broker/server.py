@@ -25,6 +25,7 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
+from tidemesh.broker.console import Console
 from tidemesh.broker.outgoing import CloseAfter, Outgoing, QueueLimits
 from tidemesh.broker.service import BrokerService, Conn, routes
 from tidemesh.broker.service.clone import NOT_SUSPECTED
@@ -211,9 +212,10 @@ class BrokerServer:
         self.server: Server | None = None
         # The loop watchdog's view (core/watchdog.py), set by the composition root.
         self.loop_state: Callable[[], dict[str, Any]] = lambda: {"state": "ok"}
+        self.console: Console | None = None   # set when console.enabled
 
     async def start(self, host: str, port: int) -> BrokerServer:
-        self.server = await serve(self.handler, host, port, process_request=self.http,
+        self.server = await serve(self.handler, host, port, process_request=self.process,
                                   create_connection=HeardConnection,
                                   max_size=self.max_frame_bytes, compression=None,
                                   ping_interval=self.ping_interval_s,
@@ -262,6 +264,19 @@ class BrokerServer:
             log.warning("broker_silent_connections_closed", connections=len(silent),
                         idle_timeout_s=self.idle_timeout_s)
         return len(silent)
+
+    async def process(self, connection: ServerConnection, request: Request
+                      ) -> Response | None:
+        if self.console is not None and request.path.startswith("/console"):
+            status, headers, body = await self.console.respond(
+                dict(request.headers.raw_items()), request.path, self.loop_state()["state"])
+            resp = connection.respond(status, body)
+            for name, value in headers.items():
+                if name in resp.headers:
+                    del resp.headers[name]
+                resp.headers[name] = value
+            return resp
+        return self.http(connection, request)
 
     def http(self, connection: ServerConnection, request: Request) -> Response | None:
         """Plain HTTP on the WebSocket port: ``/metrics`` and ``/healthz``."""

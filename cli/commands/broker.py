@@ -107,6 +107,13 @@ def up(store: str | None, listen: str | None, public_url: str | None) -> None:
                               "broker.public_url": public_url}))
 
 
+@broker_group.command("console-token")
+def console_token_cmd() -> None:
+    """Print the token of the broker's /console (made on first ask, kept 0600); open
+    http://127.0.0.1:PORT/console?token=TOKEN once and the browser keeps it in a cookie."""
+    click.echo(admin.console_token(os.environ))
+
+
 @broker_group.command("migrate")
 @store_option
 def migrate_cmd(store: str | None) -> None:
