@@ -1,10 +1,11 @@
 """Push into the session: each inbox entry for it becomes a ``notifications/claude/channel``.
 
 Where the session stands is a named consumer of the daemon's inbox
-(``session.NAME.push``), acked only after the notification was handed to the stdio writer:
-a server killed mid-push pushes that entry again when it starts, and one whose push was
-never written loses nothing. The daemon's ``/v1/events`` stream only wakes the loop; what
-is pushed is read from the consumer, so a missed or repeated event changes nothing.
+(``session.NAME.push``), acked only after the notification was flushed to stdout
+(``wire.py``): a server killed mid-push pushes that entry again when it starts, and one
+whose push never reached the pipe loses nothing. The daemon's ``/v1/events`` stream only
+wakes the loop; what is pushed is read from the consumer, so a missed or repeated event
+changes nothing.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from mcp.server.session import ServerSession
 from pydantic import BaseModel
 
 from tidemesh.agent.handlers import Session
+from tidemesh.agent.wire import Wire
 from tidemesh.client import Event
 from tidemesh.core import agents
 from tidemesh.core.errors import TidemeshError
@@ -37,8 +39,10 @@ class _Notification(BaseModel):
 
 
 class Pusher:
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: Session, wire: Wire | None = None) -> None:
         self.session = session
+        self._wire = wire      # None in-process (tests over memory streams): nothing to wait on
+        self._sent = 0
         self.watched: set[str] = set()   # resource URIs the client subscribed to
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -112,6 +116,9 @@ class Pusher:
         # The SDK types server notifications as its own union; the channel's is not in it,
         # and the session sends any model as {method, params}.
         await self._out.send_notification(cast(Any, _Notification(method=method, params=params)))
+        if self._wire is not None and method == CHANNEL_METHOD:
+            self._sent += 1
+            await self._wire.wait_flushed(self._sent)
 
     async def _updated(self, uri: str) -> None:
         if uri in self.watched and self._out is not None:

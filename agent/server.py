@@ -22,8 +22,9 @@ from mcp.server.stdio import stdio_server
 
 import tidemesh
 from tidemesh.agent import handlers
-from tidemesh.agent.push import Pusher
+from tidemesh.agent.push import CHANNEL_METHOD, Pusher
 from tidemesh.agent.tools import BY_NAME, TOOLS
+from tidemesh.agent.wire import Wire
 from tidemesh.client.aio import AsyncClient
 from tidemesh.core.errors import TidemeshError
 
@@ -70,8 +71,8 @@ async def call_tool(session: handlers.Session, name: str,
                                 structured_content=result)
 
 
-def build(session: handlers.Session) -> Server[Any]:
-    pusher = Pusher(session)
+def build(session: handlers.Session, wire: Wire | None = None) -> Server[Any]:
+    pusher = Pusher(session, wire)
 
     @asynccontextmanager
     async def lifespan(_server: Server[Any]) -> AsyncIterator[dict[str, Any]]:
@@ -137,8 +138,9 @@ def build(session: handlers.Session) -> Server[Any]:
 async def serve(mesh: str, session_name: str, receipts: bool = True) -> None:
     client = AsyncClient.for_mesh(mesh, timeout=10.0)
     session = handlers.Session(client, mesh, session_name, receipts=receipts)
-    server = build(session)
+    wire = Wire(CHANNEL_METHOD)
+    server = build(session, wire)
     options = server.create_initialization_options(experimental_capabilities={CHANNEL: {}})
-    async with stdio_server() as (read, write):
+    async with stdio_server(stdout=wire) as (read, write):  # type: ignore[arg-type]
         with suppress(asyncio.CancelledError):
             await server.run(read, write, options)

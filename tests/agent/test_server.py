@@ -9,6 +9,7 @@ import os
 import secrets
 import signal
 from pathlib import Path
+from typing import Any
 
 from tests.agent.harness import mcp_session
 from tests.daemon.harness import run_cli
@@ -144,13 +145,15 @@ async def test_a_server_killed_mid_push_loses_nothing_and_shows_nothing_twice(
             await sa.ok("mesh_send", to=f"session:{pubkey(b)}/{name}", body=body,
                         idempotency_key=body)
         await wait_for(lambda: _outbox_done(a))
-    seen: list[str] = []
+    first: list[Any] = []
     with contextlib.suppress(Exception):
         async with mcp_session(b, name) as sb:
+            first.append(sb)
             await sb.wait_pushed(1)
             os.kill(_server_pid(name), signal.SIGKILL)
-            seen += [n.content for n in sb.pushed]
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(0.5)   # what the pipe still held is read before its end
+    # Read after the session closed: a push written before the kill is in the pipe still.
+    seen = [n.content for n in first[0].pushed]
     async with mcp_session(b, name) as sb:
         waited = await sb.ok("mesh_inbox", limit=200)
         assert [m["body"] for m in waited["messages"]] == bodies   # each once, in order

@@ -49,20 +49,25 @@ async def test_a_frame_is_stored_whole_with_duplicates_once_and_voids_moving_the
         assert await app.inbox.receive_cursor() == (1, 5)
 
 
-async def test_a_frame_that_fails_stores_none_of_it_and_other_frames_all_of_theirs(
+async def test_a_frame_with_one_bad_delivery_stores_it_dead_and_every_other_whole(
     short_tmp: Path
 ) -> None:
+    # One delivery the database refuses must not cost the frame (nor a frame queued in the same
+    # transaction) its other deliveries: the frame is retried item by item and the one that
+    # fails alone is kept as a dead entry, so the cursor passes it and nothing after it waits.
     async with local_app(short_tmp) as app:
         bad = dataclasses.replace(delivery(4), body={"not": "bytes"})  # type: ignore[arg-type]
-        # Queued together, so the write engine runs both frames in one transaction.
-        good, failed = await asyncio.gather(
+        good, mixed = await asyncio.gather(
             app.inbox.store_frame([delivery(1), delivery(2)]),
-            app.inbox.store_frame([delivery(3), bad, delivery(5)]), return_exceptions=True)
-        assert isinstance(failed, Exception)
-        assert [r.inbox_seq for r in good] == [1, 2]  # type: ignore[union-attr]
-        assert await app.inbox.receive_cursor() == (1, 2), "not even the part before the bad one"
-        assert [e["client_message_id"] for e in (await app.inbox.page(Page(0, 10)))["items"]] \
-            == ["m1", "m2"]
+            app.inbox.store_frame([delivery(3), bad, delivery(5)]))
+        assert [r.inbox_seq for r in good if r] == [1, 2]
+        assert [r.inbox_seq for r in mixed if r] == [3, 4, 5]
+        assert await app.inbox.receive_cursor() == (1, 5)
+        items = (await app.inbox.page(Page(0, 10)))["items"]
+        assert [e["client_message_id"] for e in items] == ["m1", "m2", "m3", "m4", "m5"]
+        assert "tidemesh_dead" in items[3]["meta"] and items[3]["body"] == ""
+        assert all("tidemesh_dead" not in (e["meta"] or {}) for e in items[:3] + items[4:])
+        assert app.inbox.write_health.stored_dead == 1
 
 
 async def test_a_message_event_carries_the_entry_as_the_inbox_serves_it(
