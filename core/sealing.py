@@ -2,13 +2,20 @@
 (derived from its ed25519 member key) to the recipient's, once, at accept. The broker stores
 and forwards the sealed bytes and can never read them.
 
-The sealed plaintext is an envelope: one byte 3, a 4-byte big-endian length, a header in
-canonical JSON (``{"enc", "meta", "priority", "reply_to"}``), then the body bytes. So a
-DM's ``meta`` and ``reply_to`` travel sealed with its body (the broker sees them null), and
-its ``priority``, which the broker needs in the clear to order deliveries, is also inside:
-the recipient opens the envelope and refuses an outer priority that differs (the broker
-cannot change it unnoticed). Envelopes of earlier versions (one byte, 1 = UTF-8 text or
-2 = binary, then the body: body only) still open.
+The sealed plaintext is an envelope: one byte 4, a 4-byte big-endian length, a header in
+canonical JSON (``{"cmid", "enc", "from", "meta", "priority", "reply_to", "to"}``), then the
+body bytes. So a DM's ``meta`` and ``reply_to`` travel sealed with its body (the broker sees
+them null), and its ``priority``, which the broker needs in the clear to order deliveries,
+is also inside: the recipient refuses an outer priority that differs.
+
+The header also binds the envelope to who and which (``Binding``): the sender's key, the
+recipient's key and the ``client_message_id``. crypto_box's key is the same in both
+directions, so without them an envelope alice sealed for bob opened on alice's host when the
+broker presented it as bob's; and one re-accepted under a new id showed twice. The
+recipient compares the binding with the delivery (``binding_problem``) and refuses a
+mismatch. Envelopes of earlier versions (3: the header without the binding; 1 or 2: one
+encoding byte, then the body) still open, with ``bound`` False, so the receiver can flag
+them (docs/threat-model.md, "DM reflection and replay").
 
 Sealing is deterministic per request (DESIGN §10): the nonce is a keyed BLAKE2b hash of
 (sender, recipient, client_message_id, plaintext) under a key derived from the sender's
@@ -38,13 +45,24 @@ from tidemesh.core.send import SendRequest
 
 _ENCODINGS = {"utf8": 1, "base64": 2}
 _NAMES = {v: k for k, v in _ENCODINGS.items()}
-_ENVELOPE = 3
+_ENVELOPE = 4
+_UNBOUND_ENVELOPE = 3
+
+
+@dataclass(frozen=True, slots=True)
+class Binding:
+    """Who sealed a DM, for whom, under which ``client_message_id`` (keys as hex)."""
+
+    sender: str
+    recipient: str
+    client_message_id: str
 
 
 @dataclass(frozen=True, slots=True)
 class Opened:
     """What a sealed DM held. ``sealed_fields`` is False for an envelope of the first
-    version, which held the body alone (its meta and reply_to came in the clear)."""
+    version, which held the body alone (its meta and reply_to came in the clear);
+    ``binding`` is None for envelopes before version 4."""
 
     body: bytes
     encoding: str
@@ -52,6 +70,11 @@ class Opened:
     reply_to: str | None = None
     priority: str | None = None
     sealed_fields: bool = False
+    binding: Binding | None = None
+
+    @property
+    def bound(self) -> bool:
+        return self.binding is not None
 
 
 class UnsealError(ValueError):
@@ -80,13 +103,16 @@ def _nonce(sender: SigningKey, recipient: PublicKey, client_message_id: str,
 
 
 def envelope(body: bytes, encoding: str, meta: dict[str, Any] | None, reply_to: str | None,
-             priority: str) -> bytes:
+             priority: str, binding: Binding) -> bytes:
     """The plaintext sealed for a DM: the same request gives the same bytes (its meta in
-    canonical form), so the nonce, the ciphertext and the broker's fingerprint repeat."""
+    canonical form, keys sorted), so the nonce, the ciphertext and the broker's
+    fingerprint repeat."""
     meta_json = meta_canonical(meta) or b"null"
-    header = b"".join((b'{"enc":', orjson.dumps(encoding), b',"meta":', meta_json,
-                       b',"priority":', orjson.dumps(priority), b',"reply_to":',
-                       orjson.dumps(reply_to), b"}"))
+    header = b"".join((
+        b'{"cmid":', orjson.dumps(binding.client_message_id), b',"enc":', orjson.dumps(encoding),
+        b',"from":', orjson.dumps(binding.sender), b',"meta":', meta_json,
+        b',"priority":', orjson.dumps(priority), b',"reply_to":', orjson.dumps(reply_to),
+        b',"to":', orjson.dumps(binding.recipient), b"}"))
     return bytes([_ENVELOPE]) + len(header).to_bytes(4, "big") + header + body
 
 
@@ -101,7 +127,9 @@ def seal(sender: SigningKey, recipient_pubkey_hex: str, client_message_id: str, 
         raise InvalidRequest("dm ref is not an ed25519 public key; no member can have it",
                              field="to.ref") from exc
     box = Box(_x25519_private(sender), recipient)
-    plain = envelope(body, encoding, meta, reply_to, priority)
+    binding = Binding(sender.verify_key.encode().hex(), recipient_pubkey_hex.lower(),
+                      client_message_id)
+    plain = envelope(body, encoding, meta, reply_to, priority, binding)
     return bytes(box.encrypt(plain, _nonce(sender, recipient, client_message_id, plain)))
 
 
@@ -131,7 +159,7 @@ def unseal_with(recipient: PrivateKey, sender_pubkey_hex: str, sealed: bytes) ->
         raise UnsealError("sealed DM is empty")
     if plain[0] in _NAMES:
         return Opened(plain[1:], _NAMES[plain[0]])
-    if plain[0] != _ENVELOPE or len(plain) < 5:
+    if plain[0] not in (_ENVELOPE, _UNBOUND_ENVELOPE) or len(plain) < 5:
         raise UnsealError("sealed DM has no encoding marker")
     size = int.from_bytes(plain[1:5], "big")
     try:
@@ -143,7 +171,33 @@ def unseal_with(recipient: PrivateKey, sender_pubkey_hex: str, sealed: bytes) ->
     if (not isinstance(encoding, str) or encoding not in _ENCODINGS
             or (meta is not None and not isinstance(meta, dict))):
         raise UnsealError("sealed DM has a bad envelope header")
-    return Opened(plain[5 + size:], encoding, meta, reply_to, priority, sealed_fields=True)
+    binding = None
+    if plain[0] == _ENVELOPE:
+        parts = header.get("from"), header.get("to"), header.get("cmid")
+        if not all(isinstance(p, str) for p in parts):
+            raise UnsealError("sealed DM's envelope does not say who sealed it for whom")
+        binding = Binding(*parts)
+    return Opened(plain[5 + size:], encoding, meta, reply_to, priority, sealed_fields=True,
+                  binding=binding)
+
+
+def binding_problem(opened: Opened, sender: str, recipient: str,
+                    client_message_id: str | None) -> str | None:
+    """Why an opened DM is not the one its delivery says it is (None when it is): the
+    envelope was sealed by another member (a DM reflected back to its sender), for another
+    key, or under another id (one re-accepted to show twice)."""
+    b = opened.binding
+    if b is None:
+        return None
+    if b.sender != sender:
+        return (f"sealed by {b.sender[:16]}…, delivered as from {sender[:16]}…: "
+                "a reflected or re-sent envelope")
+    if b.recipient != recipient:
+        return f"sealed for {b.recipient[:16]}…, delivered to {recipient[:16]}…"
+    if b.client_message_id != client_message_id:
+        return (f"sealed as message {b.client_message_id!r}, delivered as "
+                f"{client_message_id!r}: a replayed envelope")
+    return None
 
 
 # A sealed reply_to is what a clear one may be: a broker message id (a ULID) or null.

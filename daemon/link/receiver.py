@@ -27,7 +27,12 @@ from prometheus_client import Counter, Histogram
 from tidemesh.core import tracing
 from tidemesh.core.ids import new_ulid, new_ulids
 from tidemesh.core.metrics import BATCH_BUCKETS, CollectorRegistry
-from tidemesh.core.sealing import UnsealError, sealed_fields_problems, unseal
+from tidemesh.core.sealing import (
+    UnsealError,
+    binding_problem,
+    sealed_fields_problems,
+    unseal,
+)
 from tidemesh.daemon import race
 from tidemesh.daemon.link.linkstate import resume_outcome
 from tidemesh.daemon.link.receive_order import Position, ReceiveOrder
@@ -87,6 +92,10 @@ def delivery_of(f: dict[str, Any], key: SigningKey, mesh: str, now_ms: int,
             if opened.sealed_fields and opened.priority != f["priority"]:
                 raise UnsealError(f"the priority outside ({f['priority']}) is not the one "
                                   f"sealed ({opened.priority}): changed on the way")
+            wrong = binding_problem(opened, f["sender_pubkey"], f["to"]["ref"],
+                                    f.get("client_message_id"))
+            if wrong is not None:
+                raise UnsealError(wrong)
         except UnsealError as exc:
             log.error("dm_unseal_failed", broker_message_id=f["broker_message_id"],
                       error=str(exc))
@@ -98,6 +107,8 @@ def delivery_of(f: dict[str, Any], key: SigningKey, mesh: str, now_ms: int,
             problems = sealed_fields_problems(opened)
             if problems:
                 meta, reply_to, encoding = _readable(f, problems, meta, reply_to, encoding)
+            if not opened.bound:   # an envelope of an earlier version: it names nobody
+                meta = {**(meta or {}), "tidemesh_unbound": True}
     return Delivery(
         id=entry_id or new_ulid(now_ms), mesh=mesh, sender_pubkey=f["sender_pubkey"],
         sender_name=f.get("sender_name"),

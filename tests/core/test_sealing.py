@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from nacl.signing import SigningKey
 
-from tidemesh.core.sealing import Opened, seal, unseal
+from tidemesh.core.sealing import Binding, Opened, binding_problem, seal, unseal
 
 ALICE, BOB = SigningKey(bytes(range(32))), SigningKey(bytes(range(1, 33)))
 BOB_HEX = BOB.verify_key.encode().hex()
@@ -51,7 +51,22 @@ def test_meta_reply_to_and_priority_travel_sealed_with_the_body() -> None:
     assert sealed == seal(ALICE, BOB_HEX, "id-1", b"pay", "utf8",
                           {"amount": "9000 EUR", "invoice": "ACME-4711"}, "01PARENT", "now")
     opened = unseal(BOB, ALICE_HEX, sealed)
-    assert opened == Opened(b"pay", "utf8", meta, "01PARENT", "now", sealed_fields=True)
+    assert opened == Opened(b"pay", "utf8", meta, "01PARENT", "now", sealed_fields=True,
+                            binding=Binding(ALICE_HEX, BOB_HEX, "id-1"))
+
+
+def test_an_envelope_names_who_sealed_it_for_whom_under_which_id() -> None:
+    """crypto_box's key is the same both ways: without the binding, alice's DM to bob,
+    presented by the broker as bob's DM to alice, opened on alice's host as from bob."""
+    sealed = seal(ALICE, BOB_HEX, "id-1", b"my own words", "utf8")
+    at_bob = unseal(BOB, ALICE_HEX, sealed)
+    assert binding_problem(at_bob, ALICE_HEX, BOB_HEX, "id-1") is None
+    reflected = unseal(ALICE, BOB_HEX, sealed)   # it opens: the shared key is the same
+    assert reflected.body == b"my own words"
+    assert "reflected" in (binding_problem(reflected, BOB_HEX, ALICE_HEX, "id-1") or "")
+    assert "replayed" in (binding_problem(at_bob, ALICE_HEX, BOB_HEX, "id-2") or "")
+    carol = SigningKey(bytes(range(2, 34))).verify_key.encode().hex()
+    assert "sealed for" in (binding_problem(at_bob, ALICE_HEX, carol, "id-1") or "")
 
 
 def test_a_dm_sealed_by_an_earlier_version_still_opens() -> None:
@@ -60,6 +75,7 @@ def test_a_dm_sealed_by_an_earlier_version_still_opens() -> None:
     box = Box(ALICE.to_curve25519_private_key(), BOB.verify_key.to_curve25519_public_key())
     old = bytes(box.encrypt(b"\x01old body"))
     assert unseal(BOB, ALICE_HEX, old) == Opened(b"old body", "utf8")
+    assert not unseal(BOB, ALICE_HEX, old).bound
 
 
 def test_a_sealed_header_is_held_to_the_rules_of_a_clear_send() -> None:

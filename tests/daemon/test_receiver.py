@@ -47,7 +47,8 @@ def test_delivery_of_a_dm_opens_it_for_this_member() -> None:
     me_hex = ME.verify_key.encode().hex()
     sealed = seal(PEER, me_hex, "c1", b"secret", "utf8")
     d = delivery_of(frame(to={"kind": "dm", "ref": me_hex}, body_encoding="base64",
-                          body=base64.b64encode(sealed).decode(), priority="next"),
+                          body=base64.b64encode(sealed).decode(), priority="next",
+                          client_message_id="c1"),
                     ME, "m", NOW)
     assert (d.body, d.body_encoding, d.meta) == (b"secret", "utf8", None)
 
@@ -59,7 +60,8 @@ def test_a_dm_takes_its_meta_and_reply_to_from_inside_the_seal() -> None:
     # What came in the clear (a broker's forgery) is not what the sender said.
     d = delivery_of(frame(to={"kind": "dm", "ref": me_hex}, body_encoding="base64",
                           body=base64.b64encode(sealed).decode(), meta={"invoice": 8},
-                          reply_to="01FORGED", priority="next"), ME, "m", NOW)
+                          reply_to="01FORGED", priority="next", client_message_id="c1"),
+                    ME, "m", NOW)
     assert (d.body, d.meta, d.reply_to) == (b"secret", {"invoice": 7}, "01ARZ3NDEKTSV4RRFFQ69G5FAV")
 
 
@@ -67,9 +69,24 @@ def test_a_dm_whose_priority_was_changed_on_the_way_is_marked() -> None:
     me_hex = ME.verify_key.encode().hex()
     sealed = seal(PEER, me_hex, "c1", b"secret", "utf8", None, None, "low")
     d = delivery_of(frame(to={"kind": "dm", "ref": me_hex}, body_encoding="base64",
-                          body=base64.b64encode(sealed).decode(), priority="now"),
-                    ME, "m", NOW)
+                          body=base64.b64encode(sealed).decode(), priority="now",
+                          client_message_id="c1"), ME, "m", NOW)
     assert d.meta is not None and "changed on the way" in d.meta["tidemesh_undecryptable"]
+
+
+def test_a_dm_reflected_back_to_its_sender_or_under_another_id_is_refused() -> None:
+    me_hex, peer_hex = ME.verify_key.encode().hex(), PEER.verify_key.encode().hex()
+    mine = base64.b64encode(seal(ME, peer_hex, "c1", b"my words", "utf8")).decode()
+    reflected = delivery_of(frame(to={"kind": "dm", "ref": me_hex}, body_encoding="base64",
+                                  body=mine, priority="next", client_message_id="c1"),
+                            ME, "m", NOW)
+    assert reflected.body != b"my words" and reflected.meta is not None
+    assert "reflected" in reflected.meta["tidemesh_undecryptable"]
+    theirs = base64.b64encode(seal(PEER, me_hex, "c1", b"once", "utf8")).decode()
+    replayed = delivery_of(frame(to={"kind": "dm", "ref": me_hex}, body_encoding="base64",
+                                 body=theirs, priority="next", client_message_id="c2"),
+                           ME, "m", NOW)
+    assert replayed.meta is not None and "replayed" in replayed.meta["tidemesh_undecryptable"]
 
 
 def test_delivery_of_a_dm_that_does_not_open_is_kept_and_marked() -> None:
