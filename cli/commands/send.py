@@ -16,6 +16,7 @@ from tidemesh.cli import send_wait
 from tidemesh.cli.commands.common import client_for, json_option, mesh_option, paths_for
 from tidemesh.cli.output import emit_json, fail
 from tidemesh.client import DaemonNotAnswering, DaemonNotRunning, IncompatibleDaemon, SendResult
+from tidemesh.client.endpoint import joined_meshes
 from tidemesh.core.errors import TidemeshError
 from tidemesh.core.exitcodes import Exit
 from tidemesh.core.ids import client_message_id_problem
@@ -180,11 +181,43 @@ def _deliver(mesh: str, req: dict[str, Any], client_id: str | None) -> tuple[Any
     except DaemonNotRunning as exc:
         paths = paths_for(mesh)
         if not paths.mesh_file.exists():
-            raise DaemonNotRunning(f"{exc.reason}; this host has not joined mesh {mesh} "
-                                   "either, so there is no cold path", hint=exc.hint) from exc
+            raise _not_joined(exc, mesh) from exc
         return _cold(mesh, req, client_id)
     result: SendResult = client_for(mesh).send(req, idempotency_key=client_id)
     return result, "daemon"
+
+
+def _not_joined(exc: DaemonNotRunning, mesh: str) -> DaemonNotRunning:
+    """No daemon and no mesh.json: say why nothing is joined, when a CI daemon's stop left
+    its mesh (its key lasted one run), and which meshes are joined here instead."""
+    others = [m for m in joined_meshes() if m != mesh]
+    said = f"{exc.reason}; this host has not joined mesh {mesh} either, so there is no cold path"
+    left_mesh, left = mesh, admin.ephemeral.left_record(paths_for(mesh))
+    if left is None and mesh == "default" and not others:
+        # Nothing joined and no --mesh: the mesh a CI daemon left is the one meant.
+        for name in _mesh_folders():
+            if (found := admin.ephemeral.left_record(paths_for(name))) is not None:
+                left_mesh, left = name, found
+    if left is not None:
+        said += (f"; the ephemeral member ({str(left.get('pubkey', ''))[:16]}…) of mesh "
+                 f"{left_mesh} left the mesh when its daemon stopped: a CI run's key lasts "
+                 "one run, so join again")
+    if others:
+        said += f"; meshes joined here: {', '.join(others)} (name one with --mesh)"
+    elif left is None and mesh == "default":
+        said += "; name the mesh with --mesh if it is not \"default\""
+    if left is None:
+        return DaemonNotRunning(said, hint=exc.hint)
+    return DaemonNotRunning(said, hint="tidemesh daemon join INVITE"
+                            + ("" if left_mesh == "default" else f" --mesh {left_mesh}"))
+
+
+def _mesh_folders() -> list[str]:
+    root = paths_for("default").data_dir.parent
+    try:
+        return sorted(d.name for d in root.iterdir() if d.is_dir())
+    except OSError:
+        return []
 
 
 def _cold(mesh: str, req: dict[str, Any], client_id: str | None) -> tuple[Any, str]:

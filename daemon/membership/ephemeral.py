@@ -15,7 +15,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -126,6 +128,7 @@ async def retire(paths: DaemonPaths, key: identity.Keypair, why: str,
         assert mesh is not None
         paths.mesh_file.unlink(missing_ok=True)
         outcome.update(await _leave(mesh, key, timeout_s))
+        _record_left(paths, key.public_hex, why)
     log.info("ephemeral_identity_removed", **outcome)
     if joined and not outcome["left"] and "already" not in outcome:
         log.warning("ephemeral_member_not_left", pubkey=key.public_hex,
@@ -141,3 +144,26 @@ async def _leave(mesh: MeshConfig, key: identity.Keypair, timeout_s: float) -> d
         return {"left": False, "error": exc.message}
     return {"left": bool(answer.get("left", True)), **{k: v for k, v in answer.items()
                                                         if k == "already"}}
+
+
+def _record_left(paths: DaemonPaths, pubkey: str, why: str) -> None:
+    """Say, beside where mesh.json was, that this mesh's ephemeral member left: a later send
+    then explains why nothing is joined instead of naming the default mesh's socket."""
+    with contextlib.suppress(OSError):
+        left_file(paths).write_text(json.dumps(
+            {"pubkey": pubkey, "why": why, "left_at": int(time.time() * 1000)}))
+
+
+def left_file(paths: DaemonPaths) -> Path:
+    return paths.mesh_file.with_name("left.json")
+
+
+def left_record(paths: DaemonPaths) -> dict[str, Any] | None:
+    """What ``_record_left`` wrote, if this mesh is not joined again since."""
+    if paths.mesh_file.exists():
+        return None
+    try:
+        found = json.loads(left_file(paths).read_text())
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) else None

@@ -67,6 +67,12 @@ async def test_a_ci_daemon_leaves_the_mesh_and_removes_its_key_when_it_stops(
     [removed] = logged(d, "ephemeral_identity_removed")
     assert (removed["why"], removed["left"], removed["pubkey"]) == ("daemon_stopped", True,
                                                                      member)
+    # A plain send afterwards says the member left and how to name a mesh, not only that
+    # the default mesh's socket is silent.
+    sent = run_cli(short_tmp / "job", "send", "--to", "topic:ops", "hi", extra_env=CI)
+    assert sent.returncode != 0
+    assert "left the mesh when its daemon stopped" in sent.stderr, sent.stderr
+    assert member[:16] in sent.stderr and "tidemesh daemon join INVITE" in sent.stderr
 
 
 async def test_after_a_kill_the_next_start_leaves_and_removes_the_leftover_key(
