@@ -14,6 +14,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from tidemesh.cli.terminal import printable
+
 _SPAN = re.compile(r"^\s*(\d+)\s*(s|m|h|d)\s*$")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
 # Printed first, in this order; everything else follows as key=value.
@@ -70,7 +72,8 @@ def pretty(record: dict[str, Any]) -> str:
     when = at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S") if at else "-"
     level = str(record.get("level", "-"))
     rest = " ".join(f"{k}={_value(v)}" for k, v in record.items() if k not in _HEAD)
-    return f"{when} {level:<5} {record.get('event', '-')}" + (f" {rest}" if rest else "")
+    # A logged field may hold a member's text (a name, a topic): escaped like any output.
+    return printable(f"{when} {level:<5} {record.get('event', '-')}" + (f" {rest}" if rest else ""))
 
 
 def _value(v: Any) -> str:

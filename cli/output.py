@@ -1,4 +1,7 @@
-"""Human tables versus ``--json``, and errors as one line plus an exit code."""
+"""Human tables versus ``--json``, and errors as one line plus an exit code.
+
+Every value printed here may be another member's text: it goes through ``cli/terminal``.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ from typing import Any, NoReturn
 
 import click
 
+from tidemesh.cli.terminal import json_text, printable
 from tidemesh.client import DaemonNotAnswering, DaemonNotRunning, IncompatibleDaemon
 from tidemesh.core.errors import Conflict, MemberRevoked, TidemeshError, UsageError
 from tidemesh.core.exitcodes import Exit
@@ -18,14 +22,15 @@ from tidemesh.core.settings import ConfigError
 
 
 def emit_json(data: Any) -> None:
-    click.echo(json.dumps(data, indent=2, ensure_ascii=False))
+    click.echo(json_text(json.dumps(data, indent=2, ensure_ascii=False)))
 
 
 def table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> None:
     if not rows:
         click.echo("(none)")
         return
-    cells = [[("" if r.get(c) is None else str(r.get(c))) for c in columns] for r in rows]
+    cells = [[("" if r.get(c) is None else printable(str(r.get(c)))) for c in columns]
+             for r in rows]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
     click.echo("  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True)))
     for row in cells:
@@ -67,9 +72,10 @@ def _nested(value: Any) -> str:
 
 def fields(data: Mapping[str, Any]) -> None:
     """Print ``key value`` lines, the values aligned, for the human form of one record."""
-    width = max((len(k) for k in data), default=0)
-    for key, value in data.items():
-        click.echo(f"{key:{width}}  {text_value(value)}")
+    shown = {printable(k): printable(text_value(v)) for k, v in data.items()}
+    width = max((len(k) for k in shown), default=0)
+    for key, value in shown.items():
+        click.echo(f"{key:{width}}  {value}")
 
 
 def exit_code_for(err: TidemeshError) -> Exit:
@@ -98,5 +104,5 @@ def fail(err: TidemeshError, as_json: bool = False, code: Exit | None = None) ->
     else:
         extra = {k: v for k, v in err.details.items() if v is not None}
         tail = "".join(f"\n  {k}: {v}" for k, v in extra.items())
-        click.echo(f"error: {err.code}: {err.message}{tail}", err=True)
+        click.echo(printable(f"error: {err.code}: {err.message}{tail}", lines=True), err=True)
     sys.exit(int(code if code is not None else exit_code_for(err)))

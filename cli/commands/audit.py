@@ -17,6 +17,7 @@ from typing import Any
 
 import click
 
+from tidemesh.cli.terminal import printable
 from tidemesh.core.audit_report import render
 from tidemesh.core.exitcodes import Exit
 
@@ -96,7 +97,7 @@ def show_cmd(out: str, limit: int, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps({**report, "orphans": rows}, sort_keys=True))
     else:
-        click.echo(render(report, rows, shown_limit=limit))
+        click.echo(printable(render(report, rows, shown_limit=limit), lines=True))
     raise SystemExit(int(Exit.ORPHANS_FOUND if report.get("found") else Exit.OK))
 
 

@@ -20,6 +20,7 @@ import click
 from tidemesh.cli import logview
 from tidemesh.cli.commands.common import client_for, json_option, mesh_option, paths_for
 from tidemesh.cli.output import emit_json, table
+from tidemesh.cli.terminal import printable
 from tidemesh.client import DaemonNotRunning
 from tidemesh.client.endpoint import joined_meshes
 from tidemesh.core.errors import TidemeshError
@@ -125,7 +126,7 @@ def logs(mesh: str, follow: bool, since: str | None, as_json: bool) -> None:
         for line in lines:
             record = logview.parse(line)
             if record is None:
-                click.echo(line.rstrip("\n"))
+                click.echo(printable(line.rstrip("\n"), lines=True))
                 continue
             for r in logview.newer_than([record], cutoff):
                 click.echo(line.rstrip("\n") if as_json else logview.pretty(r))

@@ -13,6 +13,7 @@ import click
 
 from tidemesh.cli.commands.common import client_for, json_option, mesh_option, paths_for
 from tidemesh.cli.output import emit_json, fail, fields, readable, table
+from tidemesh.cli.terminal import json_text
 from tidemesh.client import DaemonNotRunning
 from tidemesh.core.errors import InvalidRequest, TidemeshError
 from tidemesh.daemon import main as daemon_main
@@ -81,8 +82,8 @@ def inspect_cmd(mesh: str, row_id: str, as_json: bool) -> None:
     fields({**readable({k: v for k, v in row.items() if k not in ("chain", "request")}),
             "chain": " → ".join(f"[{i}]" if i == row_id else i for i in row["chain"])})
     click.echo("request (as sent to the broker; a DM's body is sealed):")
-    click.echo("\n".join("  " + line for line in json.dumps(
-        request, indent=2, ensure_ascii=False).splitlines()))
+    click.echo("\n".join("  " + line for line in json_text(json.dumps(
+        request, indent=2, ensure_ascii=False)).splitlines()))
 
 
 def _patch(path: Path | None) -> dict[str, Any] | None:

@@ -9,6 +9,7 @@ import click
 
 from tidemesh.cli.commands.common import client_for, json_option, mesh_option
 from tidemesh.cli.output import emit_json, fail, fields, table, when
+from tidemesh.cli.terminal import printable
 from tidemesh.client import Event
 from tidemesh.client.calls import Kind
 from tidemesh.core.errors import TidemeshError
@@ -70,8 +71,8 @@ def events_cmd(mesh: str, since: int | None, idle_exit: float | None, as_json: b
             if as_json:
                 click.echo(json.dumps({"id": ev_id, "type": ev.type, "data": ev.data}))
             else:
-                click.echo(f"{ev_id if ev_id is not None else '-':>6}  {ev.type:14} "
-                           f"{_summary(ev.data)}")
+                click.echo(printable(f"{ev_id if ev_id is not None else '-':>6}  "
+                                     f"{ev.type:14} {_summary(ev.data)}"))
     except TidemeshError as exc:
         fail(exc, as_json)
     except KeyboardInterrupt:
@@ -96,7 +97,7 @@ def _membership_group(kind: Kind, join_verb: str, leave_verb: str) -> click.Grou
         if as_json:
             emit_json({"kind": kind, "name": name, "action": action, **dict(result or {})})
         else:
-            click.echo(f"{kind} {name}: {action} ok")
+            click.echo(printable(f"{kind} {name}: {action} ok"))
 
     @group.command(join_verb, help=f"Join the {kind} NAME (the broker records it).")
     @mesh_option

@@ -15,6 +15,7 @@ import click
 from tidemesh.cli import send_wait
 from tidemesh.cli.commands.common import client_for, json_option, mesh_option, paths_for
 from tidemesh.cli.output import emit_json, fail
+from tidemesh.cli.terminal import printable
 from tidemesh.client import DaemonNotAnswering, DaemonNotRunning, IncompatibleDaemon, SendResult
 from tidemesh.client.endpoint import joined_meshes
 from tidemesh.core.errors import TidemeshError
@@ -154,7 +155,7 @@ def _wait_then_exit(mesh: str, result: SendResult, timeout_s: float, as_json: bo
     if as_json:
         emit_json({**result, "path": "daemon", "outcome": dict(outcome.row)})
     else:
-        click.echo(outcome.line, err=outcome.exit != Exit.OK)
+        click.echo(printable(outcome.line), err=outcome.exit != Exit.OK)   # a broker's reason
     sys.exit(int(outcome.exit))
 
 
@@ -169,7 +170,7 @@ def _deliver(mesh: str, req: dict[str, Any], client_id: str | None) -> tuple[Any
     except IncompatibleDaemon as exc:
         if exc.details.get("kind") != "ipc_api" or not paths_for(mesh).mesh_file.exists():
             raise   # no cold path without a joined mesh: the daemon's versions are the news
-        click.echo(f"{exc.message}; trying the cold path", err=True)
+        click.echo(printable(f"{exc.message}; trying the cold path"), err=True)
         try:
             return admin.coldpath.send(mesh, req, client_id, os.environ), "cold"
         except AlreadyRunning as held:
