@@ -36,3 +36,11 @@ class BrokerRotation:
     def in_order(self) -> tuple[str, ...]:
         """Every address, the current one first (for one-shot dials: join, the cold path)."""
         return self.urls[self.index:] + self.urls[:self.index]
+
+    def readdressed(self, urls: Sequence[str]) -> BrokerRotation:
+        """The rotation over ``urls`` (a join that brought new addresses), still at the
+        broker now in use when it is among them, else at the first."""
+        new = BrokerRotation.of(urls)
+        if self.current in new.urls:
+            return BrokerRotation(new.urls, new.urls.index(self.current))
+        return new

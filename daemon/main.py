@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import structlog
@@ -369,7 +370,8 @@ class Daemon:
                                  FileSettings(s.files_chunk_bytes, s.files_window), self.clock,
                                  lambda d, n: file_bytes.labels(direction=d).inc(n))
         app[FILES].clear_spool()
-        reloader = Reloader(s, self._read_settings, app[STATE], bus)
+        readdress = [partial(relay.reload_addresses, paths.mesh_file)] if relay else []
+        reloader = Reloader(s, self._read_settings, app[STATE], bus, also=readdress)
         budget = StopBudget()
         drain = Drain(app[STATE], lambda: budget.left(
             keep=_RELAY_SHARE * reloader.settings.shutdown_grace_s))

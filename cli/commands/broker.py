@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import signal
 import sys
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
@@ -323,6 +324,7 @@ def join_cmd(invite: str, mesh: str | None, display_name: str | None,
             click.echo(f"error: {exc}", err=True)
         sys.exit(int(code))
     config = joined.config
+    _tell_running_daemon(paths, local, config.broker_urls)
     if as_json:
         # "mesh" is the local name later commands take with --mesh; the broker's may differ.
         emit_json({"mesh": local, "broker_mesh": config.mesh,
@@ -339,6 +341,24 @@ def join_cmd(invite: str, mesh: str | None, display_name: str | None,
                    "it, leaves the mesh when it stops and removes it")
     click.echo(f"joined mesh {config.mesh} as {config.member_pubkey}\n"
                f"config saved to {paths.mesh_file}")
+
+
+def _tell_running_daemon(paths: DaemonPaths, mesh: str, urls: tuple[str, ...]) -> None:
+    """A join again while the mesh's daemon runs (new broker addresses in the invite): the
+    daemon re-reads mesh.json on SIGHUP, so it dials them without a restart."""
+    if not admin_daemon.is_held(paths.lock_file):
+        return
+    pid = admin_daemon.holder_pid(paths.lock_file)
+    try:
+        if pid is None:
+            raise ProcessLookupError
+        os.kill(pid, signal.SIGHUP)
+    except OSError:
+        click.echo(f"the daemon of mesh {mesh} runs but could not be told: restart it "
+                   f"(`tidemesh daemon restart --mesh {mesh}`) to use {', '.join(urls)}",
+                   err=True)
+        return
+    click.echo(f"the running daemon (pid {pid}) now dials {', '.join(urls)}", err=True)
 
 
 def _ephemeral_join(paths: DaemonPaths, persistent: bool | None) -> bool:

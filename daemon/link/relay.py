@@ -17,6 +17,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -173,6 +174,24 @@ class Relay:
         self.send_hold = SendHold()   # a broker's retry_after_ms outlasts the link it came on
         self.metrics = metrics or RelayMetrics.register(CollectorRegistry(), mesh.mesh)
         self.rotation = BrokerRotation.of(mesh.broker_urls)
+
+    def reload_addresses(self, mesh_file: Path) -> None:
+        """SIGHUP: take the broker addresses a later ``daemon join`` wrote to mesh.json, so a
+        daemon dialling a dead broker reaches the new ones without a restart. Another mesh
+        or member in the file is not this daemon's to adopt: that needs a restart."""
+        try:
+            saved = MeshConfig.load(mesh_file)
+        except (OSError, ValueError, KeyError) as exc:
+            log.warning("mesh_config_reload_failed", error=str(exc), kept=list(self.rotation.urls))
+            return
+        if (saved.mesh_id, saved.member_pubkey) != (self.mesh.mesh_id, self.mesh.member_pubkey):
+            log.warning("mesh_config_changed", needs_restart=True,
+                        hint="mesh.json names another mesh or member: restart the daemon")
+            return
+        new = self.rotation.readdressed(saved.broker_urls)
+        if new.urls != self.rotation.urls:
+            self.rotation, self.mesh = new, saved
+            log.info("broker_addresses_reloaded", urls=list(new.urls), current=new.current)
 
     async def run(self) -> None:
         """Connect, serve, reconnect, forever; raises RelayFatal for what cannot heal. A broker

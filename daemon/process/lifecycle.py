@@ -13,7 +13,7 @@ import dataclasses
 import io
 import random
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import structlog
@@ -51,13 +51,17 @@ class Reloader:
 
     def __init__(self, settings: config_mod.DaemonSettings,
                  read: Callable[[], config_mod.DaemonSettings],
-                 state: IpcState, bus: EventBus) -> None:
+                 state: IpcState, bus: EventBus,
+                 also: Sequence[Callable[[], None]] = ()) -> None:
+        self.also = also   # what else a reload re-reads (the mesh's broker addresses)
         self.settings = settings
         self.read = read
         self.state = state
         self.bus = bus
 
     def reload(self) -> None:
+        for step in self.also:
+            step()
         try:
             new = self.read()
         except ConfigError as exc:

@@ -24,3 +24,12 @@ def test_repeats_are_dropped_and_none_is_refused() -> None:
     assert BrokerRotation.of(["ws://a:1", "ws://b:1", "ws://a:1"]).urls == ("ws://a:1", "ws://b:1")
     with pytest.raises(ValueError, match="at least one broker"):
         BrokerRotation.of([])
+
+
+def test_new_addresses_keep_the_broker_in_use_when_it_is_among_them() -> None:
+    from tidemesh.core.failover import BrokerRotation
+
+    on_b = BrokerRotation.of(["ws://a", "ws://b"])
+    on_b.failed()
+    assert on_b.readdressed(["ws://c", "ws://b"]).current == "ws://b"
+    assert on_b.readdressed(["ws://c", "ws://d"]).current == "ws://c"

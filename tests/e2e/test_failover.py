@@ -93,3 +93,23 @@ def _on_broker(d: RunningDaemon, url: str) -> None:
 
 async def _has(d: RunningDaemon, n: int) -> bool:
     return len(await inbox(d)) >= n
+
+
+async def test_a_join_that_brings_new_addresses_reaches_the_running_daemon(
+    brokers: tuple[Broker, Broker], short_tmp: Path
+) -> None:
+    x, y = brokers
+    a = _join(short_tmp / "a", x.cli("invite", "create", "--mesh", "team", "--url", x.url))
+    try:
+        await wait_for(lambda: connected(a))
+        x.kill()   # its only broker: it keeps dialling the dead one
+        again = run_cli(a.home, "daemon", "join",
+                        y.cli("invite", "create", "--mesh", "team", "--url", x.url,
+                              "--url", y.url), "--mesh", "m", "--name", "a")
+        assert again.returncode == 0, again.stderr
+        assert f"now dials {x.url}, {y.url}" in again.stderr
+        await wait_for(lambda: connected(a), timeout=60)   # no restart
+        _on_broker(a, y.url)
+        assert "broker_addresses_reloaded" in a.log.read_text()
+    finally:
+        a.stop()
