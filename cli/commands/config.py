@@ -15,6 +15,7 @@ from typing import Any
 
 import click
 
+from tidemesh.broker.admin import running as broker_running
 from tidemesh.broker.admin import settings as broker_config
 from tidemesh.cli.output import emit_json, table
 from tidemesh.client.endpoint import joined_meshes
@@ -71,8 +72,18 @@ def _resolve_daemon(mesh: str | None) -> tuple[str, Path, dict[str, Resolved]]:
 
 
 def _resolve_broker() -> tuple[Path, dict[str, Resolved]]:
+    """The broker's settings from its file and environment; a store and listen address it
+    was given as flags (``broker up --store …``) are not in either, so where a setting is
+    left at its default the running broker's record (or the last run's) says what it uses."""
     path = broker_config.config_file(os.environ)
     _, resolved = broker_config.load(broker_config.read_file(path), os.environ, {})
+    now = broker_running.find(os.environ)
+    seen = now or broker_running.last(os.environ)
+    if seen is not None:
+        source = f"running broker (pid {seen.pid})" if now else f"last run (pid {seen.pid})"
+        for name, value in (("broker.store", seen.store), ("broker.listen", seen.listen)):
+            if resolved[name].source == "default":
+                resolved[name] = Resolved(value, source)
     return path, resolved
 
 

@@ -113,3 +113,19 @@ async def test_a_join_that_brings_new_addresses_reaches_the_running_daemon(
         assert "broker_addresses_reloaded" in a.log.read_text()
     finally:
         a.stop()
+
+
+def test_config_show_broker_names_the_store_the_running_broker_was_given_as_a_flag(
+    brokers: tuple[Broker, Broker]
+) -> None:
+    x, _ = brokers   # started with `broker up --store postgresql://…`
+    res = run_cli(x.home, "config", "show", "--broker", "--json")
+    assert res.returncode == 0, res.stderr
+    rows = {r["name"]: r for r in json.loads(res.stdout)["settings"]}
+    assert rows["broker.store"]["value"].startswith("postgresql://")
+    assert rows["broker.store"]["source"].startswith("running broker (pid ")
+    assert rows["broker.listen"]["value"] != "127.0.0.1:7800"
+    x.kill()
+    res = run_cli(x.home, "config", "show", "--broker", "--json")
+    rows = {r["name"]: r for r in json.loads(res.stdout)["settings"]}
+    assert rows["broker.store"]["source"].startswith("last run (pid ")
