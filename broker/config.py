@@ -20,8 +20,9 @@ from tidemesh.core.settings import ConfigError, Resolved, Setting, build
 CLONE_POLICIES = ("warn", "refuse_new", "refuse_both")   # broker/service/clone.py ClonePolicy
 SETTINGS: tuple[Setting, ...] = (
     Setting("broker.listen", str, "127.0.0.1:7800", "HOST:PORT of the WebSocket and /metrics."),
-    Setting("broker.store", str, None, "sqlite:///PATH or postgresql://…; default embedded SQLite.",
-            optional=True),
+    Setting("broker.store", str, None, "sqlite:///PATH or postgresql://…; default embedded SQLite. "
+            "A URL with a password belongs here or in the environment, not in --store (the "
+            "process list).", optional=True),
     Setting("broker.public_url", str, None, "ws(s):// address printed into invites; default "
             "ws://LISTEN with the port really bound, recorded in the store at start.",
             optional=True),

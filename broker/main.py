@@ -20,7 +20,7 @@ import structlog
 from prometheus_client import Counter
 
 import tidemesh
-from tidemesh.broker import admin, running
+from tidemesh.broker import admin, running, store_source
 from tidemesh.broker import log as broker_log
 from tidemesh.broker.accept import Limits
 from tidemesh.broker.background import Jobs
@@ -190,9 +190,12 @@ async def _serve(settings: BrokerSettings, service: BrokerService, server: Broke
             cancelling.stop(t)
 
 
-def up(settings: BrokerSettings) -> None:
+def up(settings: BrokerSettings, password_on_command_line: bool = False) -> None:
     """``tidemesh broker up``: serve in the foreground until SIGTERM or SIGINT."""
     broker_log.configure(settings.log_level, settings.log_format)
+    if password_on_command_line:   # the CLI printed it too; the log is what operators keep
+        log.warning("broker_store_password_exposed", where="command line",
+                    hint=store_source.CMDLINE_WARNING)
     tracing.install(settings.metrics_otel_endpoint, "tidemesh-broker", tidemesh.__version__,
                     settings.metrics_otel_export_delay_ms)
 

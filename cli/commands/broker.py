@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
-from tidemesh.broker import admin
+from tidemesh.broker import admin, store_source
 from tidemesh.broker.admin import (
     SQLITE_MIGRATIONS,
     BrokerSettings,
@@ -80,10 +82,35 @@ def _checked_duration(_ctx: click.Context, _param: click.Parameter, value: str) 
     return value
 
 
-store_option = click.option("--store", default=None, metavar="URL",
-                            help="sqlite:///PATH or postgresql://…; default: the store of the "
-                                 "broker running (else last run) from this home, else "
-                                 "embedded SQLite.")
+_STORE_FILE_HELP = ("A file of this user's, mode 0600, holding the store URL: keeps its "
+                    "password out of the process list (as TIDEMESH_BROKER_STORE does).")
+
+
+def _store_from(store: str | None, store_file: Path | None) -> str | None:
+    """The store the command line names; a password on it is warned of (every local user
+    reads command lines), a bad --store-file is exit 2."""
+    try:
+        url, exposed = store_source.chosen_store(store, store_file)
+    except TidemeshError as exc:
+        fail(exc)
+    if exposed:
+        click.echo(f"warning: {store_source.CMDLINE_WARNING}", err=True)
+    return url
+
+
+def store_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``--store URL`` and ``--store-file PATH``, handed to the command as ``store``."""
+
+    @functools.wraps(fn)
+    def named(*args: Any, store: str | None, store_file: Path | None, **kwargs: Any) -> Any:
+        return fn(*args, store=_store_from(store, store_file), **kwargs)
+
+    named = click.option("--store-file", type=click.Path(dir_okay=False, path_type=Path),
+                         default=None, metavar="PATH", help=_STORE_FILE_HELP)(named)
+    return click.option("--store", default=None, metavar="URL",
+                        help="sqlite:///PATH or postgresql://…; default: the store of the "
+                             "broker running (else last run) from this home, else "
+                             "embedded SQLite.")(named)
 
 
 @click.group("broker", cls=LazyGroup, lazy_subcommands={
@@ -95,17 +122,25 @@ def broker_group() -> None:
 
 @broker_group.command("up")
 @click.option("--store", default=None, metavar="URL",
-              help="sqlite:///PATH or postgresql://…; default: embedded SQLite.")
+              help="sqlite:///PATH or postgresql://…; default: TIDEMESH_BROKER_STORE, else "
+                   "broker.toml's, else embedded SQLite. A password here is in the process "
+                   "list: use TIDEMESH_BROKER_STORE or --store-file.")
+@click.option("--store-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              metavar="PATH", help=_STORE_FILE_HELP)
 @click.option("--listen", default=None, metavar="HOST:PORT", help="Where to listen.")
 @click.option("--public-url", default=None, help="ws(s):// address to print into invites.")
-def up(store: str | None, listen: str | None, public_url: str | None) -> None:
+def up(store: str | None, store_file: Path | None, listen: str | None,
+       public_url: str | None) -> None:
     """Serve the broker in the foreground (prints one JSON line when ready)."""
     # Only here: the server, the service and their loops are the slow part of a start, and
     # the operator commands below open the store without them.
     from tidemesh.broker import main as broker_main
 
-    broker_main.up(_settings({"broker.store": store, "broker.listen": listen,
-                              "broker.public_url": public_url}))
+    url = _store_from(store, store_file)
+    broker_main.up(_settings({"broker.store": url, "broker.listen": listen,
+                              "broker.public_url": public_url}),
+                   password_on_command_line=store_file is None and url is not None
+                   and store_source.has_password(url))
 
 
 @broker_group.command("console-token")

@@ -17,10 +17,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import parse_qs, urlsplit
 
 import click
 
+from tidemesh.broker import store_source
 from tidemesh.broker.admin import broker_home, running
 from tidemesh.broker.admin import settings as broker_config
 from tidemesh.cli.commands.common import mesh_option
@@ -190,11 +190,6 @@ def daemon_spec(mesh: str, target: Target, environ: Mapping[str, str],
     return spec, ([] if state_directory else folders)
 
 
-def _has_password(url: str) -> bool:
-    parts = urlsplit(url)
-    return parts.password is not None or "password" in parse_qs(parts.query)
-
-
 def broker_store(flag: str | None, env: Mapping[str, str], environ: Mapping[str, str]
                  ) -> tuple[str | None, str]:
     """The store the service must start on: ``(url for --store or None, url)``.
@@ -220,7 +215,7 @@ def broker_store(flag: str | None, env: Mapping[str, str], environ: Mapping[str,
     chosen = found or (live.store if live is not None else None)
     if chosen is None:
         return None, f"sqlite:///{broker_config.embedded_store(env)}"
-    if _has_password(chosen):
+    if store_source.has_password(chosen):
         raise ServiceError("the store's URL holds a password, and a unit file is readable by "
                            f"every user; put broker.store in {broker_config.config_file(env)} "
                            "(mode 0600) or the password in ~/.pgpass, then install again")
