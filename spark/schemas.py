@@ -95,6 +95,18 @@ DELIVERY = Table(
 
 MESH = Table("mesh", _schema(("id", StringType(), False)), "")
 
+# Not judged: read whole (one partition) so that check 2 can follow a member's key rotations.
+# The broker repoints older keys at each rotation, so ``rotated_to`` names the newest key.
+MEMBER = Table(
+    "member",
+    _schema(
+        ("mesh_id", StringType(), False),
+        ("pubkey", StringType(), False),
+        ("rotated_to", StringType(), True),
+    ),
+    "",
+)
+
 AUDITED_TABLES = (DEDUPE, TOPIC_MESSAGE, MESSAGE_QUEUE, HISTORY, DELIVERY)
 
 # One row per offending store row. ``row_key`` names the row in its own table (a message or

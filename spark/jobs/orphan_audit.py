@@ -58,6 +58,7 @@ from tidemesh.spark.schemas import (
     DEDUPE,
     DELIVERY,
     HISTORY,
+    MEMBER,
     MESH,
     MESSAGE_QUEUE,
     TOPIC_MESSAGE,
@@ -107,7 +108,8 @@ def read_store(
     spark: SparkSession, target: JdbcTarget, cfg: AuditConfig, watermark_ms: int
 ) -> tuple[StoreFrames, dict[str, int], dict[str, int]]:
     """The five audited tables, partitioned, their row counts at the start, and how many
-    of those rows are too young for the watermark."""
+    of those rows are too young for the watermark; and the members, whole, for their
+    rotations."""
     stats = table_stats(spark, target, AUDITED_TABLES, cfg.fetch_size, watermark_ms)
 
     def read(table: Table) -> DataFrame:
@@ -116,7 +118,9 @@ def read_store(
 
     # No caching: find_orphans reads each table exactly once (one shuffle of everything).
     frames = StoreFrames(read(DEDUPE), read(TOPIC_MESSAGE), read(MESSAGE_QUEUE), read(HISTORY),
-                         read(DELIVERY))
+                         read(DELIVERY),
+                         read_table(spark, target, MEMBER, partitions=1,
+                                    fetch_size=cfg.fetch_size))
     return (frames, {name: s.rows for name, s in stats.items()},
             {name: s.young for name, s in stats.items()})
 

@@ -9,6 +9,7 @@ Every check asks "does the row this row refers to exist?", and every reference i
 message id within one mesh. So all rows of all five tables are brought together once, by
 (mesh_id, broker message id), and each row is judged against what its group holds: one
 shuffle of the store instead of one per check, which is what makes 10M rows fit a night.
+The member table, small, is broadcast to every row to follow key rotations (check 2).
 
 Only the row being judged is cut at the watermark: a row written after the cut is still in
 flight and is not judged, while every row counts as evidence, so a message written a
@@ -29,6 +30,7 @@ from tidemesh.spark.schemas import (
     DELIVERY,
     FINDINGS,
     HISTORY,
+    MEMBER,
     MESSAGE_QUEUE,
     TOPIC_MESSAGE,
     Table,
@@ -72,6 +74,7 @@ class StoreFrames:
     message_queue: DataFrame
     history: DataFrame
     delivery: DataFrame
+    member: DataFrame    # evidence only: which key each rotated-out key now belongs to
 
 
 def conform(df: DataFrame, table: Table) -> DataFrame:
@@ -121,7 +124,26 @@ def _evidence(frames: StoreFrames) -> DataFrame:
                             message_id="broker_message_id",
                             row_key=F.concat_ws("/", "recipient_pubkey", "epoch", "seq"),
                             at="created_at")
-    return msgs.unionByName(dedupe).unionByName(history).unionByName(delivery)
+    evidence = msgs.unionByName(dedupe).unionByName(history).unionByName(delivery)
+    return _with_member_key(evidence, frames.member)
+
+
+def _with_member_key(evidence: DataFrame, member: DataFrame) -> DataFrame:
+    """Add ``member_pubkey``: the sender's key now, across its member's rotations.
+
+    A rotation moves the member's dedupe rows to the new key while its messages keep the key
+    that signed them, so check 2 compares keys as ``coalesce(rotated_to, sender_pubkey)`` on
+    both sides. The broker repoints every older key at each rotation, so one lookup reaches
+    the newest key however often the member rotated. Members are few: a broadcast join, no
+    shuffle of the store.
+    """
+    moved = F.broadcast(conform(member, MEMBER).where(F.col("rotated_to").isNotNull()).select(
+        F.col("mesh_id").alias("rotated_mesh_id"), F.col("pubkey").alias("rotated_pubkey"),
+        "rotated_to"))
+    joined = evidence.join(moved, (F.col("mesh_id") == F.col("rotated_mesh_id"))
+                           & (F.col("sender_pubkey") == F.col("rotated_pubkey")), "left")
+    return joined.select(*evidence.columns, F.coalesce("rotated_to", "sender_pubkey")
+                         .alias("member_pubkey"))
 
 
 def _is(*tables: Table) -> Column:
@@ -129,8 +151,9 @@ def _is(*tables: Table) -> Column:
 
 
 def _key() -> Column:
-    """The dedupe key of a row; NUL cannot occur in a pubkey or a client_message_id."""
-    return F.concat_ws("\u0000", "sender_pubkey", "client_message_id")
+    """The dedupe key of a row, by its member's newest key; NUL cannot occur in a pubkey or a
+    client_message_id."""
+    return F.concat_ws("\u0000", "member_pubkey", "client_message_id")
 
 
 def _with_group_facts(evidence: DataFrame) -> DataFrame:
@@ -162,8 +185,9 @@ def _verdicts(window: AuditWindow) -> dict[OrphanKind, Column]:
         #    claiming history are judged.
         OrphanKind.DEDUPE_WITHOUT_MESSAGE:
             _is(DEDUPE) & F.col("history_available") & ~F.col("has_message"),
-        # 2. The dedupe row must carry the message's own key and point at it: a row for
-        #    that key naming another message means this one was accepted without the claim.
+        # 2. The dedupe row must carry the message's own key (after its member's rotations)
+        #    and point at it: a row for that key naming another message means this one was
+        #    accepted without the claim.
         OrphanKind.MESSAGE_WITHOUT_DEDUPE:
             message & F.col("client_message_id").isNotNull() & _dedupe_must_exist(window)
             & ~F.array_contains("dedupe_keys", _key()),

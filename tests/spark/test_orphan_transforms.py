@@ -101,6 +101,22 @@ def in_flight() -> Rows:
     return {"dedupe": fresh["dedupe"], "delivery": fresh["delivery"]}
 
 
+def rotated() -> Rows:
+    """A member rotated twice, S1 -> S1b -> S1c: the broker moved its dedupe rows to S1c and
+    repointed S1 at S1c, while each message keeps the key that sent it. M4 is a genuine orphan
+    (its dedupe row is gone); M5's dedupe row carries another member's key."""
+    mesh = "rotated"
+    rows = _merge(*(_healthy(mesh, n) for n in (1, 2, 3, 4, 5)))
+    senders = {"M1": "S1", "M2": "S1b", "M3": "S1c", "M4": "S1", "M5": "S1"}
+    rows["topic"] = [(mid, m, senders[mid], cmid, at) for mid, m, _, cmid, at in rows["topic"]]
+    rows["dedupe"] = [(m, "S9" if mid == "M5" else "S1c", cmid, mid, *rest)
+                      for m, _, cmid, mid, *rest in rows["dedupe"] if mid != "M4"]
+    rows["member"] = [(mesh, "S1", "S1c"), (mesh, "S1b", "S1c"), (mesh, "S1c", None),
+                      # The same key rotated in another mesh says nothing about this one.
+                      ("rotated_elsewhere", "S1", "S1x")]
+    return rows
+
+
 def counted() -> Rows:
     rows = _merge(_without(_healthy("counted", 1), "history"),
                   _without(_healthy("counted", 2), "history"))
@@ -110,12 +126,19 @@ def counted() -> Rows:
 
 SCENARIOS: list[Callable[[], Rows]] = [
     consistent, dedupe_lost_message, message_in_other_mesh, expiry, dedupe_for_other_message,
-    history_both_ways, queue_messages, in_flight, counted,
+    history_both_ways, queue_messages, in_flight, rotated, counted,
 ]
 
 
 def _frames(spark: SparkSession, rows: Rows) -> Any:
-    from tidemesh.spark.schemas import DEDUPE, DELIVERY, HISTORY, MESSAGE_QUEUE, TOPIC_MESSAGE
+    from tidemesh.spark.schemas import (
+        DEDUPE,
+        DELIVERY,
+        HISTORY,
+        MEMBER,
+        MESSAGE_QUEUE,
+        TOPIC_MESSAGE,
+    )
     from tidemesh.spark.transforms.orphans import StoreFrames
 
     def df(table: Any, key: str) -> DataFrame:
@@ -123,7 +146,7 @@ def _frames(spark: SparkSession, rows: Rows) -> Any:
 
     return StoreFrames(df(DEDUPE, "dedupe"), df(TOPIC_MESSAGE, "topic"),
                        df(MESSAGE_QUEUE, "queue"), df(HISTORY, "history"),
-                       df(DELIVERY, "delivery"))
+                       df(DELIVERY, "delivery"), df(MEMBER, "member"))
 
 
 def _run(spark: SparkSession, rows: Rows, ttl_days: int | None) -> DataFrame:
@@ -177,6 +200,13 @@ def test_find_orphans_history_both_ways(found: dict[str, Found]) -> None:
 def test_find_orphans_queue_messages_are_messages(found: dict[str, Found]) -> None:
     assert found["queue_messages"] == {("message_without_dedupe", "Q2"),
                                        ("message_without_history", "Q2")}
+
+
+def test_find_orphans_follows_a_members_rotations_and_still_finds_its_orphans(
+    found: dict[str, Found],
+) -> None:
+    assert found["rotated"] == {("message_without_dedupe", "M4"),
+                                ("message_without_dedupe", "M5")}
 
 
 def test_find_orphans_rows_after_watermark_not_judged(found: dict[str, Found]) -> None:

@@ -26,10 +26,10 @@ SQLITE_TYPES = {"string": {"TEXT"}, "bigint": {"BIGINT", "INTEGER"}, "boolean": 
 def _audited() -> list[tuple[str, str, str]]:
     if importlib.util.find_spec("pyspark") is None:
         unavailable("pyspark is not installed (pip install -e '.[spark]')")
-    from tidemesh.spark.schemas import AUDITED_TABLES, MESH
+    from tidemesh.spark.schemas import AUDITED_TABLES, MEMBER, MESH
 
     return [(t.name, f.name, f.dataType.simpleString())
-            for t in (*AUDITED_TABLES, MESH) for f in t.schema]
+            for t in (*AUDITED_TABLES, MESH, MEMBER) for f in t.schema]
 
 
 def test_audited_columns_exist_in_sqlite_migrations(tmp_path: Path) -> None:
