@@ -21,7 +21,7 @@ from typing import Self
 
 from tidemesh.client.errors import DaemonNotRunning
 from tidemesh.core.ownership import NotPrivate, chain_problem, socket_problem, token_problem
-from tidemesh.core.paths import choose_mesh, daemon_paths, meshes_dir
+from tidemesh.core.paths import choose_mesh, daemon_paths, is_name, meshes_dir
 
 LOOPBACK = "127.0.0.1"
 
@@ -183,10 +183,12 @@ class Located:
 
 
 def joined_meshes(environ: Mapping[str, str] | None = None) -> list[str]:
-    """The meshes this user has joined on this host, by name."""
+    """The meshes this user has joined on this host, by name (a folder whose name is no
+    mesh name was not made by a join: left out, as daemon_paths would refuse it)."""
     root = meshes_dir(os.environ if environ is None else environ)
     try:
-        return sorted(d.name for d in root.iterdir() if (d / "mesh.json").is_file())
+        return sorted(d.name for d in root.iterdir()
+                      if is_name(d.name) and (d / "mesh.json").is_file())
     except OSError:
         return []
 

@@ -19,13 +19,13 @@ from pathlib import PurePath
 from typing import Any
 
 from tidemesh.core.errors import InvalidRequest
+from tidemesh.core.paths import check_name
 
 SESSION_KEY = "tidemesh_session"          # meta: the session a DM is for
 FROM_SESSION_KEY = "tidemesh_from_session"  # meta: the session that sent it
 RECEIPT_KEY = "tidemesh_receipt"          # meta: this DM is a receipt
 STATES = ("accepted", "at_broker", "delivered", "read")
 
-_SESSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _KEY = re.compile(r"[0-9a-f]{64}")
 
 
@@ -39,11 +39,7 @@ class SessionAddress:
 
 
 def check_session_name(name: str) -> str:
-    if not _SESSION.fullmatch(name):
-        raise InvalidRequest("a session name is 1-64 characters: letters, digits, '.', '_', "
-                             f"'-', starting with a letter or digit: {name!r}",
-                             field="session")
-    return name
+    return check_name(name, "session", field="session")   # the one pattern of core.paths
 
 
 def session_name_for(folder: str) -> str:

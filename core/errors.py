@@ -5,7 +5,8 @@
     │   ├── IdempotencyKeyMismatch (400)
     │   ├── TokenInQuery (400)
     │   └── UsageError (400)            a command asked for what cannot be done as asked
-    │       └── MeshNameBound (400)     a local mesh name is bound to another mesh id
+    │       ├── MeshNameBound (400)     a local mesh name is bound to another mesh id
+    │       └── InvalidName (400)       a mesh or session name outside core.paths' pattern
     ├── Unauthorized (401)
     ├── Forbidden (403)
     │   ├── SendVetoed (403)            the pre-send hook refused; its reason in details
@@ -79,6 +80,13 @@ class MeshNameBound(UsageError):
     it is an explicit act (DESIGN §11)."""
 
     code = "mesh_name_bound"
+
+
+class InvalidName(UsageError):
+    """A mesh (or session) name that does not fit the one pattern of ``core.paths``: such a
+    name could climb out of the home once made a folder, so nothing is built from it."""
+
+    code = "invalid_name"
 
 
 class AmbiguousMember(InvalidRequest):

@@ -1,6 +1,7 @@
 """Invite strings: ``tm1.`` + base64url(JSON {url, mesh_id, mesh, token[, fallbacks]}), no
-padding. ``fallbacks`` lists further brokers of the mesh (several brokers on one PostgreSQL);
-an invite with one broker omits it, so older hosts still read it.
+padding; ``mesh`` fits ``core.paths.NAME`` (it becomes a folder name). ``fallbacks`` lists
+further brokers of the mesh (several brokers on one PostgreSQL); an invite with one broker
+omits it, so older hosts still read it.
 
 The token is a random secret; the broker keeps only its sha256 (``token_hash``). A refused
 invite closes the join with reason ``invite_invalid:<why>`` (``Refusal``), which the joining
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from tidemesh.core.errors import InvalidRequest
+from tidemesh.core.paths import check_name
 
 PREFIX = "tm1."
 
@@ -115,6 +117,9 @@ def decode(text: str) -> Invite:
     except (binascii.Error, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise InvalidRequest(f"the invite is damaged: {exc}", field="invite") from exc
     check_broker_urls(invite.urls, "invite")
+    # The name becomes the local mesh's folder unless --mesh says otherwise: an edited
+    # invite must not point the join's files out of the home.
+    check_name(invite.mesh, field="invite.mesh")
     return invite
 
 

@@ -5,18 +5,29 @@ daemons never collide. Without it the XDG base directories are used: config, dat
 (logs) and runtime (socket, token, port, lock) each get a ``tidemesh/daemon/M`` folder.
 Without XDG_RUNTIME_DIR the runtime folder is under ``/tmp/tidemesh-UID``, which another
 user could make first: the daemon and the clients check it (``core.ownership``).
+
+A mesh name becomes a folder name, so it must fit ``NAME`` (``check_name``) before any path
+is built from it: ``daemon_paths`` refuses any other, whichever way the name came in (an
+invite, a backup bundle, ``--mesh``, the environment, the broker). Session names keep to the
+same pattern; topic and queue names have the wire's, which holds no ``/`` and no leading dot.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tidemesh.core.errors import InvalidRequest
+from tidemesh.core.errors import InvalidName, InvalidRequest
 
 DEFAULT_MESH = "default"
+# The one pattern of a name that becomes a path part: no separator, no leading dot (so never
+# "." or ".."), nothing a unit name or a shell would trip on, short enough for sun_path.
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+NAME_RULE = ("1-64 characters: letters, digits, '.', '_', '-', starting with a letter or "
+             "digit")
 
 # sun_path is 108 bytes on Linux and 104 on macOS, counting the terminating NUL.
 MAX_SOCKET_PATH = 103
@@ -109,7 +120,21 @@ class DaemonPaths:
                 self.hooks_dir}
 
 
+def is_name(name: object) -> bool:
+    return isinstance(name, str) and NAME.fullmatch(name) is not None
+
+
+def check_name(name: object, what: str = "mesh", field: str = "mesh") -> str:
+    """``name`` when it fits ``NAME``; else ``InvalidName`` naming it (and the field)."""
+    if not is_name(name):
+        raise InvalidName(f"{what} name {name!r} is not a valid name: a {what} name is "
+                          f"{NAME_RULE}", name=name if isinstance(name, str) else repr(name),
+                          field=field)
+    return str(name)
+
+
 def daemon_paths(mesh: str, environ: Mapping[str, str]) -> DaemonPaths:
+    check_name(mesh)   # before any path: a name is a folder name here
     home = environ.get("TIDEMESH_HOME")
     if home:
         root = Path(home).expanduser()
@@ -170,7 +195,7 @@ def choose_mesh(asked: str | None, joined: Sequence[str]) -> str:
     else the only joined mesh; else ``default``, when it is joined or nothing is. With
     several joined and none asked for, guessing could send to the wrong mesh, so it refuses."""
     if asked:
-        return asked
+        return check_name(asked)
     if len(joined) == 1:
         return joined[0]
     if not joined or DEFAULT_MESH in joined:

@@ -24,6 +24,7 @@ import tidemesh
 from tidemesh.core import logfilters, tracing
 from tidemesh.core.backoff import Backoff
 from tidemesh.core.environment import Effective
+from tidemesh.core.errors import InvalidName
 from tidemesh.core.exitcodes import Exit
 from tidemesh.core.metrics import CallbackGauge, CollectorRegistry
 from tidemesh.core.ownership import NotPrivate
@@ -146,7 +147,7 @@ def run(mesh: str | None, environ: Mapping[str, str], flags: Mapping[str, Any]) 
     """Run the daemon in the foreground until SIGTERM/SIGINT; returns the exit code."""
     try:
         start = prepare(mesh, environ, flags)
-    except ConfigError as exc:
+    except (ConfigError, InvalidName) as exc:
         print(f"tidemesh daemon: {exc.message}", file=sys.stderr)
         return Exit.USAGE
     try:

@@ -14,6 +14,7 @@ from tidemesh.broker.session import ROTATED_OUT
 from tidemesh.broker.store.base import Store
 from tidemesh.core.errors import NotFound
 from tidemesh.core.invite import token_hash
+from tidemesh.core.paths import is_name
 
 log = structlog.get_logger(__name__)
 # A revocation is looked for this far before the last look: the revoking process's clock may
@@ -47,6 +48,8 @@ class Auth:
         if mesh is None or mesh.id != mesh_id:
             return self._rejected(mesh_id, pubkey, "unknown_mesh")
         if joining:
+            if not is_name(mesh.name):   # made before names were checked: a path on the host
+                return self._rejected(mesh_id, pubkey, "invalid_mesh_name")
             try:
                 await self.store.redeem_invite(mesh_id, token_hash(frame["invite_token"]), pubkey,
                                                frame.get("display_name"), now_ms())

@@ -77,7 +77,7 @@ def restore(file: Path, mesh: str | None, passphrase_file: Path | None, as_json:
     secret = _passphrase(passphrase_file, confirm=False)
     try:
         contents = admin.backup.unseal(data, secret)
-        name = mesh or str(contents["mesh"])
+        name = mesh or admin.backup.mesh_of(contents)
         paths = paths_for(name)
         if admin.is_held(paths.lock_file):
             fail(TidemeshError(f"a daemon runs for mesh {name}; stop it first"))

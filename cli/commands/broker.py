@@ -172,7 +172,8 @@ def mesh_group() -> None:
 @json_option
 @click.argument("name")
 def mesh_create(store: str | None, as_json: bool, name: str) -> None:
-    """Create a mesh."""
+    """Create a mesh. NAME is 1-64 letters, digits, '.', '_' or '-', starting with a letter
+    or digit: a joining host makes it a folder name (exit 2 otherwise)."""
     mesh = _run(store, lambda s: s.create_mesh(name, admin.now_ms()), creates=True)
     if as_json:
         emit_json({"id": mesh.id, "name": mesh.name, "created_at": mesh.created_at})

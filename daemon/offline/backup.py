@@ -38,7 +38,7 @@ from tidemesh.core.errors import (
     RestoreRefused,
     WrongPassphrase,
 )
-from tidemesh.core.paths import DaemonPaths
+from tidemesh.core.paths import DaemonPaths, check_name
 from tidemesh.daemon.membership import identity
 from tidemesh.daemon.process.private import write_atomically
 from tidemesh.daemon.store import inbox as inbox_sql
@@ -183,8 +183,15 @@ class Restored:
     subscriptions: int
 
 
+def mesh_of(contents: dict[str, Any]) -> str:
+    """The bundle's mesh name, refused unless it fits ``core.paths.NAME``: a crafted bundle
+    must not name a folder out of the home."""
+    return check_name(contents.get("mesh"), field="bundle.mesh")
+
+
 def _check(contents: dict[str, Any]) -> None:
     """Everything restore will write, checked before it writes anything."""
+    mesh_of(contents)
     try:
         seed = bytes.fromhex(contents["keypair"]["ed25519_seed"])
         key = SigningKey(seed)

@@ -10,6 +10,7 @@ from typing import Any
 
 from tidemesh.core import tracing
 from tidemesh.core.environment import AUTO, KINDS
+from tidemesh.core.paths import NAME_RULE, is_name
 from tidemesh.core.settings import ConfigError, Resolved, Setting, build
 
 # The longest grace a rotated-out key may have: past a month a leaked key's DMs must stop.
@@ -214,5 +215,8 @@ def load(
     if settings.environment_kind not in (AUTO, *KINDS):
         raise ConfigError(f"environment.kind must be {AUTO}, {', '.join(KINDS)}, not "
                           f"{settings.environment_kind!r}", field="environment.kind")
+    if not is_name(settings.daemon_mesh):   # a folder name: never one out of the home
+        raise ConfigError(f"daemon.mesh {settings.daemon_mesh!r} is not a valid mesh name: "
+                          f"{NAME_RULE}", field="daemon.mesh")
     tracing.check_settings(settings.metrics_otel_endpoint, settings.metrics_otel_export_delay_ms)
     return settings, resolved

@@ -52,6 +52,7 @@ var classes = map[string]class{
 	"IdempotencyKeyMismatch": {"idempotency_key_mismatch", 400, "InvalidRequest"},
 	"TokenInQuery":           {"token_in_query", 400, "InvalidRequest"},
 	"MeshNotChosen":          {"mesh_not_chosen", 400, "InvalidRequest"},
+	"InvalidName":            {"invalid_name", 400, "InvalidRequest"},
 	"Unauthorized":           {"unauthorized", 401, "TidemeshError"},
 	"Forbidden":              {"forbidden", 403, "TidemeshError"},
 	"SendVetoed":             {"send_vetoed", 403, "Forbidden"},

@@ -40,7 +40,7 @@ EXPECTED_EXIT = {
     "backup_damaged": Exit.REJECTED, "backup_schema_too_new": Exit.REJECTED,
     "restore_refused": Exit.REJECTED, "incompatible_daemon": Exit.FEATURE_UNAVAILABLE,
     "file_too_large": Exit.REJECTED, "file_integrity_failed": Exit.FAILURE,
-    "unsafe_target": Exit.REJECTED,
+    "unsafe_target": Exit.REJECTED, "invalid_name": Exit.USAGE,
 }
 
 

@@ -20,10 +20,12 @@ from tidemesh.broker.store.postgres.cluster import REVOKED_CHANNEL
 from tidemesh.broker.store.postgres.topiclog import hand_out_on
 from tidemesh.core.errors import Conflict, NotFound, UnknownDestination
 from tidemesh.core.ids import new_ulid
+from tidemesh.core.paths import check_name
 
 
 class Membership(PostgresBase):
     async def create_mesh(self, name: str, now_ms: int) -> Mesh:
+        check_name(name, field="name")   # joining hosts make it a folder name
         mesh = Mesh(new_ulid(now_ms), name, now_ms)
         try:
             await self.pool.execute("INSERT INTO mesh.mesh (id, name, created_at)"

@@ -17,10 +17,12 @@ from tidemesh.broker.store.sqlite.base import SqliteBase
 from tidemesh.broker.store.sqlite.topiclog import hand_out_on
 from tidemesh.core.errors import Conflict, NotFound, UnknownDestination
 from tidemesh.core.ids import new_ulid
+from tidemesh.core.paths import check_name
 
 
 class Membership(SqliteBase):
     async def create_mesh(self, name: str, now_ms: int) -> Mesh:
+        check_name(name, field="name")   # joining hosts make it a folder name
         mesh = Mesh(new_ulid(now_ms), name, now_ms)
 
         def fn(conn: sqlite3.Connection) -> Mesh:

@@ -38,6 +38,10 @@ export class TokenInQuery extends InvalidRequest {
 export class MeshNotChosen extends InvalidRequest {
   static override readonly code: string = "mesh_not_chosen";
 }
+/** A mesh or session name outside the one name pattern (it would become a path). */
+export class InvalidName extends InvalidRequest {
+  static override readonly code: string = "invalid_name";
+}
 export class Unauthorized extends TidemeshError {
   static override readonly code: string = "unauthorized";
   static override readonly httpStatus: number = 401;
@@ -127,7 +131,7 @@ export class IncompatibleDaemon extends TidemeshError {
 
 const CLASSES: (typeof TidemeshError)[] = [
   TidemeshError, InvalidRequest, IdempotencyKeyMismatch, TokenInQuery, MeshNotChosen,
-  Unauthorized, Forbidden, SendVetoed, MemberRevoked, NotFound, UnknownDestination, UnknownMember, AmbiguousMember,
+  InvalidName, Unauthorized, Forbidden, SendVetoed, MemberRevoked, NotFound, UnknownDestination, UnknownMember, AmbiguousMember,
   MethodNotAllowed, Conflict, IdempotencyConflict, PayloadTooLarge, Busy, RateLimited,
   Unavailable, InsufficientStorage,
 ];
