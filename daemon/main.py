@@ -195,12 +195,15 @@ def _say_environment(env: Effective) -> None:
 
 def _run_locked(start: Startup) -> int:
     paths = start.paths
-    if not identity.check_host(paths.host_fingerprint,
-                               identity.current_host_fingerprint(start.environ)):
+    problem = identity.host_problem(paths.host_fingerprint,
+                                    identity.current_host_fingerprint(start.environ))
+    if problem is not None:
+        made = ("was made on another host" if problem == "host_fingerprint_mismatch" else
+                "is a copy of another data folder on this host (cp -a, rsync)")
         log.error(
-            "daemon_start_refused", reason="host_fingerprint_mismatch",
-            hint="this data dir was made on another host; if it moved here, run "
-                 "`tidemesh daemon accept-host`; if it is a copy of a host that still runs, "
+            "daemon_start_refused", reason=problem,
+            hint=f"this data dir {made}; if it moved here, run "
+                 "`tidemesh daemon accept-host`; if it is a copy of a daemon that still runs, "
                  "give it a member key of its own: `tidemesh daemon join INVITE --remint`",
         )
         return Exit.HOST_MISMATCH
@@ -496,7 +499,8 @@ class Daemon:
                                     presence_feed=s.presence_feed), on_status,
                       metrics=RelayMetrics.register(state.registry, s.daemon_mesh),
                       clock=self.clock,
-                      host_fingerprint=identity.current_host_fingerprint(self.start.environ),
+                      host_fingerprint=identity.instance_mark(
+                          identity.current_host_fingerprint(self.start.environ), paths.data_dir),
                       keyring=keyring)
         return relay
 

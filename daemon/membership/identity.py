@@ -134,14 +134,43 @@ def current_host_fingerprint(environ: Mapping[str, str] = os.environ) -> str:
     return hashlib.sha256(host_id.encode()).hexdigest()
 
 
-def check_host(path: Path, current: str) -> bool:
-    """True when the stored fingerprint matches; writes it on first use (returns True)."""
+def folder_mark(folder: Path) -> str:
+    """The data folder's own identity (device and inode): the same for the folder a daemon
+    always ran in, different for a copy of it (``cp -a``, rsync) on the same host, which
+    carries the same machine id, MAC and files."""
+    st = os.stat(folder)
+    return f"{st.st_dev}:{st.st_ino}"
+
+
+def host_problem(path: Path, current: str) -> str | None:
+    """Why this data folder may not start here, or None: ``host_fingerprint_mismatch`` (made
+    on another host) or ``data_folder_copied`` (a copy of a folder on this host). Writes
+    the record on first use; a record from before the folder was part of it gains it."""
+    folder = folder_mark(path.parent)
     if not path.exists():
-        write_private(path, {"version": 1, "fingerprint": current})
-        return True
-    stored = json.loads(path.read_text(encoding="utf-8")).get("fingerprint")
-    return bool(stored == current)
+        accept_host(path, current)
+        return None
+    stored = json.loads(path.read_text(encoding="utf-8"))
+    if stored.get("fingerprint") != current:
+        return "host_fingerprint_mismatch"
+    if stored.get("folder") is None:
+        accept_host(path, current)
+        return None
+    return None if stored["folder"] == folder else "data_folder_copied"
+
+
+def check_host(path: Path, current: str) -> bool:
+    """True when this folder may start here (``host_problem`` finds nothing)."""
+    return host_problem(path, current) is None
 
 
 def accept_host(path: Path, current: str) -> None:
-    write_private(path, {"version": 1, "fingerprint": current})
+    """Adopt this host and this folder: after a move, a hardware change or a restore."""
+    write_private(path, {"version": 1, "fingerprint": current,
+                         "folder": folder_mark(path.parent)})
+
+
+def instance_mark(current: str, data_dir: Path) -> str:
+    """What the hello's host mark hashes: the host and the folder, so that a copy adopted
+    with ``accept-host`` while its original runs is still told apart by the broker."""
+    return hashlib.sha256(f"{current}|{folder_mark(data_dir)}".encode()).hexdigest()

@@ -220,3 +220,42 @@ async def test_clones_on_two_brokers_do_not_take_the_session_from_each_other(
             assert "clone_suspected" in b.log.read_text()
     finally:
         mesh.stop()
+
+
+async def test_a_home_copied_on_the_same_host_is_refused_and_once_adopted_is_a_clone(
+        mesh: Mesh, short_tmp: Path) -> None:
+    """``cp -a`` of a stopped daemon's home on the same host: same machine id, same MAC,
+    same files. The copy is refused at start; adopted with accept-host while the original
+    runs, the broker tells them apart and one DM still reaches only one of them."""
+    a = mesh.add("a", short_tmp)
+    await wait_for(lambda: connected(a))
+    assert a.stop() == 0
+    copy = short_tmp / "copy"
+    shutil.copytree(a.home, copy, symlinks=True, ignore=shutil.ignore_patterns(
+        "sock", "*.lock", "*.out", "http.port"))
+    up = run_cli(copy, "daemon", "up", "--mesh", "m")
+    assert up.returncode == 4, up.stdout + up.stderr
+    assert "is a copy of another data folder on this host" in up.stdout + up.stderr, up
+    a = mesh.restart("a")   # the original starts as before
+    await wait_for(lambda: connected(a))
+    assert run_cli(copy, "daemon", "accept-host", "--mesh", "m").returncode == 0
+    b = start_daemon(copy, "m")
+    mesh.daemons["b"] = b
+    await wait_for(lambda: _events(b, "clone_suspected"))
+    c = mesh.add("c", short_tmp)
+    await wait_for(lambda: connected(c))
+    for i in range(5):
+        async with c.session() as s, s.post("/v1/send", json={
+                "to": f"dm:{pubkey(a)}", "body": f"once {i}"},
+                headers={"Idempotency-Key": f"once-{i}"}) as r:
+            assert r.status in (200, 202), await r.text()
+
+    async def all_five() -> bool:
+        got = [e["body"] for d in (a, b) for e in await inbox(d)
+               if e["body"].startswith("once")]
+        return len(set(got)) == 5
+
+    await wait_for(all_five)
+    await asyncio.sleep(1.0)
+    got = [e["body"] for d in (a, b) for e in await inbox(d) if e["body"].startswith("once")]
+    assert sorted(got) == [f"once {i}" for i in range(5)], "each DM consumed by one copy"

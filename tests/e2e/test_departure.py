@@ -54,6 +54,8 @@ async def test_leave_removes_the_member_at_the_broker_and_the_local_data(
     assert not b.paths.data_dir.exists() and report["removed"]
     assert _members(any_mesh.broker)[member]["revoked_at"] is not None  # type: ignore[index]
     # The key can no longer say hello: a host holding it is refused as revoked.
+    # (The copy is adopted first: a copied data folder is refused before it dials.)
+    assert run_cli(copy, "daemon", "accept-host", "--mesh", "m").returncode == 0
     up = run_cli(copy, "daemon", "up", "--mesh", "m")
     assert up.returncode == Exit.REVOKED, up.stdout + up.stderr
     # Sends to the topic reach nobody now; a's daemon carries on.
