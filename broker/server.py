@@ -422,7 +422,7 @@ class BrokerServer:
         conn = live.conn
         for a in live.session.on_member(out.mesh_id, out.mesh_name, out.pubkey,
                                         conn.session_id if conn else "", out.problem,
-                                        out.joined, clone.suspected):
+                                        out.joined, clone.suspected, out.name_taken_by):
             await self._carry_out(live.peer, a)
         if conn is not None:
             live.joins = await self.service.peering.connected(conn, first)

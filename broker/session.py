@@ -126,7 +126,8 @@ class Session:
 
     def on_member(self, mesh_id: str, mesh_name: str, pubkey: str, session_id: str,
                   problem: str | None, joined: bool = False,
-                  clone_suspected: bool = False) -> list[Action]:
+                  clone_suspected: bool = False,
+                  name_taken_by: tuple[str, ...] = ()) -> list[Action]:
         """The service's answer to ``Authenticate``: ``problem`` is a close reason or None."""
         if problem is not None:
             return self._close(CloseCode.ROTATED_OUT if problem == ROTATED_OUT
@@ -136,6 +137,8 @@ class Session:
                "pubkey": pubkey, "session_id": session_id, "joined": joined}
         if clone_suspected:   # only ever for a hello with host_fingerprint: a daemon that knows it
             ack["clone_suspected"] = True
+        if name_taken_by:     # only on a join: an old daemon ignores what it does not read
+            ack["name_taken_by"] = list(name_taken_by)
         return [Send(ack)]
 
     def refuse(self, code: int, reason: str) -> list[Action]:

@@ -50,6 +50,18 @@ def label(known: Known) -> str:
     return f"@{known.name} ({short(known.pubkey)})" if known.name else short(known.pubkey)
 
 
+def shown_names(members: Iterable[Known]) -> dict[str, str]:
+    """How each key's display name is shown where several members appear: the name alone
+    when no other key goes by it, else with the key prefix (``bob (0123…)``), so that two
+    members that took one name can be told apart. A key without a name is not listed."""
+    keys: dict[str, set[str]] = {}
+    for k in members:
+        if k.name:
+            keys.setdefault(k.name, set()).add(k.pubkey)
+    return {key: name if len(held) == 1 else f"{name} ({short(key)})"
+            for name, held in keys.items() for key in held}
+
+
 def resolve(ref: str, directory: Iterable[Known]) -> str:
     """The one member key ``ref`` names; 400 ``ambiguous_member`` or 404 ``unknown_member``
     naming the candidates otherwise."""

@@ -20,6 +20,8 @@ log = structlog.get_logger(__name__)
 # A revocation is looked for this far before the last look: the revoking process's clock may
 # lag this broker's, and a member revoked while it was being admitted is caught too.
 RECHECK_MARGIN_MS = 60_000
+# How many other holders of a joiner's display name hello_ack names.
+NAME_TAKEN_SHOWN = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +32,9 @@ class AuthOutcome:
     problem: str | None
     joined: bool = False
     display_name: str | None = None
+    # Other current members that go by the display name the joiner asked for: told to the
+    # joiner, since recipients cannot tell the two apart by the name alone.
+    name_taken_by: tuple[str, ...] = ()
 
 
 class Auth:
@@ -56,8 +61,12 @@ class Auth:
             except NotFound as exc:
                 return self._rejected(mesh_id, pubkey, str(exc.details.get("reason", "invite")))
             log.info("broker_member_joined", mesh_id=mesh_id, pubkey=pubkey)
+            name = frame.get("display_name")
+            taken = tuple(k for k in await self.store.members_named(
+                mesh_id, name, NAME_TAKEN_SHOWN + 1) if k != pubkey)[:NAME_TAKEN_SHOWN] \
+                if name else ()
             return AuthOutcome(mesh_id, mesh.name, pubkey, None, joined=True,
-                               display_name=frame.get("display_name"))
+                               display_name=name, name_taken_by=taken)
         if member is None:
             return self._rejected(mesh_id, pubkey, "unknown_member")
         if member.rotated_to is not None:

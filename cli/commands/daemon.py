@@ -47,7 +47,7 @@ SUBCOMMANDS = {
     "ps": C + "fleet:ps",
     "metrics": C + "metrics:metrics_cmd",
     "logs": C + "fleet:logs",
-    "join": C + "broker:join_cmd",
+    "join": C + "join:join_cmd",
     "install-service": C + "service:daemon_install",
     "backup": C + "backup:backup",
     "restore": C + "backup:restore",

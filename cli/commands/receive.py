@@ -10,9 +10,10 @@ import click
 from tidemesh.cli.commands.common import client_for, json_option, mesh_option
 from tidemesh.cli.output import emit_json, fail, fields, table, when
 from tidemesh.cli.terminal import printable
-from tidemesh.client import Event
+from tidemesh.client import Client, Event
 from tidemesh.client.calls import Kind
 from tidemesh.core.errors import TidemeshError
+from tidemesh.core.names import Known, shown_names
 
 
 @click.command("inbox")
@@ -44,9 +45,21 @@ def inbox_cmd(mesh: str, after: int | None, limit: int, topic: str | None, sende
     if as_json:
         emit_json(page)
         return
-    rows = [{"seq": e["seq"], "from": e["from"], "to": f"{e['to']['kind']}:{e['to']['ref']}",
+    names = _names([Known(e["from"], e.get("sender_name")) for e in page["items"]], client)
+    rows = [{"seq": e["seq"], "from": e["from"], "name": names.get(e["from"]),
+             "to": f"{e['to']['kind']}:{e['to']['ref']}",
              "id": e["client_message_id"], "body": _short(e["body"])} for e in page["items"]]
-    table(rows, ["seq", "from", "to", "id", "body"])
+    table(rows, ["seq", "from", "name", "to", "id", "body"])
+
+
+def _names(senders: list[Known], client: Client) -> dict[str, str]:
+    """Each sender's name as shown, with a key prefix when another member (in the page or
+    connected now) goes by it too."""
+    try:
+        peers = client.peers()["peers"] if senders else []
+    except TidemeshError:   # the page is worth printing without them
+        peers = []
+    return shown_names([*senders, *(Known(p["pubkey"], p.get("display_name")) for p in peers)])
 
 
 def _short(text: str, width: int = 60) -> str:
@@ -154,8 +167,9 @@ def peers_cmd(mesh: str, as_json: bool) -> None:
     if as_json:
         emit_json(data)
         return
+    names = shown_names(Known(p["pubkey"], p.get("display_name")) for p in data["peers"])
     rows = [{"pubkey": p["pubkey"] + ("  (this host)" if p.get("self") else ""),
-             "name": p.get("display_name"), "status": (p.get("profile") or {}).get("status"),
+             "name": names.get(p["pubkey"]), "status": (p.get("profile") or {}).get("status"),
              "summary": _short((p.get("profile") or {}).get("summary") or "", 40),
              "connections": p["connections"]} for p in data["peers"]]
     table(rows, ["pubkey", "name", "status", "summary", "connections"])

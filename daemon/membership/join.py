@@ -64,6 +64,8 @@ _BOUND_DBS = ("outbox.db", "inbox.db")
 class Joined:
     config: MeshConfig
     moved_aside: Path | None     # where --move-aside put the old binding's files
+    # Other members the broker knows by the display name asked for (to warn the joiner).
+    name_taken_by: tuple[str, ...] = ()
 
 
 def bound_to(paths: DaemonPaths) -> MeshConfig | None:
@@ -116,20 +118,20 @@ async def join(invite_text: str, paths: DaemonPaths, local: str,
     if not (move_aside or remint):
         key = (SigningKey.generate() if ephemeral
                else load_or_create_keypair(paths.keypair)[0].signing_key)
-        config = await _redeem(inv, urls, local, key, display_name)
+        config, taken = await _redeem(inv, urls, local, key, display_name)
         _keep(paths, key, ephemeral)
         _save(paths, config)
-        return Joined(config, None)
+        return Joined(config, None, taken)
     # The old files must not move under a running daemon, nor one start meanwhile.
     lock = InstanceLock(paths.lock_file, "a daemon for this mesh")
     lock.acquire()
     try:
         key = SigningKey.generate()
-        config = await _redeem(inv, urls, local, key, display_name)
+        config, taken = await _redeem(inv, urls, local, key, display_name)
         moved = _move_aside(paths)
         _keep(paths, key, ephemeral)
         _save(paths, config)
-        return Joined(config, moved)
+        return Joined(config, moved, taken)
     finally:
         lock.release()
 
@@ -152,7 +154,7 @@ def _keep(paths: DaemonPaths, key: SigningKey, ephemeral: bool) -> None:
 
 
 async def _redeem(inv: invites.Invite, urls: tuple[str, ...], local: str, key: SigningKey,
-                  display_name: str | None) -> MeshConfig:
+                  display_name: str | None) -> tuple[MeshConfig, tuple[str, ...]]:
     rotation = BrokerRotation.of(urls)
     try:
         link = await dial_first(rotation, inv.mesh_id, key, invite_token=inv.token,
@@ -162,8 +164,10 @@ async def _redeem(inv: invites.Invite, urls: tuple[str, ...], local: str, key: S
             raise _revoked(local, inv, bytes(key.verify_key).hex()) from exc
         raise
     await link.close()
-    return MeshConfig(rotation.urls[0], inv.mesh_id, link.hello_ack["mesh_name"],
-                      bytes(key.verify_key).hex(), int(time.time() * 1000), rotation.urls[1:])
+    taken = link.hello_ack.get("name_taken_by")
+    return (MeshConfig(rotation.urls[0], inv.mesh_id, link.hello_ack["mesh_name"],
+                       bytes(key.verify_key).hex(), int(time.time() * 1000), rotation.urls[1:]),
+            tuple(str(k) for k in taken) if isinstance(taken, list) else ())
 
 
 def _save(paths: DaemonPaths, config: MeshConfig) -> None:

@@ -52,3 +52,11 @@ def test_the_same_key_twice_is_one_member() -> None:
                                     ("@a\nb", False)])
 def test_what_counts_as_a_ref_to_resolve(ref: str, ok: bool) -> None:
     assert is_name_ref(ref) is ok
+
+
+def test_a_name_two_keys_hold_is_shown_with_each_key_prefix() -> None:
+    from tidemesh.core.names import shown_names
+    a, b, c = "a" * 64, "b" * 64, "c" * 64
+    shown = shown_names([Known(a, "bob"), Known(b, "bob"), Known(c, "carol"), Known(a, "bob"),
+                         Known("d" * 64, None)])
+    assert shown == {a: f"bob ({'a' * 16})", b: f"bob ({'b' * 16})", c: "carol"}

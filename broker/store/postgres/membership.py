@@ -101,6 +101,13 @@ class Membership(PostgresBase):
             " WHERE mesh_id = $1 ORDER BY joined_at, pubkey", mesh_id)
         return [Member(*r) for r in rows]
 
+    async def members_named(self, mesh_id: str, name: str, limit: int) -> list[str]:
+        rows = await self.pool.fetch(
+            "SELECT pubkey FROM mesh.member WHERE mesh_id = $1 AND display_name = $2"
+            " AND revoked_at IS NULL AND rotated_to IS NULL ORDER BY joined_at, pubkey"
+            " LIMIT $3", mesh_id, name, limit)
+        return [str(r[0]) for r in rows]
+
     async def revoked_since(self, since_ms: int) -> list[tuple[str, str]]:
         rows = await self.pool.fetch("SELECT mesh_id, pubkey FROM mesh.member"
                                      " WHERE revoked_at >= $1", since_ms)

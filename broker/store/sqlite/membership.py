@@ -116,6 +116,12 @@ class Membership(SqliteBase):
 
         return await self._read(fn)
 
+    async def members_named(self, mesh_id: str, name: str, limit: int) -> list[str]:
+        return await self._read(lambda c: [str(r[0]) for r in c.execute(
+            "SELECT pubkey FROM member WHERE mesh_id = ? AND display_name = ?"
+            " AND revoked_at IS NULL AND rotated_to IS NULL ORDER BY joined_at, pubkey"
+            " LIMIT ?", (mesh_id, name, limit))])
+
     async def revoked_since(self, since_ms: int) -> list[tuple[str, str]]:
         return await self._read(lambda c: [(str(m), str(p)) for m, p in c.execute(
             "SELECT mesh_id, pubkey FROM member WHERE revoked_at >= ?", (since_ms,))])
