@@ -262,7 +262,12 @@ async def get_inbox(request: web.Request) -> web.Response:
                 _search_query(q.get("q")))
     consumer = q.get("consumer")
     if consumer is None:
-        return _json(await request.app[INBOX].page(page))
+        served = await request.app[INBOX].page(page)
+        response = _json(served)
+        if served["more"]:   # the byte budget ended the page: where the next one starts
+            response.headers["Link"] = (
+                f"<{request.rel_url.update_query(after=served['next_after'])}>; rel=\"next\"")
+        return response
     if after is not None:
         raise InvalidRequest("a named consumer reads after its own cursor; drop `after`",
                              field="after")

@@ -80,13 +80,15 @@ class InboxService:
                                  "false): no index to search; drop q", field="q",
                                  reason="search_disabled")
         items = await self.db.read(partial(search.page, p=p))
-        return {"items": items, "next_after": items[-1]["seq"] if items else (p.after or 0)}
+        return {"items": items, "next_after": items[-1]["seq"] if items else (p.after or 0),
+                "more": items.cut}
 
     async def consumer_read(self, name: str, p: inbox.Page) -> dict[str, Any]:
         def _read(conn: Connection) -> dict[str, Any]:
             cursor = inbox.consumer_cursor(conn, name)
             items = inbox.page(conn, inbox.Page(cursor, p.limit, p.topic, p.sender))
-            out: dict[str, Any] = {"consumer": name, "cursor": cursor, "items": items}
+            out: dict[str, Any] = {"consumer": name, "cursor": cursor, "items": items,
+                                   "more": items.cut}
             lost = inbox.consumer_loss(conn, name)
             if lost is not None:
                 out["lost"] = lost

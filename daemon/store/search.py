@@ -8,7 +8,7 @@ it from the inbox), off (emptying it) or rebuilds it (``recover``)."""
 from __future__ import annotations
 
 import sqlite3
-from typing import Any, Literal
+from typing import Literal
 
 from tidemesh.core import search_query
 from tidemesh.core.errors import InvalidRequest
@@ -80,7 +80,7 @@ def query_error(conn: sqlite3.Connection, exc: sqlite3.OperationalError, q: str
     return InvalidRequest(f"q is not a valid search query ({words}): {q[:80]!r}", field="q")
 
 
-def page(conn: sqlite3.Connection, p: Page) -> list[dict[str, Any]]:
+def page(conn: sqlite3.Connection, p: Page) -> inbox.Served:
     """``inbox.page`` with a search ``q``: a query FTS5 cannot parse is a 400."""
     try:
         return inbox.page(conn, p)

@@ -224,3 +224,28 @@ async def test_closing_the_bus_ends_open_streams(short_tmp: Path) -> None:
         app.bus.close()
         rest = await asyncio.wait_for(r.content.read(), 5)
         assert b": keepalive" not in rest and app.bus.subscribers == 0
+
+
+async def test_a_page_stops_at_its_byte_budget_and_links_to_the_next(short_tmp: Path) -> None:
+    # 1,000 entries of 1 MB were one 400 MB response held whole in the daemon's memory.
+    async with local_app(short_tmp) as app:
+        for i in range(1, 13):
+            await app.inbox.store(delivery(i, body="x" * (1024 * 1024)))
+        seen: list[int] = []
+        url = "/v1/inbox?limit=1000"
+        async with app.session() as s:
+            for _ in range(5):
+                async with s.get(url) as r:
+                    page = await r.json()
+                    link = r.headers.get("Link")
+                seen += [e["seq"] for e in page["items"]]
+                assert len(page["items"]) <= 10
+                if not page["more"]:
+                    assert link is None
+                    break
+                assert link is not None and f"after={page['next_after']}" in link
+                url = link.split(">")[0].lstrip("<")
+            async with s.get("/v1/inbox?consumer=big&limit=1000") as r:
+                consumer = await r.json()
+    assert seen == list(range(1, 13)), "every entry once, in order, over two pages"
+    assert consumer["more"] is True and len(consumer["items"]) < 12
