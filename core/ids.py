@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import threading
@@ -62,6 +63,16 @@ def new_ulids(count: int, now_ms: int) -> list[str]:
     stamp = _stamp(now_ms)
     tails = os.urandom(16 * count).translate(_FIVE_BITS).decode("ascii")
     return [stamp + tails[k:k + 16] for k in range(0, 16 * count, 16)]
+
+
+def derived_ulid(ms: int, source: str) -> str:
+    """A ULID of ``ms`` whose 80 other bits are a hash of ``source``: the same source always
+    gives the same id (an inbox entry's id, from its sender and client_message_id, is the
+    same in an inbox rebuilt from the broker)."""
+    bits = int.from_bytes(hashlib.blake2b(source.encode("utf-8"), digest_size=10).digest(),
+                          "big")
+    return _stamp(min(max(ms, 0), 2**48 - 1)) + _eight_chars(bits >> 40) + _eight_chars(
+        bits & (2**40 - 1))
 
 
 # Outbox rows are sent in (due time, id) order: two sends accepted one after the other in

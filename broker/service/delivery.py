@@ -62,7 +62,10 @@ class Deliveries:
                                cur.compacted_seq)
         answer = {"type": "resume_ack", "id": frame["id"], "result": result.value,
                   "epoch": cur.epoch, "broker_last_seq": cur.last_seq,
-                  "compacted_seq": cur.compacted_seq}
+                  "compacted_seq": cur.compacted_seq,
+                  # A daemon with a rebuilt inbox stores what is at or below this again
+                  # without running its hooks or offering it again (daemon/store/handled.py).
+                  "acked_seq": cur.acked_seq}
         if result is ResumeResult.OK:
             last = frame["last_seq"] if frame["epoch"] else 0
             answer["last_seq"] = last

@@ -22,7 +22,9 @@ async def run_for_event(folder: Path, mesh: str, socket: Path, cfg: HookConfig, 
     # whatever the hook traces hangs under its run.
     with tracing.span("tidemesh.daemon.hook", (parent,),
                       {"tidemesh.mesh": mesh, "tidemesh.hook": cfg.name}) as hop:
-        env = hook_env(mesh, cfg.name, key, socket, token, hop.onward(parent))
+        bmid = doc.get("broker_message_id") if doc.get("type") == "message" else None
+        env = hook_env(mesh, cfg.name, key, socket, token, hop.onward(parent),
+                       bmid if isinstance(bmid, str) else None)
         result = await run_hook(folder / cfg.name, cfg, stdin, env, sandbox)
         hop.set("tidemesh.hook.exit_code", -1 if result.exit_code is None else result.exit_code)
         hop.set("tidemesh.hook.timed_out", result.timed_out)

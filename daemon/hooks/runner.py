@@ -116,12 +116,16 @@ async def _works(prefix: Sequence[str]) -> bool:
 
 
 def hook_env(mesh: str, hook: str, event_id: str, socket: Path,
-             token: str | None = None, traceparent: str | None = None) -> dict[str, str]:
+             token: str | None = None, traceparent: str | None = None,
+             message_id: str | None = None) -> dict[str, str]:
     """The whole environment of a hook: nothing of the daemon's own is passed on.
     ``traceparent``: the message's W3C trace context, as ``TRACEPARENT`` (the name
-    OpenTelemetry's environment carrier reads)."""
+    OpenTelemetry's environment carrier reads). ``message_id``: a message's broker id, as
+    ``TIDEMESH_MESSAGE_ID``, the same on every host and inbox of the member."""
     env = {"PATH": SAFE_PATH, "TIDEMESH_MESH": mesh, "TIDEMESH_HOOK_NAME": hook,
            "TIDEMESH_EVENT_ID": event_id, "TIDEMESH_DAEMON_SOCK": str(socket)}
+    if message_id is not None:
+        env["TIDEMESH_MESSAGE_ID"] = message_id
     if token is not None:
         env["TIDEMESH_CAPABILITY_TOKEN"] = token
     if traceparent is not None:

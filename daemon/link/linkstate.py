@@ -511,6 +511,7 @@ class ResumeOutcome:
     result: str
     position: Position
     broker_last_seq: int | None = None
+    acked_seq: int | None = None   # what the broker holds acknowledged (None: an older one)
 
     @property
     def ok(self) -> bool:
@@ -522,11 +523,12 @@ def resume_outcome(answer: Frame, cursor: Position) -> ResumeOutcome:
         error = answer.get("error") or {}
         raise LinkError(f"the broker refused the resume: {error.get('code', answer.get('type'))}"
                         f": {error.get('message', '')}")
-    result = answer["result"]
+    result, acked = answer["result"], answer.get("acked_seq")
     if result == "OK":
-        return ResumeOutcome(result, (answer["epoch"], answer.get("last_seq", cursor[1])))
+        return ResumeOutcome(result, (answer["epoch"], answer.get("last_seq", cursor[1])),
+                             acked_seq=acked)
     seq = answer["compacted_seq"] if result == "STALE_SEQUENCE" else answer["broker_last_seq"]
-    return ResumeOutcome(result, (answer["epoch"], seq), answer["broker_last_seq"])
+    return ResumeOutcome(result, (answer["epoch"], seq), answer["broker_last_seq"], acked)
 
 
 def refusal(answer: Frame) -> str | None:

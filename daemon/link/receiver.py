@@ -25,7 +25,7 @@ from nacl.signing import SigningKey
 from prometheus_client import Counter, Histogram
 
 from tidemesh.core import tracing
-from tidemesh.core.ids import new_ulid, new_ulids
+from tidemesh.core.ids import derived_ulid
 from tidemesh.core.metrics import BATCH_BUCKETS, CollectorRegistry
 from tidemesh.core.sealing import (
     UnsealError,
@@ -79,8 +79,9 @@ def delivery_of(f: dict[str, Any], key: SigningKey, mesh: str, now_ms: int,
                 entry_id: str | None = None, keyring: Keyring | None = None) -> Delivery:
     """A ``deliver`` frame as the inbox stores it: body decoded, a DM opened (with the
     ``keyring``'s archived keys too, when given). A DM that does not open is still stored,
-    marked ``tidemesh_undecryptable`` in its meta. ``entry_id``: the inbox id, when the
-    caller minted a frame's ids together."""
+    marked ``tidemesh_undecryptable`` in its meta. The inbox id is derived from the sender
+    and client_message_id (the inbox's own key), so a message keeps its id, and a hook its
+    ``TIDEMESH_EVENT_ID``, in an inbox rebuilt from the broker; ``entry_id`` overrides it."""
     body = (f["body"].encode("utf-8") if f["body_encoding"] == "utf8"
             else base64.b64decode(f["body"]))
     encoding = f["body_encoding"]
@@ -109,10 +110,11 @@ def delivery_of(f: dict[str, Any], key: SigningKey, mesh: str, now_ms: int,
                 meta, reply_to, encoding = _readable(f, problems, meta, reply_to, encoding)
             if not opened.bound:   # an envelope of an earlier version: it names nobody
                 meta = {**(meta or {}), "tidemesh_unbound": True}
+    cmid = f.get("client_message_id") or f["broker_message_id"]
     return Delivery(
-        id=entry_id or new_ulid(now_ms), mesh=mesh, sender_pubkey=f["sender_pubkey"],
-        sender_name=f.get("sender_name"),
-        client_message_id=f.get("client_message_id") or f["broker_message_id"],
+        id=entry_id or derived_ulid(f["created_at"], f"{f['sender_pubkey']}\n{cmid}"),
+        mesh=mesh, sender_pubkey=f["sender_pubkey"], sender_name=f.get("sender_name"),
+        client_message_id=cmid,
         broker_message_id=f["broker_message_id"], dest_kind=f["to"]["kind"],
         dest_ref=f["to"]["ref"], body=body, body_encoding=encoding, priority=f["priority"],
         meta=meta, reply_to=reply_to, epoch=f["epoch"], seq=f["seq"],
@@ -149,8 +151,9 @@ class Receiver:
         self.clock = clock
 
     async def run(self) -> None:
-        order = ReceiveOrder(await self.inbox.receive_cursor() or (0, 0))
-        order.resumed(await self._resume(order.cursor))
+        stored = await self.inbox.receive_cursor()
+        order = ReceiveOrder(stored or (0, 0))
+        order.resumed(await self._resume(order.cursor, fresh=stored is None))
         while frames := await self._next_frames():
             plan = order.plan([[(d["epoch"], d["seq"]) for d in f] for f in frames])
             # One inbox write per frame; started in frame order, so stored in that order.
@@ -167,15 +170,11 @@ class Receiver:
 
     async def _write(self, frame: list[dict[str, Any]]) -> list[StoreResult | None]:
         now = int(self.clock() * 1000)
-        # One id per delivery, minted for the whole frame at once (python-ulid one at a time
-        # was 12 % of the receiving daemon's loop under bench/e2e).
-        ids = new_ulids(len(frame), now)
         # A queue lease that lapsed here went to another consumer: not stored, but the cursor
         # moves past it so the stream stays gapless.
         items = [Void(d["epoch"], d["seq"], now) if d.get("reassigned")
-                 else delivery_of(d, self.key, self.mesh, now, entry_id,
-                                     self.keyring)
-                 for d, entry_id in zip(frame, ids, strict=True)]
+                 else delivery_of(d, self.key, self.mesh, now, keyring=self.keyring)
+                 for d in frame]
         with tracing.span("tidemesh.daemon.store", _parents(items),
                           {"tidemesh.mesh": self.mesh, "tidemesh.batch_size": len(items)}) as hop:
             if len(items) == 1 and isinstance(items[0], Delivery):
@@ -216,9 +215,14 @@ class Receiver:
             observe(len(f))
         return frames
 
-    async def _resume(self, cursor: Position) -> Position:
+    async def _resume(self, cursor: Position, fresh: bool = False) -> Position:
+        """Resume from ``cursor``. ``fresh``: this inbox has stored nothing yet, so what the
+        broker says this member acknowledged was handled by an inbox before it."""
         for _ in range(RESUME_TRIES):
             outcome = resume_outcome(await self.link.resume(*cursor), cursor)
+            if fresh and outcome.acked_seq:
+                fresh = False
+                await self.inbox.record_handled(outcome.position[0], outcome.acked_seq)
             if outcome.ok:
                 return outcome.position
             target = outcome.position

@@ -9,14 +9,17 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
+import structlog
+
 from tidemesh.core.errors import InvalidRequest
 from tidemesh.core.hooks import HookPlan
 from tidemesh.daemon.service.events import EventBus
 from tidemesh.daemon.service.inbox_writes import WriteHealth, store_guarded
-from tidemesh.daemon.store import files, inbox, retention, search
+from tidemesh.daemon.store import files, handled, inbox, retention, search
 from tidemesh.daemon.store.db import Connection, Database
 
 Clock = Callable[[], float]
+log = structlog.get_logger(__name__)
 
 
 class InboxService:
@@ -130,6 +133,13 @@ class InboxService:
 
     async def receive_cursor(self) -> tuple[int, int] | None:
         return await self.db.read(inbox.receive_cursor)
+
+    async def record_handled(self, epoch: int, acked_seq: int) -> None:
+        """The broker's acknowledged position, taken as handled by an earlier inbox."""
+        now = self._now_ms()
+        if await self.db.write(partial(handled.record, epoch=epoch, acked_seq=acked_seq,
+                                       now=now)):
+            log.info("inbox_handled_mark_recorded", epoch=epoch, acked_seq=acked_seq)
 
     async def reset_receive_cursor(self, epoch: int, seq: int) -> None:
         now = self._now_ms()

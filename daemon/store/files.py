@@ -95,7 +95,8 @@ def record_received(conn: sqlite3.Connection, items: Sequence[Delivery | Void],
         message = d.body.decode("utf-8", "replace") if d.body_encoding == "utf8" else None
         rec = FileRecord(fm, "received", d.sender_pubkey, d.dest_kind, d.dest_ref, message,
                          d.received_at)
-        if not insert(conn, rec, res.inbox_seq):
+        # A message handled before a rebuild (no event) had its file offered then.
+        if not insert(conn, rec, res.inbox_seq) or res.event is None:
             continue
         ev = add_event(conn, NewEvent(
             "file_shared", {**rec.view(), "inbox_seq": res.inbox_seq, "message_id": d.id},

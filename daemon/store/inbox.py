@@ -19,6 +19,7 @@ from tidemesh.daemon.records import Event as Event
 from tidemesh.daemon.records import Page as Page
 from tidemesh.daemon.records import StoreResult as StoreResult
 from tidemesh.daemon.records import Void as Void
+from tidemesh.daemon.store import handled
 from tidemesh.daemon.store import hooks as hook_runs
 from tidemesh.storage.engine import BatchOp
 from tidemesh.storage.multirow import insert_rows
@@ -124,15 +125,20 @@ def store_frame(conn: sqlite3.Connection,
         out.append(None)   # set below, with its event
     # The entries first: a delivery the database refuses fails the frame there, as one.
     insert_rows(conn, _INSERT_ENTRIES, [row for _, _, row in new])
-    events = []
-    for n, (place, d, row) in enumerate(new):
-        view = _view(row, d.meta)
-        events.append((event_id + n, "message", row[0], orjson.dumps(view), d.received_at))
-        out[place] = StoreResult(row[0], Event(event_id + n, "message", view, d.received_at))
-    insert_rows(conn, _INSERT_EVENTS, events)
-    for n, (_, d, _) in enumerate(new):
+    events: list[tuple[Any, ...]] = []
+    mark = handled.mark(conn) if new else None
+    for place, d, row in new:
+        if mark is not None and (d.epoch, d.seq) <= mark:
+            # Handled before this inbox was rebuilt: kept for reading, offered to no one.
+            out[place] = StoreResult(row[0], None)
+            handled.stored_through(conn, row[0], d.received_at)
+            continue
+        view, eid = _view(row, d.meta), event_id + len(events)
+        events.append((eid, "message", row[0], orjson.dumps(view), d.received_at))
+        out[place] = StoreResult(row[0], Event(eid, "message", view, d.received_at))
         if d.hooks:   # a message's hooks know it by its id
-            hook_runs.add_runs(conn, event_id + n, d.id, d.hooks, d.received_at)
+            hook_runs.add_runs(conn, eid, d.id, d.hooks, d.received_at)
+    insert_rows(conn, _INSERT_EVENTS, events)
     if items:  # once per frame, to the furthest position: it only ever moves forward
         last = max(items, key=lambda d: (d.epoch, d.seq))
         _advance_cursor(conn, last.epoch, last.seq,
@@ -267,7 +273,7 @@ def _source(p: Page) -> tuple[str, str, list[str], list[object]]:
 
 def consumer_cursor(conn: sqlite3.Connection, name: str) -> int:
     row = conn.execute("SELECT cursor FROM consumers WHERE name = ?", (name,)).fetchone()
-    return 0 if row is None else int(row[0])
+    return handled.start(conn) if row is None else int(row[0])
 
 
 def consumer_ack(conn: sqlite3.Connection, name: str, up_to: int, now: int) -> int:
@@ -277,10 +283,10 @@ def consumer_ack(conn: sqlite3.Connection, name: str, up_to: int, now: int) -> i
         raise InvalidRequest(f"up_to {up_to} is past the newest inbox entry ({top})",
                              field="up_to")
     conn.execute(
-        "INSERT INTO consumers (name, cursor, created_at, updated_at) VALUES (?, ?, ?, ?)"
+        "INSERT INTO consumers (name, cursor, created_at, updated_at) VALUES (?, MAX(?, ?), ?, ?)"
         " ON CONFLICT (name) DO UPDATE SET cursor = MAX(cursor, excluded.cursor),"
         " updated_at = excluded.updated_at",
-        (name, up_to, now, now),
+        (name, up_to, handled.start(conn), now, now),
     )
     # Acking past what retention took from this consumer ends the report of that loss.
     conn.execute("UPDATE consumers SET lost_count = 0, lost_through = NULL"
@@ -349,8 +355,8 @@ SESSION_CONSUMERS = ("push", "read")
 def session_register(conn: sqlite3.Connection, name: str, now: int) -> None:
     for part in SESSION_CONSUMERS:
         conn.execute("INSERT INTO consumers (name, cursor, created_at, updated_at)"
-                     " VALUES (?, 0, ?, ?) ON CONFLICT (name) DO NOTHING",
-                     (f"session.{name}.{part}", now, now))
+                     " VALUES (?, ?, ?, ?) ON CONFLICT (name) DO NOTHING",
+                     (f"session.{name}.{part}", handled.start(conn), now, now))
 
 
 def sessions(conn: sqlite3.Connection) -> list[dict[str, Any]]:

@@ -8,7 +8,14 @@ from itertools import pairwise
 import pytest
 from ulid import ULID
 
-from tidemesh.core.ids import ULID_PATTERN, new_ulid, new_ulids, ordered_ulid, ordered_ulids
+from tidemesh.core.ids import (
+    ULID_PATTERN,
+    derived_ulid,
+    new_ulid,
+    new_ulids,
+    ordered_ulid,
+    ordered_ulids,
+)
 
 
 @pytest.mark.parametrize(("ms", "randomness", "expected"), [
@@ -85,3 +92,11 @@ def test_random_starts_stay_fresh_past_a_refill_of_the_random_pool() -> None:
     starts = [int.from_bytes(ULID.from_str(ordered_ulid(1_700_000_100_000 + k)).bytes[6:], "big")
               for k in range(1000)]
     assert len(set(starts)) == 1000 and all(s < 2**79 for s in starts)
+
+
+def test_a_derived_id_is_the_same_for_the_same_source_and_a_ulid_of_its_time() -> None:
+    ms = 1_700_000_000_123
+    one = derived_ulid(ms, "ab" * 32 + "\nc1")
+    assert one == derived_ulid(ms, "ab" * 32 + "\nc1")
+    assert ULID_PATTERN.fullmatch(one) and ULID.from_str(one).milliseconds == ms
+    assert one != derived_ulid(ms, "ab" * 32 + "\nc2")
