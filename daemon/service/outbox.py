@@ -240,7 +240,12 @@ class OutboxService:
     ) -> dict[str, Any]:
         def _read(conn: Connection) -> dict[str, Any]:
             rows = outbox.list_rows(conn, status, limit, before)
-            return {"items": [row_view(r) for r in rows], "counts": outbox.counts(conn)}
+            view: dict[str, Any] = {"items": [row_view(r) for r in rows],
+                                    "counts": outbox.counts(conn)}
+            if 0 < len(rows) < limit and outbox.list_rows(conn, status, 1, rows[-1].id):
+                view["more"] = True   # cut by the byte budget: page on with before=next_before
+                view["next_before"] = rows[-1].id
+            return view
 
         return await self.db.read(_read)
 

@@ -165,7 +165,19 @@ def list_rows(
     if where:
         sql += " WHERE " + " AND ".join(where)
     sql += " ORDER BY id DESC LIMIT ?"
-    return [OutboxRow(*r) for r in conn.execute(sql, (*args, limit))]
+    out: list[OutboxRow] = []
+    size = 0
+    for r in conn.execute(sql, (*args, limit)):
+        row = OutboxRow(*r)
+        size += len(row.payload) + 512
+        if out and size > PAGE_BYTES:   # as an inbox page: the caller pages on with before
+            break
+        out.append(row)
+    return out
+
+
+# What one listing may hold in payloads (the spec's 10 MB); one row is listed whatever its size.
+PAGE_BYTES = 10 * 1024 * 1024
 
 
 def counts(conn: sqlite3.Connection) -> dict[str, int]:

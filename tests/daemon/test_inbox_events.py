@@ -249,3 +249,4 @@ async def test_a_page_stops_at_its_byte_budget_and_links_to_the_next(short_tmp: 
                 consumer = await r.json()
     assert seen == list(range(1, 13)), "every entry once, in order, over two pages"
     assert consumer["more"] is True and len(consumer["items"]) < 12
+
