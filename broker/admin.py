@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from tidemesh.broker import config as settings
-from tidemesh.broker import running
+from tidemesh.broker import running, store_source
 from tidemesh.broker.config import (
     BrokerSettings,
     broker_home,
@@ -35,7 +35,7 @@ from tidemesh.storage.migrate import SchemaBehind, SchemaTooNew
 # What the CLI uses besides the functions below (the import contract allows it this module
 # and broker.main only).
 __all__ = ["SQLITE_MIGRATIONS", "BrokerSettings", "SchemaBehind", "SchemaTooNew", "Store",
-           "broker_home", "running", "settings"]
+           "broker_home", "running", "settings", "store_source"]
 
 
 T = TypeVar("T")

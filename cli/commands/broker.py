@@ -17,13 +17,14 @@ from typing import Any, TypeVar
 
 import click
 
-from tidemesh.broker import admin, store_source
+from tidemesh.broker import admin
 from tidemesh.broker.admin import (
     SQLITE_MIGRATIONS,
     BrokerSettings,
     SchemaBehind,
     SchemaTooNew,
     Store,
+    store_source,
 )
 from tidemesh.cli.commands.common import json_option
 from tidemesh.cli.lazy import LazyGroup

@@ -20,8 +20,7 @@ from typing import Any, TypeVar
 
 import click
 
-from tidemesh.broker import store_source
-from tidemesh.broker.admin import broker_home, running
+from tidemesh.broker.admin import broker_home, running, store_source
 from tidemesh.broker.admin import settings as broker_config
 from tidemesh.cli.commands.common import mesh_option
 from tidemesh.cli.output import fail
