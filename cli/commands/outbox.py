@@ -16,8 +16,9 @@ from tidemesh.cli.output import emit_json, fail, fields, readable, table
 from tidemesh.cli.terminal import json_text
 from tidemesh.client import DaemonNotRunning
 from tidemesh.core.errors import InvalidRequest, TidemeshError
+from tidemesh.core.hooks import PRE_SEND
 from tidemesh.daemon import main as daemon_main
-from tidemesh.daemon.admin import offline
+from tidemesh.daemon.admin import describe_hooks, offline
 
 _FILTERS = {"failed": "dead", "pending": "pending", "inflight": "inflight", "done": "done",
             "aborted": "aborted"}
@@ -86,6 +87,13 @@ def inspect_cmd(mesh: str, row_id: str, as_json: bool) -> None:
         request, indent=2, ensure_ascii=False)).splitlines()))
 
 
+def _pre_send_runs(mesh: str) -> bool:
+    """Whether this mesh's daemon would run a pre-send hook (a file that is executable and
+    not disabled in hooks.toml)."""
+    return any(h["name"] == PRE_SEND and h["state"] in ("enabled", "no hooks.toml table")
+               for h in describe_hooks(paths_for(mesh).hooks_dir))
+
+
 def _patch(path: Path | None) -> dict[str, Any] | None:
     if path is None:
         return None
@@ -115,7 +123,14 @@ def requeue_cmd(mesh: str, row_id: str, new_client_id: str | None, auto: bool,
     try:
         try:
             result: Any = client_for(mesh).outbox_requeue(row_id, new_client_id, patch)
-        except DaemonNotRunning:
+        except DaemonNotRunning as down:
+            if patch is not None and _pre_send_runs(mesh):
+                # The veto judges every body that goes on the wire; without the daemon there
+                # is nothing to run it, so a patched payload waits for the daemon.
+                raise DaemonNotRunning(
+                    f"{down.reason}; a patched payload must pass the pre-send hook, which "
+                    "only the running daemon runs, so nothing was requeued",
+                    hint=down.hint, then="requeue again") from down
             result = offline.outbox_requeue(paths_for(mesh).outbox_db, row_id, new_client_id,
                                             patch)
     except TidemeshError as exc:

@@ -202,3 +202,24 @@ def test_status_and_inspect_read_as_text_and_inspect_shows_the_request(short_tmp
         assert raw["to"] == {"kind": "topic", "ref": "ops"}, "--json stays as it was"
     finally:
         assert d.stop() == 0
+
+
+def test_a_patched_requeue_with_the_daemon_down_waits_for_the_pre_send_hook(
+        short_tmp: Path) -> None:
+    # The veto's last path: offline, nothing runs the hook, so the new body is not queued.
+    d = start_daemon(short_tmp)
+    old = _dead_row(d, "veto-offline")
+    assert d.stop() == 0
+    d.paths.hooks_dir.mkdir(parents=True, exist_ok=True)
+    hook = d.paths.hooks_dir / "pre-send"
+    hook.write_text("#!/bin/sh\nexit 1\n")
+    hook.chmod(0o700)
+    patch = short_tmp / "patch.json"
+    patch.write_text(json.dumps({"to": "topic:ops", "body": "the hook would refuse this"}))
+    res = run_cli(short_tmp, "daemon", "outbox", "requeue", old, "--mesh", "t",
+                  "--patch-payload", str(patch))
+    assert res.returncode == Exit.NOT_RUNNING, res.stdout + res.stderr
+    assert "pre-send hook" in res.stderr and "nothing was requeued" in res.stderr
+    assert [r["status"] for r in d.outbox_rows()] == ["dead"]
+    plain = run_cli(short_tmp, "daemon", "outbox", "requeue", old, "--mesh", "t")
+    assert plain.returncode == 0, "the same body again needs no new verdict"
