@@ -121,14 +121,17 @@ def write_new(path: Path, data: bytes) -> None:
         f.write(data)
 
 
-def write_atomically(path: Path, data: bytes, field: str = "path") -> None:
-    """Write a 0600 file whole or not at all: a temporary file of a random name made by
-    ``mkstemp`` (``O_EXCL``, never followed), fsynced, renamed onto a checked target."""
+def write_atomically(path: Path, data: bytes, field: str = "path", mode: int = 0o600) -> None:
+    """Write a file (0600 unless ``mode`` says) whole or not at all: a temporary file of a
+    random name made by ``mkstemp`` (``O_EXCL``, never followed), fsynced, renamed onto a
+    checked target."""
     check_target(path, field)
     fd, name = tempfile.mkstemp(dir=path.parent, prefix=".tidemesh-", suffix=".tmp")
     tmp = Path(name)
     try:
         with os.fdopen(fd, "wb") as f:
+            if mode != 0o600:
+                os.fchmod(f.fileno(), mode)   # on the descriptor: no name to swap
             f.write(data)
             f.flush()
             os.fsync(f.fileno())

@@ -45,7 +45,8 @@ def _passphrase(file: Path | None, confirm: bool) -> bytes:
 @json_option
 def backup(mesh: str, out: Path, passphrase_file: Path | None, as_json: bool) -> None:
     """Seal this member's keypair, key archive, host fingerprint, mesh and daemon
-    configuration and subscriptions with a passphrase. Never the outbox or inbox."""
+    configuration, hooks folder and subscriptions with a passphrase. Never the outbox or
+    inbox."""
     paths = paths_for(mesh)
     secret = _passphrase(passphrase_file, confirm=True)
     try:

@@ -1,6 +1,6 @@
-"""``daemon backup`` / ``daemon restore``: a member's identity and configuration in one file
-sealed with a passphrase (Argon2id, then XSalsa20-Poly1305: PyNaCl's ``pwhash`` and
-``SecretBox``).
+"""``daemon backup`` / ``daemon restore``: a member's identity and configuration (with its
+``hooks/`` folder: ``backup_hooks``) in one file sealed with a passphrase (Argon2id, then
+XSalsa20-Poly1305: PyNaCl's ``pwhash`` and ``SecretBox``).
 
 The file is a clear header line (format, KDF limits, salt, schema version, sha256 of the
 sealed part) and the sealed JSON. The checksum tells a damaged or truncated file apart from
@@ -40,12 +40,15 @@ from tidemesh.core.errors import (
 )
 from tidemesh.core.paths import DaemonPaths, check_name
 from tidemesh.daemon.membership import identity
+from tidemesh.daemon.offline import backup_hooks
 from tidemesh.daemon.process.private import write_atomically
 from tidemesh.daemon.store import inbox as inbox_sql
 from tidemesh.daemon.store.db import INBOX_MIGRATIONS
 
 MAGIC = b"TIDEMESH-BACKUP\n"
-SCHEMA_VERSION = 1
+# 2: the bundle carries hooks/ (backup_hooks); an older tidemesh refuses it as too new
+# rather than restore a host without its pre-send veto. Version 1 bundles still restore.
+SCHEMA_VERSION = 2
 FORMAT = 1
 # The archive of rotated-out keys (issue #27 item 1); carried when present.
 ARCHIVE_FILE = "keypair-archive.json"
@@ -170,6 +173,7 @@ def collect(paths: DaemonPaths, mesh: str) -> dict[str, Any]:
         "host_fingerprint": _json(paths.host_fingerprint),
         "mesh_config": _json(paths.mesh_file),
         "daemon_config": _text(paths.config_file),
+        "hooks": backup_hooks.collect(paths.hooks_dir),
         "subscriptions": _memberships(paths.inbox_db),
     }
 
@@ -211,11 +215,14 @@ def restore(contents: dict[str, Any], paths: DaemonPaths, mesh: str, current_hos
     Refuses (writing nothing) where a keypair or mesh config already is: a restore never
     replaces an identity."""
     _check(contents)
+    hooks = backup_hooks.checked(contents.get("hooks"))
     for existing in (paths.keypair, paths.mesh_file):
         if existing.exists():
             raise RestoreRefused(f"{existing} exists: restore writes only into a home without "
                                  "this mesh's identity (leave or reset it first)",
                                  path=str(existing))
+    if (refused := backup_hooks.refusal(paths.hooks_dir, hooks)) is not None:
+        raise refused
     for d in paths.folders:
         d.mkdir(parents=True, exist_ok=True, mode=0o700)
     written = []
@@ -233,6 +240,7 @@ def restore(contents: dict[str, Any], paths: DaemonPaths, mesh: str, current_hos
     if contents.get("daemon_config") is not None:
         write_private_text(paths.config_file, contents["daemon_config"])
         written.append(paths.config_file.name)
+    written += backup_hooks.write(paths.hooks_dir, hooks)
     subs = contents.get("subscriptions") or []
     if subs:
         _write_memberships(paths.inbox_db, subs)
@@ -286,7 +294,8 @@ def summary(contents: dict[str, Any]) -> dict[str, Any]:
     return {"schema_version": contents["schema_version"], "mesh": contents["mesh"],
             "member_pubkey": contents["member_pubkey"], "created_at": contents["created_at"],
             "holds": sorted(k for k in ("keypair", "keypair_archive", "host_fingerprint",
-                                        "mesh_config", "daemon_config", "subscriptions")
+                                        "mesh_config", "daemon_config", "hooks",
+                                        "subscriptions")
                             if contents.get(k) not in (None, [])),
             "subscriptions": len(contents.get("subscriptions") or [])}
 
