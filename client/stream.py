@@ -18,8 +18,6 @@ from typing import Any
 
 from tidemesh.core.backoff import Backoff
 
-NOTICES = frozenset({"history_truncated", "cursor_ahead"})
-
 
 @dataclass(frozen=True, slots=True)
 class Event:

@@ -129,11 +129,6 @@ def open_chunk(key: bytes, seq: int, sealed: bytes) -> bytes:
                                  "changed in the store or in transit", seq=seq) from exc
 
 
-def stored_size(plain_size: int, chunks: int, sealed: bool) -> int:
-    """The bytes the broker holds for a file: each sealed chunk carries its MAC."""
-    return plain_size + (chunks * SEALED_OVERHEAD if sealed else 0)
-
-
 def parse_meta(meta: Any) -> FileMeta | None:
     """The file an incoming message announces, or None when it announces none or its
     announcement is malformed (a message from any member is untrusted input)."""

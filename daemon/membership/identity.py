@@ -26,10 +26,6 @@ _VIRTUAL_IF = re.compile(
 )
 
 
-class HostMismatch(RuntimeError):
-    """The data dir was made on another host (or this host's identity changed)."""
-
-
 @dataclass(frozen=True, slots=True)
 class Keypair:
     signing_key: SigningKey

@@ -114,6 +114,6 @@ def _store_frames(conn: sqlite3.Connection, frames: Sequence[Frame]
     return [record_received(conn, f, store_frame(conn, f), hooks) for f, hooks in frames]
 
 
-# ``inbox.STORE_FRAMES`` with the files the frames announce, in the same transaction; each
+# The inbox's frames with the files the frames announce, in the same transaction; each
 # frame comes with the hooks a ``file_shared`` event fires.
 STORE_FRAMES = BatchOp("inbox_store_frames", _store_frames)

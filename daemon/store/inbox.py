@@ -21,7 +21,6 @@ from tidemesh.daemon.records import StoreResult as StoreResult
 from tidemesh.daemon.records import Void as Void
 from tidemesh.daemon.store import handled
 from tidemesh.daemon.store import hooks as hook_runs
-from tidemesh.storage.engine import BatchOp
 from tidemesh.storage.multirow import insert_rows
 
 INBOX_COLUMNS = (
@@ -173,15 +172,6 @@ def _next_id(conn: sqlite3.Connection, table: str, column: str) -> int:
            f" COALESCE((SELECT MAX({column}) FROM {table}), 0)) + 1")
     row = conn.execute(sql, (table,)).fetchone()
     return int(row[0])
-
-
-def _store_frames(conn: sqlite3.Connection,
-                  frames: Sequence[Sequence[Delivery | Void]]) -> list[list[StoreResult | None]]:
-    return [store_frame(conn, f) for f in frames]
-
-
-# One write-engine item per frame; frames queued together still share a transaction.
-STORE_FRAMES = BatchOp("inbox_store_frames", _store_frames)
 
 
 def _advance_cursor(conn: sqlite3.Connection, epoch: int, seq: int, now: int) -> None:

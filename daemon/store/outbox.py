@@ -249,10 +249,6 @@ def get_meta(conn: sqlite3.Connection, key: str) -> int | None:
     return None if row is None else int(row[0])
 
 
-def row_dict(row: sqlite3.Row) -> dict[str, Any]:
-    return {k: row[k] for k in row.keys()}  # noqa: SIM118 - sqlite3.Row is not a Mapping
-
-
 def claim_due(
     conn: sqlite3.Connection, now_ms: int, limit: int, max_age_ms: int
 ) -> tuple[list[Claimed], list[Settlement]]:
