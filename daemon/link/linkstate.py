@@ -1,7 +1,7 @@
 """The daemon's side of the broker protocol as a state machine, sans I/O (no sockets, no
 clock, no logging): ``LinkState`` takes the broker's frames, the link's end and ticks of a
 given ``now``, and returns what to do (``Send`` a frame, ``Close`` the socket) and what
-happened (the events below). ``link.py`` moves the bytes and carries these out; the broker's
+happened (the events below). ``websocket.py`` moves the bytes and carries these out; the broker's
 side of the same protocol is ``broker/session.py``.
 
     AWAIT_CHALLENGE --challenge--> hello (or join)         AWAIT_HELLO_ACK
@@ -13,7 +13,7 @@ side of the same protocol is ``broker/session.py``.
 
 Every request waits as one pending entry, whatever it holds: a claimed batch of sends is one
 ``send_batch`` frame (a ``send`` frame for one row) and its answers come back together, as
-one ``Settled``. Each entry carries an opaque ``waiter`` for the caller (``link.py`` keeps its
+one ``Settled``. Each entry carries an opaque ``waiter`` for the caller (``websocket.py`` keeps its
 future there); the machine never touches it. The handshake's deadline and the stall of a
 broker that leaves requests unanswered are decided by ``tick(now)``.
 
@@ -489,7 +489,8 @@ PRESENCE_FRAMES = frozenset({FrameType.PEER_JOIN, FrameType.PEER_LEAVE,
 
 # What a READY link does with each frame the broker starts; every frame not named here
 # answers a request of ours by its id (``_answer``), so a new request needs no row. A new
-# frame the broker starts is one row here, and its event one branch of ``link._carry``.
+# frame the broker starts is one row here, and its event one branch of
+# ``BrokerLink._carry`` (websocket.py).
 ROUTES: dict[str, Callable[[LinkState[Any], Frame], list[Any]]] = {
     FrameType.DELIVER: LinkState._deliver,
     FrameType.DELIVER_BATCH: LinkState._deliver_batch,
