@@ -277,7 +277,7 @@ class Client(Located):
         while True:
             page = self.inbox(after=after, limit=1000)
             entries += [dict(e) for e in page["items"]]
-            if len(page["items"]) < 1000:
+            if len(page["items"]) < 1000 and not page.get("more"):   # more: cut by bytes
                 return agents.receipt_views(rows, entries)
             after = page.get("next_after")
 

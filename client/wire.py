@@ -96,6 +96,7 @@ class InboxPage(TypedDict):
 
     items: list[InboxEntry]
     next_after: NotRequired[int]
+    more: NotRequired[bool]   # the byte budget ended the page before limit: read on
     consumer: NotRequired[str]
     cursor: NotRequired[int]
     lost: NotRequired[Lost]

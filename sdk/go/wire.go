@@ -115,6 +115,7 @@ type Lost struct {
 type InboxPage struct {
 	Items     []InboxEntry `json:"items"`
 	NextAfter *int64       `json:"next_after,omitempty"`
+	More      bool         `json:"more,omitempty"` // the 10 MiB byte budget ended the page before limit
 	Consumer  string       `json:"consumer,omitempty"`
 	Cursor    *int64       `json:"cursor,omitempty"`
 	Lost      *Lost        `json:"lost,omitempty"`

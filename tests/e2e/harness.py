@@ -8,6 +8,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -122,6 +124,24 @@ class Mesh:
         self.broker.stop()
 
 
+@contextmanager
+def team_on(store_kind: str, request: Any, root: Path) -> Iterator[Mesh]:
+    """Mesh ``team`` on a started broker of ``store_kind`` (sqlite, or postgres through the
+    ``pg_database`` fixture), stopped after."""
+    home = root / "broker"
+    home.mkdir()
+    store = (f"sqlite://{home}/broker.db" if store_kind == "sqlite"
+             else request.getfixturevalue("pg_database"))
+    broker = Broker(home, store)
+    broker.cli("mesh", "create", "team")
+    broker.start()
+    m = Mesh(broker, "team")
+    try:
+        yield m
+    finally:
+        m.stop()
+
+
 async def two_on_topic(mesh: Mesh, root: Path, topic: str = "ops"
                        ) -> tuple[RunningDaemon, RunningDaemon]:
     """Daemons ``a`` and ``b``, both connected, ``b`` subscribed to ``topic``."""
@@ -157,6 +177,19 @@ async def connected(d: RunningDaemon) -> bool:
         return bool((await r.json())["connected"])
 
 
+async def send_keyed(d: RunningDaemon, to: str, cid: str, body: str) -> None:
+    """POST /v1/send under Idempotency-Key ``cid``; accepted, or the test fails."""
+    async with d.session() as s, s.post("/v1/send", json={"to": to, "body": body},
+                                        headers={"Idempotency-Key": cid}) as r:
+        assert r.status == 202, await r.text()
+
+
+async def outbox_done(d: RunningDaemon, n: int) -> bool:
+    """Whether exactly ``n`` of the daemon's outbox rows reached the broker."""
+    async with d.session() as s, s.get("/v1/outbox", params={"status": "done"}) as r:
+        return len((await r.json())["items"]) == n
+
+
 async def inbox(d: RunningDaemon, **params: Any) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = []
     after = 0
@@ -166,6 +199,6 @@ async def inbox(d: RunningDaemon, **params: Any) -> list[dict[str, Any]]:
                                                   **params}) as r:
                 page = await r.json()
             items += page["items"]
-            if len(page["items"]) < 1000:
+            if len(page["items"]) < 1000 and not page.get("more"):   # more: cut by bytes
                 return items
             after = page["next_after"]

@@ -99,6 +99,8 @@ export interface InboxEntry {
 export interface InboxPage {
   items: InboxEntry[];
   next_after?: number;
+  /** The byte budget (10 MiB) ended the page before `limit`: read on after `next_after`. */
+  more?: boolean;
   consumer?: string;
   cursor?: number;
   lost?: { count: number; through_seq: number };
