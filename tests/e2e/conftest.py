@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.harness import Broker, Mesh, sqlite_broker_with_team
+from tests.e2e.harness import Broker, Mesh, sqlite_broker_with_team, team_on
 
 
 @pytest.fixture
@@ -34,17 +34,5 @@ def mesh(sqlite_broker: Broker, short_tmp: Path) -> Iterator[Mesh]:
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def any_mesh(request: pytest.FixtureRequest, short_tmp: Path) -> Iterator[Mesh]:
     """Mesh ``team`` on a started broker, once on each store (SQLite, PostgreSQL)."""
-    home = short_tmp / "broker"
-    home.mkdir()
-    store = (f"sqlite://{home}/broker.db" if request.param == "sqlite"
-             else request.getfixturevalue("pg_database"))
-    broker = Broker(home, store)
-    broker.cli("mesh", "create", "team")
-    broker.start()
-    m = Mesh(broker, "team")
-    try:
+    with team_on(request.param, request, short_tmp) as m:
         yield m
-    finally:
-        for d in m.daemons.values():
-            d.stop()
-        broker.stop()

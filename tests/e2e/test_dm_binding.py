@@ -9,21 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemon.harness import RunningDaemon
-from tests.e2e.harness import Mesh, connected, inbox, pubkey, wait_for
+from tests.e2e.harness import (
+    Mesh,
+    connected,
+    inbox,
+    outbox_done,
+    pubkey,
+    send_keyed,
+    wait_for,
+)
 
 pytestmark = pytest.mark.slow
-
-
-async def _send(d: RunningDaemon, to: str, cid: str, body: str) -> None:
-    async with d.session() as s, s.post("/v1/send", json={"to": to, "body": body},
-                                        headers={"Idempotency-Key": cid}) as r:
-        assert r.status == 202, await r.text()
-
-
-async def _done(d: RunningDaemon, n: int) -> bool:
-    async with d.session() as s, s.get("/v1/outbox", params={"status": "done"}) as r:
-        return len((await r.json())["items"]) == n
 
 
 async def test_a_reflected_and_a_replayed_dm_are_refused_with_the_words_kept_hidden(
@@ -31,12 +27,12 @@ async def test_a_reflected_and_a_replayed_dm_are_refused_with_the_words_kept_hid
     alice, bob = mesh.add("alice", short_tmp), mesh.add("bob", short_tmp)
     await wait_for(lambda: connected(alice))
     await wait_for(lambda: connected(bob))
-    await _send(alice, f"dm:{pubkey(bob)}", "to-bob", "alice's own words")
-    await wait_for(lambda: _done(alice, 1))
+    await send_keyed(alice, f"dm:{pubkey(bob)}", "to-bob", "alice's own words")
+    await wait_for(lambda: outbox_done(alice, 1))
     alice.stop()
     for cid in ("first", "decoy", "decoy-2"):
-        await _send(bob, f"dm:{pubkey(alice)}", cid, f"bob says {cid}")
-    await wait_for(lambda: _done(bob, 3))
+        await send_keyed(bob, f"dm:{pubkey(alice)}", cid, f"bob says {cid}")
+    await wait_for(lambda: outbox_done(bob, 3))
     # The operator: alice's envelope for bob as bob's DM to alice; bob's first DM again
     # under another id.
     conn = sqlite3.connect(mesh.broker.home / "broker.db")

@@ -12,7 +12,15 @@ from nacl.public import Box
 from nacl.signing import VerifyKey
 
 from tests.daemon.harness import RunningDaemon
-from tests.e2e.harness import Mesh, connected, inbox, pubkey, wait_for
+from tests.e2e.harness import (
+    Mesh,
+    connected,
+    inbox,
+    outbox_done,
+    pubkey,
+    send_keyed,
+    wait_for,
+)
 from tidemesh.daemon.membership.identity import load_or_create_keypair
 
 pytestmark = pytest.mark.slow
@@ -31,17 +39,6 @@ def _sealed_by(sender: RunningDaemon, recipient: RunningDaemon, plain: bytes) ->
     return bytes(Box(key.signing_key.to_curve25519_private_key(), to).encrypt(plain))
 
 
-async def _send(d: RunningDaemon, to: str, cid: str, body: str) -> None:
-    async with d.session() as s, s.post("/v1/send", json={"to": to, "body": body},
-                                        headers={"Idempotency-Key": cid}) as r:
-        assert r.status == 202, await r.text()
-
-
-async def _done(d: RunningDaemon, n: int) -> bool:
-    async with d.session() as s, s.get("/v1/outbox", params={"status": "done"}) as r:
-        return len((await r.json())["items"]) == n
-
-
 @pytest.mark.parametrize("header", [
     b'{"enc":"utf8","meta":' + DEEP + b',"priority":"next","reply_to":null}',
     b'{"enc":"utf8","meta":null,"priority":"next","reply_to":{"x":1}}',
@@ -52,9 +49,9 @@ async def test_a_poison_header_is_stored_marked_and_the_next_dm_arrives(
     await wait_for(lambda: connected(alice))
     await wait_for(lambda: connected(bob))
     bob.stop()
-    await _send(alice, f"dm:{pubkey(bob)}", "poison", "to be replaced")
-    await _send(alice, f"dm:{pubkey(bob)}", "after", "still heard")
-    await wait_for(lambda: _done(alice, 2))
+    await send_keyed(alice, f"dm:{pubkey(bob)}", "poison", "to be replaced")
+    await send_keyed(alice, f"dm:{pubkey(bob)}", "after", "still heard")
+    await wait_for(lambda: outbox_done(alice, 2))
     conn = sqlite3.connect(mesh.broker.home / "broker.db")
     with conn:
         conn.execute("UPDATE message_queue SET body = ? WHERE client_message_id = 'poison'",
@@ -78,7 +75,7 @@ async def test_a_poison_header_is_stored_marked_and_the_next_dm_arrives(
     # Acked: after a restart nothing comes twice and nothing is stuck.
     bob = mesh.restart("bob")
     await wait_for(lambda: connected(bob))
-    await _send(alice, f"dm:{pubkey(bob)}", "later", "and later")
+    await send_keyed(alice, f"dm:{pubkey(bob)}", "later", "and later")
 
     async def three() -> bool:
         return len(await inbox(bob)) == 3

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from tests.daemon.harness import RunningDaemon, run_cli
-from tests.e2e.harness import Broker, Mesh, connected, pubkey, two_on_topic, wait_for
+from tests.e2e.harness import Mesh, connected, pubkey, team_on, two_on_topic, wait_for
 from tests.spark.broker_stores import execute, scalar
 
 TIDEMESH = [sys.executable, "-m", "tidemesh"]
@@ -31,18 +31,8 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(2 * SPARK
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def team(request: pytest.FixtureRequest, short_tmp: Path) -> Iterator[Mesh]:
-    home = short_tmp / "broker"
-    home.mkdir()
-    store = (f"sqlite://{home}/broker.db" if request.param == "sqlite"
-             else request.getfixturevalue("pg_database"))
-    broker = Broker(home, store)
-    broker.cli("mesh", "create", "team")
-    broker.start()
-    m = Mesh(broker, "team")
-    try:
+    with team_on(request.param, request, short_tmp) as m:
         yield m
-    finally:
-        m.stop()
 
 
 async def _send_all(alice: RunningDaemon, bob: str, label: str) -> None:
